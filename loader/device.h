@@ -1,0 +1,106 @@
+/*
+ * loader/device.h - the device interface: how lmstore allocates and moves
+ * memory on a compute device. kvcache and engine allocate device memory only
+ * through this table; the loader uses it to place weights.
+ *
+ * A backend is a table of function pointers (ggml's ggml_backend_i idea);
+ * entries marked (optional) may be NULL, and callers check. The CPU backend
+ * (loader/cpu/) is always built; the CUDA backend (loader/cuda/) is built
+ * when LMS_CUDA is on and is reached only through this table.
+ *
+ * Streams and events are opaque backend objects. On the CPU backend every
+ * operation is synchronous and streams/events are no-ops, so code written for
+ * asynchronous devices runs unchanged.
+ *
+ * Thread safety: a device may be used from several threads; a stream must
+ * be used by one thread at a time.
+ */
+#ifndef LMS_DEVICE_H
+#define LMS_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lms_device_kind {
+    LMS_DEVICE_CPU = 0,
+    LMS_DEVICE_CUDA = 1,
+} lms_device_kind;
+
+typedef struct lms_device lms_device;
+typedef struct lms_stream lms_stream; /* backend-defined */
+typedef struct lms_event lms_event;   /* backend-defined */
+
+/* Flags of host_register. */
+enum {
+    LMS_REG_READONLY = 1 << 0, /* the device only reads the range */
+    LMS_REG_MAPPED = 1 << 1,   /* the device may address it directly */
+};
+
+typedef struct lms_device_props {
+    char name[128];
+    uint64_t total_mem, free_mem;
+    bool unified_memory;      /* integrated / coherent: mapped placement is best */
+    bool can_register_host;   /* host_register may work on this device */
+    bool can_register_readonly;
+    bool can_map_host;        /* device can address registered host memory */
+} lms_device_props;
+
+typedef struct lms_device_ops {
+    const char *name; /* "cpu", "cuda" */
+    int (*props)(lms_device *dev, lms_device_props *out);
+    /* Device memory. alloc returns LMS_ENOMEM (detail: bytes asked, free). */
+    int (*alloc)(lms_device *dev, size_t bytes, void **out);
+    void (*free)(lms_device *dev, void *ptr); /* NULL ok */
+    /* Page-locked host memory for staging (optional). */
+    int (*alloc_host)(lms_device *dev, size_t bytes, void **out);
+    void (*free_host)(lms_device *dev, void *ptr);
+    /* Pin an existing host range in place (optional); dev_ptr gets the
+     * device address of the range when LMS_REG_MAPPED is asked and possible,
+     * NULL otherwise. A refusal returns LMS_EDEVICE and leaves no state. */
+    int (*host_register)(lms_device *dev, void *host, size_t bytes, unsigned flags, void **dev_ptr);
+    int (*host_unregister)(lms_device *dev, void *host);
+    /* Copies. dst/src are device pointers except where named host. */
+    int (*copy_h2d)(lms_device *dev, void *dst, const void *host_src, size_t n, lms_stream *s);
+    int (*copy_d2h)(lms_device *dev, void *host_dst, const void *src, size_t n, lms_stream *s);
+    int (*copy_d2d)(lms_device *dev, void *dst, const void *src, size_t n, lms_stream *s);
+    int (*memset)(lms_device *dev, void *dst, int byte, size_t n, lms_stream *s);
+    /* Streams (NULL stream = the default stream) and events. */
+    int (*stream_create)(lms_device *dev, lms_stream **out);
+    void (*stream_destroy)(lms_device *dev, lms_stream *s);
+    int (*stream_sync)(lms_device *dev, lms_stream *s);
+    int (*event_create)(lms_device *dev, lms_event **out);
+    void (*event_destroy)(lms_device *dev, lms_event *e);
+    int (*event_record)(lms_device *dev, lms_event *e, lms_stream *s);
+    int (*event_sync)(lms_device *dev, lms_event *e);
+    /* true when the event has completed (or was never recorded) */
+    bool (*event_done)(lms_device *dev, lms_event *e);
+    int (*sync)(lms_device *dev); /* wait for all work on the device */
+    void (*close)(lms_device *dev);
+} lms_device_ops;
+
+struct lms_device {
+    const lms_device_ops *ops;
+    lms_device_kind kind;
+    int ordinal;
+    void *impl; /* backend state */
+};
+
+/*
+ * Open device `ordinal` of `kind`. LMS_EUNSUPPORTED when the backend was not
+ * built; LMS_EDEVICE when it was built but no such device exists (a CUDA
+ * build on a machine without a GPU). On failure *out is NULL.
+ */
+int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out);
+void lms_device_close(lms_device *dev); /* NULL ok */
+/* true when a backend for `kind` was compiled in. */
+bool lms_device_available(lms_device_kind kind);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# tests/run.sh - the test command: builds lmstore twice (a normal build and an
+# AddressSanitizer + UndefinedBehaviorSanitizer build) and runs every test in
+# each with ctest. Exit status non-zero if any build or test fails.
+#   LMS_JOBS=N  parallel build and test jobs (default: number of CPUs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${LMS_JOBS:-$(nproc)}
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLMS_BUILD_TESTS=ON >/dev/null
+cmake --build build -j "$jobs"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLMS_CUDA=OFF -DLMS_SANITIZE=address,undefined \
+      -DLMS_BUILD_TESTS=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+
+status=0
+echo "== tests: normal build (build/) =="
+(cd build && ctest --output-on-failure -j "$jobs") || status=1
+echo "== tests: ASan+UBSan build (build-asan/) =="
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+(cd build-asan && ctest --output-on-failure -j "$jobs") || status=1
+exit $status

@@ -1,0 +1,121 @@
+/*
+ * tools/cli.c - helpers shared by the subcommands (see cli.h).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lmstore/error.h"
+#include "tools/cli.h"
+
+const char *lms_cli_store_path(const char *opt)
+{
+    static char buf[PATH_MAX];
+    const char *s;
+    if (opt && *opt)
+        return opt;
+    if ((s = getenv("LMSTORE_HOME")) && *s)
+        return s;
+    if ((s = getenv("XDG_DATA_HOME")) && *s) {
+        snprintf(buf, sizeof buf, "%s/lmstore", s);
+        return buf;
+    }
+    s = getenv("HOME");
+    snprintf(buf, sizeof buf, "%s/.local/share/lmstore", s && *s ? s : ".");
+    return buf;
+}
+
+int lms_cli_fail(const char *cmd, int code, const char *what)
+{
+    const char *detail = lms_last_error();
+    if (!detail || !*detail)
+        detail = lms_strerror(code);
+    if (what && *what)
+        fprintf(stderr, "lmstore %s: error: %s: %s\n", cmd, what, detail);
+    else
+        fprintf(stderr, "lmstore %s: error: %s\n", cmd, detail);
+    return LMS_EXIT_FAIL;
+}
+
+int lms_cli_usage(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "lmstore %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(see `lmstore help %s`)\n", cmd);
+    return LMS_EXIT_USAGE;
+}
+
+bool lms_cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0)
+        return false;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        (*i)++;
+        return true;
+    }
+    if (a[n] != '\0')
+        return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "lmstore: option %s needs a value\n", name);
+        exit(LMS_EXIT_USAGE);
+    }
+    *val = argv[*i + 1];
+    *i += 2;
+    return true;
+}
+
+bool lms_cli_flag(char **argv, int i, const char *name) { return strcmp(argv[i], name) == 0; }
+
+bool lms_cli_parse_i64(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool lms_cli_parse_f64(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool lms_cli_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || errno || *s == '-')
+        return false;
+    int shift = 0;
+    switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: return false;
+    }
+    if (*end == 'i') end++;
+    if (*end == 'B') end++;
+    if (*end || (shift && v > (ULLONG_MAX >> shift)))
+        return false;
+    *out = (uint64_t)v << shift;
+    return true;
+}

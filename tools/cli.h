@@ -1,0 +1,42 @@
+/*
+ * tools/cli.h - shared pieces of the lmstore CLI: the command table entry,
+ * option parsing helpers, store location, and turning library error codes
+ * into messages and exit statuses.
+ *
+ * Each subcommand lives in tools/cmd_NAME.c and defines
+ *   int lms_cmd_NAME(int argc, char **argv);   argv[0] is the subcommand name
+ *   const char lms_cmd_NAME_help[];            one line for `lmstore help`
+ * CMake finds the files and generates the table; nothing else to register.
+ */
+#ifndef LMS_CLI_H
+#define LMS_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Exit statuses. */
+enum { LMS_EXIT_OK = 0, LMS_EXIT_FAIL = 1, LMS_EXIT_USAGE = 2 };
+
+/*
+ * Store folder: the --store argument if given, else $LMSTORE_HOME, else
+ * $XDG_DATA_HOME/lmstore, else ~/.local/share/lmstore. Static buffer.
+ */
+const char *lms_cli_store_path(const char *opt);
+
+/* Print "lmstore CMD: error: <what>: <lms_last_error() or strerror>" and
+ * return LMS_EXIT_FAIL. */
+int lms_cli_fail(const char *cmd, int code, const char *what);
+/* Print "lmstore CMD: <message>" and the usage hint; return LMS_EXIT_USAGE. */
+int lms_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Option helpers: match "--name VALUE" or "--name=VALUE" at argv[*i];
+ * on a match advance *i past it, set *val and return true. */
+bool lms_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+bool lms_cli_flag(char **argv, int i, const char *name);
+/* Parse integers and floats fully; false on junk or overflow. */
+bool lms_cli_parse_i64(const char *s, int64_t *out);
+bool lms_cli_parse_f64(const char *s, double *out);
+/* Parse a size like 4096, 64K, 1M, 2G. */
+bool lms_cli_parse_size(const char *s, uint64_t *out);
+
+#endif
