@@ -1,0 +1,6 @@
+/* tools/bench.h - the `lmstore bench` subcommands, one file each. */
+#ifndef LMS_TOOLS_BENCH_H
+#define LMS_TOOLS_BENCH_H
+int lms_bench_load(int argc, char **argv); /* tools/bench_load.c */
+int lms_bench_kv(int argc, char **argv);   /* tools/bench_kv.c */
+#endif
