@@ -3,6 +3,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer build) and runs every test in
 # each with ctest. Exit status non-zero if any build or test fails.
 #   LMS_JOBS=N  parallel build and test jobs (default: number of CPUs)
+#   LMS_FUZZ=0  skip the fuzz stage (tests/fuzz/run.sh, needs clang)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LMS_JOBS:-$(nproc)}
@@ -14,6 +15,10 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLMS_CUDA=OFF -DLMS_SANITIZE=
 cmake --build build-asan -j "$jobs"
 
 status=0
+if [ "${LMS_FUZZ:-1}" != 0 ]; then
+  echo "== fuzz: libFuzzer targets, seed corpora + ${LMS_FUZZ_SECONDS:-20} s each (build-fuzz/) =="
+  tests/fuzz/run.sh || status=1
+fi
 echo "== tests: normal build (build/) =="
 (cd build && ctest --output-on-failure -j "$jobs") || status=1
 echo "== tests: ASan+UBSan build (build-asan/) =="
