@@ -1,0 +1,840 @@
+/*
+ * store/store.c - the store handle: opening and creating a store (LMDB
+ * environment with its named databases, segment folder), transactions that
+ * grow the map on MDB_MAP_FULL, small database helpers, blob reference
+ * counts, and the read side of the public API (models, tensors, files).
+ *
+ * docs/FORMAT.md is the normative spec of the bytes; store_internal.h lists
+ * the invariants every writer keeps.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "store/store_internal.h"
+
+const char *const lms__db_names[LMS__DB_COUNT] = {
+    "meta", "models", "tensors", "blobs", "files", "kvpages", "sessions",
+};
+
+/* ---- dtypes ---------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[LMS_DTYPE_COUNT_] = {
+    [LMS_DTYPE_BOOL] = {"BOOL", 1},   [LMS_DTYPE_U8] = {"U8", 1},        [LMS_DTYPE_I8] = {"I8", 1},
+    [LMS_DTYPE_U16] = {"U16", 2},     [LMS_DTYPE_I16] = {"I16", 2},      [LMS_DTYPE_F16] = {"F16", 2},
+    [LMS_DTYPE_BF16] = {"BF16", 2},   [LMS_DTYPE_U32] = {"U32", 4},      [LMS_DTYPE_I32] = {"I32", 4},
+    [LMS_DTYPE_F32] = {"F32", 4},     [LMS_DTYPE_U64] = {"U64", 8},      [LMS_DTYPE_I64] = {"I64", 8},
+    [LMS_DTYPE_F64] = {"F64", 8},     [LMS_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [LMS_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+const char *lms_dtype_name(lms_dtype t) { return (unsigned)t < LMS_DTYPE_COUNT_ ? dtypes[t].name : NULL; }
+size_t lms_dtype_size(lms_dtype t) { return (unsigned)t < LMS_DTYPE_COUNT_ ? dtypes[t].size : 0; }
+
+int lms_dtype_from_name(const char *name, lms_dtype *out)
+{
+    for (int i = 0; i < LMS_DTYPE_COUNT_; i++)
+        if (name && !strcmp(name, dtypes[i].name)) {
+            *out = (lms_dtype)i;
+            return 0;
+        }
+    return lms__err(LMS_EFORMAT, "unknown dtype '%s'", name ? name : "(null)");
+}
+
+void lms_free(void *p) { lms__free(p); }
+
+/* ---- errors and transactions --------------------------------------------------------- */
+
+static _Thread_local bool tl_map_full;
+
+int lms__mdb_err(int mdb_rc, const char *fmt, ...)
+{
+    int code;
+    switch (mdb_rc) {
+    case MDB_NOTFOUND: code = LMS_ENOENT; break;
+    case MDB_MAP_FULL: code = LMS_ENOSPACE; tl_map_full = true; break;
+    case MDB_VERSION_MISMATCH: code = LMS_EVERSION; break;
+    case MDB_INVALID:
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND: code = LMS_ECORRUPT; break;
+    case ENOMEM: code = LMS_ENOMEM; break;
+    case EIO:
+    case EACCES:
+    case ENOSPC: code = LMS_EIO; break;
+    default: code = LMS_EDB; break;
+    }
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return lms__err(code, "%s: %s", what, mdb_strerror(mdb_rc));
+}
+
+static int txn_begin(lms_store *s, unsigned flags, MDB_txn **out)
+{
+    for (int tries = 0;; tries++) {
+        pthread_rwlock_rdlock(&s->map_lock);
+        int rc = mdb_txn_begin(s->env, NULL, flags, out);
+        if (rc == 0)
+            return 0;
+        pthread_rwlock_unlock(&s->map_lock);
+        if (rc == MDB_MAP_RESIZED && tries < 8) {
+            /* another process grew the map: adopt its size */
+            pthread_rwlock_wrlock(&s->map_lock);
+            rc = mdb_env_set_mapsize(s->env, 0);
+            pthread_rwlock_unlock(&s->map_lock);
+            if (rc == 0)
+                continue;
+        }
+        *out = NULL;
+        return lms__mdb_err(rc, "%s: begin transaction", s->index_path);
+    }
+}
+
+int lms__txn_read(lms_store *s, MDB_txn **out) { return txn_begin(s, MDB_RDONLY, out); }
+
+void lms__txn_end(lms_store *s, MDB_txn *txn)
+{
+    if (!txn)
+        return;
+    mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&s->map_lock);
+}
+
+static int grow_map(lms_store *s)
+{
+    pthread_rwlock_wrlock(&s->map_lock);
+    MDB_envinfo info;
+    int rc = mdb_env_info(s->env, &info);
+    if (rc == 0) {
+        size_t want = info.me_mapsize * 2;
+        lms__debug("store %s: growing the LMDB map to %zu bytes", s->path, want);
+        rc = mdb_env_set_mapsize(s->env, want);
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    return rc ? lms__mdb_err(rc, "%s: grow map", s->index_path) : 0;
+}
+
+int lms__txn_write(lms_store *s, lms__txn_fn fn, void *ctx)
+{
+    if (s->rdonly)
+        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
+    for (int attempt = 0; attempt < 32; attempt++) {
+        MDB_txn *txn;
+        int rc = txn_begin(s, 0, &txn);
+        if (rc)
+            return rc;
+        tl_map_full = false;
+        rc = fn(s, txn, ctx);
+        bool full = tl_map_full;
+        if (rc) {
+            lms__txn_end(s, txn);
+            if (!(rc == LMS_ENOSPACE && full))
+                return rc;
+        } else {
+            int mrc = mdb_txn_commit(txn);
+            pthread_rwlock_unlock(&s->map_lock);
+            if (mrc == 0)
+                return 0;
+            if (mrc != MDB_MAP_FULL)
+                return lms__mdb_err(mrc, "%s: commit", s->index_path);
+        }
+        if ((rc = grow_map(s)))
+            return rc;
+    }
+    return lms__err(LMS_ENOSPACE, "%s: LMDB map still full after growing it", s->index_path);
+}
+
+int lms__db_get(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, MDB_val *val)
+{
+    MDB_val k = {klen, (void *)key};
+    int rc = mdb_get(txn, s->dbi[db], &k, val);
+    if (rc == MDB_NOTFOUND)
+        return LMS_ENOENT;
+    return rc ? lms__mdb_err(rc, "%s: read %s", s->index_path, lms__db_names[db]) : 0;
+}
+
+int lms__db_put(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, const void *val,
+                size_t vlen, unsigned flags)
+{
+    MDB_val k = {klen, (void *)key}, v = {vlen, (void *)val};
+    int rc = mdb_put(txn, s->dbi[db], &k, &v, flags);
+    if (rc == MDB_KEYEXIST)
+        return LMS_EEXIST;
+    return rc ? lms__mdb_err(rc, "%s: write %s", s->index_path, lms__db_names[db]) : 0;
+}
+
+int lms__db_del(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen)
+{
+    MDB_val k = {klen, (void *)key};
+    int rc = mdb_del(txn, s->dbi[db], &k, NULL);
+    if (rc == MDB_NOTFOUND)
+        return LMS_ENOENT;
+    return rc ? lms__mdb_err(rc, "%s: delete from %s", s->index_path, lms__db_names[db]) : 0;
+}
+
+size_t lms__key_item(char *buf, size_t cap, const char *model, const char *item)
+{
+    size_t a = strlen(model), b = strlen(item);
+    if (a + 1 + b > cap || a + 1 + b > 511)
+        return 0;
+    memcpy(buf, model, a);
+    buf[a] = '\0';
+    memcpy(buf + a + 1, item, b);
+    return a + 1 + b;
+}
+
+bool lms__key_split(const void *key, size_t len, size_t *model_len)
+{
+    const char *p = memchr(key, '\0', len);
+    if (!p)
+        return false;
+    *model_len = (size_t)(p - (const char *)key);
+    return true;
+}
+
+int lms__db_del_prefix(lms_store *s, MDB_txn *txn, int db, const char *model)
+{
+    MDB_cursor *c;
+    size_t plen = strlen(model) + 1;
+    int rc = mdb_cursor_open(txn, s->dbi[db], &c);
+    if (rc)
+        return lms__mdb_err(rc, "%s: cursor", s->index_path);
+    MDB_val k = {plen, (void *)model}, v;
+    rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+    while (rc == 0 && k.mv_size >= plen && memcmp(k.mv_data, model, plen) == 0) {
+        if ((rc = mdb_cursor_del(c, 0)))
+            break;
+        rc = mdb_cursor_get(c, &k, &v, MDB_GET_CURRENT);
+        if (rc == EINVAL || rc == MDB_NOTFOUND) /* deleted the last item */
+            break;
+        if (rc == 0 && !(k.mv_size >= plen && memcmp(k.mv_data, model, plen) == 0))
+            break;
+    }
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND && rc != EINVAL)
+        return lms__mdb_err(rc, "%s: delete from %s", s->index_path, lms__db_names[db]);
+    return 0;
+}
+
+int lms__meta_get_u32(lms_store *s, MDB_txn *txn, const char *key, uint32_t *v)
+{
+    MDB_val val;
+    int rc = lms__db_get(s, txn, LMS__DB_META, key, strlen(key), &val);
+    if (rc)
+        return rc;
+    if (val.mv_size != 4)
+        return lms__err(LMS_ECORRUPT, "%s: meta '%s' has %zu bytes, expected 4", s->index_path, key, val.mv_size);
+    *v = lms__get_u32(val.mv_data);
+    return 0;
+}
+
+int lms__meta_get_u64(lms_store *s, MDB_txn *txn, const char *key, uint64_t *v)
+{
+    MDB_val val;
+    int rc = lms__db_get(s, txn, LMS__DB_META, key, strlen(key), &val);
+    if (rc)
+        return rc;
+    if (val.mv_size != 8)
+        return lms__err(LMS_ECORRUPT, "%s: meta '%s' has %zu bytes, expected 8", s->index_path, key, val.mv_size);
+    *v = lms__get_u64(val.mv_data);
+    return 0;
+}
+
+/* ---- blobs ------------------------------------------------------------------------------ */
+
+int lms__blob_get(lms_store *s, MDB_txn *txn, const uint8_t hash[16], lms__blob_rec *out)
+{
+    MDB_val v;
+    int rc = lms__db_get(s, txn, LMS__DB_BLOBS, hash, 16, &v);
+    if (rc)
+        return rc;
+    rc = lms__blob_rec_decode(v.mv_data, v.mv_size, out);
+    if (rc) {
+        char hex[33];
+        lms__hash128_hex(lms__hash128_get(hash), hex);
+        return lms__err_prefix(rc, "%s: blob %s: ", s->index_path, hex);
+    }
+    return 0;
+}
+
+int lms__blob_put(lms_store *s, MDB_txn *txn, const uint8_t hash[16], const lms__blob_rec *r)
+{
+    uint8_t buf[LMS__BLOB_REC_SIZE];
+    lms__blob_rec_encode(r, buf);
+    return lms__db_put(s, txn, LMS__DB_BLOBS, hash, 16, buf, sizeof buf, 0);
+}
+
+int lms__blob_ref(lms_store *s, MDB_txn *txn, const uint8_t hash[16], int64_t delta, uint64_t *refs_after)
+{
+    lms__blob_rec r;
+    int rc = lms__blob_get(s, txn, hash, &r);
+    char hex[33];
+    if (rc == LMS_ENOENT) {
+        lms__hash128_hex(lms__hash128_get(hash), hex);
+        return lms__err(LMS_ENOENT, "%s: blob %s is not in the index", s->index_path, hex);
+    }
+    if (rc)
+        return rc;
+    if (delta < 0 && (uint64_t)(-delta) > r.refs) {
+        lms__hash128_hex(lms__hash128_get(hash), hex);
+        return lms__err(LMS_ECORRUPT, "%s: blob %s: reference count %llu would go below zero", s->index_path,
+                        hex, (unsigned long long)r.refs);
+    }
+    r.refs = (uint64_t)((int64_t)r.refs + delta);
+    if (refs_after)
+        *refs_after = r.refs;
+    return lms__blob_put(s, txn, hash, &r);
+}
+
+/* ---- open / close ----------------------------------------------------------------- */
+
+lms_store_params lms_store_default_params(void)
+{
+    return (lms_store_params){.alignment = LMS__DEFAULT_ALIGNMENT, .segment_max = LMS__DEFAULT_SEGMENT_MAX};
+}
+
+lms_import_params lms_import_default_params(void)
+{
+    return (lms_import_params){.name = NULL, .replace = false, .threads = 0, .progress = true};
+}
+
+void lms__store_ref(lms_store *s) { atomic_fetch_add(&s->users, 1); }
+void lms__store_unref(lms_store *s) { atomic_fetch_sub(&s->users, 1); }
+
+const char *lms_store_path(const lms_store *s) { return s->path; }
+uint32_t lms_store_alignment(const lms_store *s) { return s->alignment; }
+
+int lms_store_segment_path(const lms_store *s, uint32_t segment, char *buf, size_t len)
+{
+    return lms__segment_path(s, segment, buf, len);
+}
+
+typedef struct init_ctx {
+    const lms_store_params *p;
+} init_ctx;
+
+/* Create the named databases and, in a new store, the meta records. */
+static int init_txn(lms_store *s, MDB_txn *txn, void *vctx)
+{
+    init_ctx *c = vctx;
+    for (int i = 0; i < LMS__DB_COUNT; i++) {
+        int rc = mdb_dbi_open(txn, lms__db_names[i], MDB_CREATE, &s->dbi[i]);
+        if (rc)
+            return lms__mdb_err(rc, "%s: create database '%s'", s->index_path, lms__db_names[i]);
+    }
+    uint32_t fmt;
+    int rc = lms__meta_get_u32(s, txn, "format", &fmt);
+    if (rc != LMS_ENOENT)
+        return rc; /* already initialised by someone (0) or an error */
+    uint8_t b4[4], b8[8], uuid[16];
+    if (getrandom(uuid, sizeof uuid, 0) != (ssize_t)sizeof uuid)
+        return lms__err_errno(LMS_EIO, errno, "getrandom");
+    lms__put_u32(b4, LMS__FORMAT_VERSION);
+    if ((rc = lms__db_put(s, txn, LMS__DB_META, "format", 6, b4, 4, 0)))
+        return rc;
+    if ((rc = lms__db_put(s, txn, LMS__DB_META, "uuid", 4, uuid, 16, 0)))
+        return rc;
+    lms__put_u32(b4, c->p->alignment);
+    if ((rc = lms__db_put(s, txn, LMS__DB_META, "alignment", 9, b4, 4, 0)))
+        return rc;
+    lms__put_u64(b8, c->p->segment_max);
+    if ((rc = lms__db_put(s, txn, LMS__DB_META, "segment_max", 11, b8, 8, 0)))
+        return rc;
+    lms__put_u64(b8, lms__unix_time());
+    return lms__db_put(s, txn, LMS__DB_META, "created", 7, b8, 8, 0);
+}
+
+/* Open existing databases in a read transaction (committed so the handles
+ * stay valid) and load the meta records. LMS_ENOENT when not initialised. */
+static int load_meta(lms_store *s)
+{
+    MDB_txn *txn;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    for (int i = 0; i < LMS__DB_COUNT; i++) {
+        int mrc = mdb_dbi_open(txn, lms__db_names[i], 0, &s->dbi[i]);
+        if (mrc == MDB_NOTFOUND) {
+            rc = LMS_ENOENT;
+            goto out;
+        }
+        if (mrc) {
+            rc = lms__mdb_err(mrc, "%s: open database '%s'", s->index_path, lms__db_names[i]);
+            goto out;
+        }
+    }
+    if ((rc = lms__meta_get_u32(s, txn, "format", &s->format)))
+        goto out;
+    if (s->format > LMS__FORMAT_VERSION) {
+        rc = lms__err(LMS_EVERSION, "%s: store format %u is newer than this build (%u)", s->path, s->format,
+                      LMS__FORMAT_VERSION);
+        goto out;
+    }
+    if ((rc = lms__meta_get_u32(s, txn, "alignment", &s->alignment)) ||
+        (rc = lms__meta_get_u64(s, txn, "segment_max", &s->segment_max)))
+        goto out;
+    MDB_val v;
+    if ((rc = lms__db_get(s, txn, LMS__DB_META, "uuid", 4, &v)))
+        goto out;
+    if (v.mv_size != 16) {
+        rc = lms__err(LMS_ECORRUPT, "%s: meta 'uuid' is not 16 bytes", s->index_path);
+        goto out;
+    }
+    memcpy(s->uuid, v.mv_data, 16);
+    if (s->alignment < 64 || s->alignment > LMS__MAX_ALIGNMENT || (s->alignment & (s->alignment - 1)) ||
+        s->segment_max < 2 * LMS__SEG_HEADER_SIZE) {
+        rc = lms__err(LMS_ECORRUPT, "%s: meta alignment %u / segment_max %llu invalid", s->index_path,
+                      s->alignment, (unsigned long long)s->segment_max);
+        goto out;
+    }
+    rc = mdb_txn_commit(txn); /* committed, not aborted: keeps the dbi handles */
+    pthread_rwlock_unlock(&s->map_lock);
+    return rc ? lms__mdb_err(rc, "%s: open databases", s->index_path) : 0;
+out:
+    lms__txn_end(s, txn);
+    if (rc == LMS_ENOENT)
+        lms_clear_error();
+    return rc;
+}
+
+int lms_store_open(const char *path, unsigned flags, const lms_store_params *params, lms_store **out)
+{
+    *out = NULL;
+    if (!path || !*path)
+        return lms__err(LMS_EINVAL, "store path is empty");
+    lms_store_params p = params ? *params : lms_store_default_params();
+    if (!p.alignment)
+        p.alignment = LMS__DEFAULT_ALIGNMENT;
+    if (!p.segment_max)
+        p.segment_max = LMS__DEFAULT_SEGMENT_MAX;
+    if (p.alignment < 64 || p.alignment > LMS__MAX_ALIGNMENT || (p.alignment & (p.alignment - 1)))
+        return lms__err(LMS_EINVAL, "alignment %u is not a power of two in [64, 2 MiB]", p.alignment);
+    if (p.segment_max < 2 * LMS__SEG_HEADER_SIZE)
+        return lms__err(LMS_EINVAL, "segment_max %llu is too small", (unsigned long long)p.segment_max);
+    bool rdonly = flags & LMS_STORE_RDONLY;
+
+    lms_store *s = lms__calloc(1, sizeof *s);
+    if (!s)
+        return LMS_ENOMEM;
+    int rc = LMS_ENOMEM;
+    pthread_rwlock_init(&s->map_lock, NULL);
+    s->rdonly = rdonly;
+    s->path = lms__strdup(path);
+    s->index_path = lms__asprintf("%s/index", path);
+    s->seg_dir = lms__asprintf("%s/segments", path);
+    s->lock_path = lms__asprintf("%s/lock", path);
+    if (!s->path || !s->index_path || !s->seg_dir || !s->lock_path)
+        goto fail;
+
+    bool exists = lms__is_dir(s->index_path);
+    if (!exists) {
+        if (!(flags & LMS_STORE_CREATE) || rdonly) {
+            rc = lms__err(LMS_ENOENT, "%s: no store here (create one with lmstore import)", path);
+            goto fail;
+        }
+        if ((rc = lms__mkdir_p(s->index_path, 0755)) || (rc = lms__mkdir_p(s->seg_dir, 0755)))
+            goto fail;
+    }
+    if (!rdonly && !lms__path_exists(s->lock_path)) {
+        int fd = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
+        if (fd < 0) {
+            rc = fd;
+            goto fail;
+        }
+        close(fd);
+    }
+    if (!lms__is_dir(s->seg_dir)) {
+        if (rdonly) {
+            rc = lms__err(LMS_ECORRUPT, "%s: segments folder missing", path);
+            goto fail;
+        }
+        if ((rc = lms__mkdir_p(s->seg_dir, 0755)))
+            goto fail;
+    }
+
+    int mrc = mdb_env_create(&s->env);
+    if (mrc) {
+        s->env = NULL;
+        rc = lms__mdb_err(mrc, "%s: create LMDB environment", s->index_path);
+        goto fail;
+    }
+    mdb_env_set_maxdbs(s->env, 16);
+    mdb_env_set_maxreaders(s->env, 512);
+    /* LMSTORE_INITIAL_MAP_SIZE (bytes) exists for tests of map growth. */
+    const char *ms = getenv("LMSTORE_INITIAL_MAP_SIZE");
+    size_t mapsize = ms && *ms ? (size_t)strtoull(ms, NULL, 10) : 0;
+    mdb_env_set_mapsize(s->env, mapsize >= 65536 ? mapsize : LMS__INITIAL_MAP_SIZE);
+    mrc = mdb_env_open(s->env, s->index_path, MDB_NOTLS | (rdonly ? MDB_RDONLY : 0), 0644);
+    if (mrc) {
+        rc = lms__mdb_err(mrc, "%s: open LMDB environment", s->index_path);
+        goto fail;
+    }
+    rc = load_meta(s);
+    if (rc == LMS_ENOENT) {
+        if (rdonly) {
+            rc = lms__err(LMS_ENOENT, "%s: store is not initialised", path);
+            goto fail;
+        }
+        init_ctx c = {&p};
+        if ((rc = lms__txn_write(s, init_txn, &c)) || (rc = load_meta(s)))
+            goto fail;
+    } else if (rc) {
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    if (s->env)
+        mdb_env_close(s->env);
+    s->env = NULL;
+    pthread_rwlock_destroy(&s->map_lock);
+    lms__free(s->path);
+    lms__free(s->index_path);
+    lms__free(s->seg_dir);
+    lms__free(s->lock_path);
+    lms__free(s);
+    return rc;
+}
+
+int lms_store_close(lms_store *s)
+{
+    if (!s)
+        return 0;
+    int users = atomic_load(&s->users);
+    if (users > 0)
+        return lms__err(LMS_EBUSY, "%s: %d model(s) or caches opened from the store are still open", s->path,
+                        users);
+    mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->map_lock);
+    lms__free(s->path);
+    lms__free(s->index_path);
+    lms__free(s->seg_dir);
+    lms__free(s->lock_path);
+    lms__free(s);
+    return 0;
+}
+
+/* ---- reading the index -------------------------------------------------------------- */
+
+static char *dupn(const char *p, size_t n)
+{
+    return lms__strndup(p ? p : "", p ? n : 0);
+}
+
+typedef struct model_item {
+    lms_model_info info;
+    char *name, *arch, *source;
+} model_item;
+
+static int model_from_rec(const void *key, size_t klen, const void *val, size_t vlen, model_item *it,
+                          const char *index_path)
+{
+    lms__model_rec r;
+    memset(it, 0, sizeof *it);
+    int rc = lms__model_rec_decode(val, vlen, &r);
+    if (rc)
+        return lms__err_prefix(rc, "%s: model '%.*s': ", index_path, (int)klen, (const char *)key);
+    it->name = dupn(key, klen);
+    it->arch = dupn(r.arch, r.arch_len);
+    it->source = dupn(r.source, r.source_len);
+    if (!it->name || !it->arch || !it->source) {
+        lms__free(it->name);
+        lms__free(it->arch);
+        lms__free(it->source);
+        return LMS_ENOMEM;
+    }
+    lms_model_info *m = &it->info;
+    m->name = it->name;
+    m->architecture = it->arch;
+    m->source = it->source;
+    memcpy(m->id, r.id, sizeof m->id);
+    m->n_tensors = r.n_tensors;
+    m->n_params = r.n_params;
+    m->tensor_bytes = r.tensor_bytes;
+    m->created = r.created;
+    m->dtype_mask = r.dtype_mask;
+    return 0;
+}
+
+static void free_items(model_item *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        lms__free(v[i].name);
+        lms__free(v[i].arch);
+        lms__free(v[i].source);
+    }
+    lms__free(v);
+}
+
+int lms_store_models(lms_store *s, lms_model_cb cb, void *ctx)
+{
+    MDB_txn *txn;
+    MDB_cursor *c = NULL;
+    model_item *v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_MODELS], &c);
+    if (mrc) {
+        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+        goto out;
+    }
+    MDB_val k, val;
+    for (mrc = mdb_cursor_get(c, &k, &val, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            model_item *nv = lms__realloc(v, cap * sizeof *v);
+            if (!nv) {
+                rc = LMS_ENOMEM;
+                goto out;
+            }
+            v = nv;
+        }
+        if ((rc = model_from_rec(k.mv_data, k.mv_size, val.mv_data, val.mv_size, &v[n], s->index_path)))
+            goto out;
+        n++;
+    }
+    if (mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read models", s->index_path);
+out:
+    if (c)
+        mdb_cursor_close(c);
+    lms__txn_end(s, txn);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = cb(ctx, &v[i].info);
+    free_items(v, n);
+    return rc;
+}
+
+int lms_store_model(lms_store *s, const char *model, lms_model_cb cb, void *ctx)
+{
+    MDB_txn *txn;
+    model_item it;
+    MDB_val val;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
+    if (rc == LMS_ENOENT)
+        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    if (!rc)
+        rc = model_from_rec(model, strlen(model), val.mv_data, val.mv_size, &it, s->index_path);
+    lms__txn_end(s, txn);
+    if (rc)
+        return rc;
+    rc = cb(ctx, &it.info);
+    lms__free(it.name);
+    lms__free(it.arch);
+    lms__free(it.source);
+    return rc;
+}
+
+typedef struct tensor_item {
+    lms_tensor_record rec;
+    uint32_t order;
+} tensor_item;
+
+static int cmp_order(const void *a, const void *b)
+{
+    const tensor_item *x = a, *y = b;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+int lms_store_tensors(lms_store *s, const char *model, lms_tensor_cb cb, void *ctx)
+{
+    MDB_txn *txn;
+    MDB_cursor *c = NULL;
+    tensor_item *v = NULL;
+    size_t n = 0, cap = 0, plen = strlen(model) + 1;
+    MDB_val k, val;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, plen - 1, &val);
+    if (rc == LMS_ENOENT)
+        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    if (rc)
+        goto out;
+    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &c);
+    if (mrc) {
+        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+        goto out;
+    }
+    k.mv_size = plen;
+    k.mv_data = (void *)model;
+    for (mrc = mdb_cursor_get(c, &k, &val, MDB_SET_RANGE); mrc == 0;
+         mrc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
+            break;
+        const char *tname = (const char *)k.mv_data + plen;
+        size_t tlen = k.mv_size - plen;
+        lms__tensor_rec tr;
+        lms__blob_rec br;
+        if ((rc = lms__tensor_rec_decode(val.mv_data, val.mv_size, &tr))) {
+            rc = lms__err_prefix(rc, "%s: model '%s' tensor '%.*s': ", s->index_path, model, (int)tlen, tname);
+            goto out;
+        }
+        rc = lms__blob_get(s, txn, tr.hash, &br);
+        if (rc == LMS_ENOENT)
+            rc = lms__err(LMS_ECORRUPT, "%s: model '%s' tensor '%.*s': its blob is missing", s->index_path, model,
+                          (int)tlen, tname);
+        if (rc)
+            goto out;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            tensor_item *nv = lms__realloc(v, cap * sizeof *v);
+            if (!nv) {
+                rc = LMS_ENOMEM;
+                goto out;
+            }
+            v = nv;
+        }
+        tensor_item *t = &v[n];
+        memset(t, 0, sizeof *t);
+        t->rec.name = dupn(tname, tlen);
+        if (!t->rec.name) {
+            rc = LMS_ENOMEM;
+            goto out;
+        }
+        n++;
+        t->order = tr.order;
+        t->rec.dtype = tr.dtype;
+        t->rec.ndim = tr.ndim;
+        memcpy(t->rec.shape, tr.shape, sizeof tr.shape);
+        t->rec.nbytes = tr.nbytes;
+        t->rec.layer = tr.layer;
+        memcpy(t->rec.hash, tr.hash, 16);
+        t->rec.segment = br.segment;
+        t->rec.offset = br.offset;
+    }
+    if (mrc != 0 && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
+out:
+    if (c)
+        mdb_cursor_close(c);
+    lms__txn_end(s, txn);
+    if (n)
+        qsort(v, n, sizeof *v, cmp_order);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = cb(ctx, &v[i].rec);
+    for (size_t i = 0; i < n; i++)
+        lms__free((void *)v[i].rec.name);
+    lms__free(v);
+    return rc;
+}
+
+typedef struct file_item {
+    char *name;
+    uint64_t size;
+} file_item;
+
+int lms_store_files(lms_store *s, const char *model, lms_file_cb cb, void *ctx)
+{
+    MDB_txn *txn;
+    MDB_cursor *c = NULL;
+    file_item *v = NULL;
+    size_t n = 0, cap = 0, plen = strlen(model) + 1;
+    MDB_val k, val;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, plen - 1, &val);
+    if (rc == LMS_ENOENT)
+        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    if (rc)
+        goto out;
+    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_FILES], &c);
+    if (mrc) {
+        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+        goto out;
+    }
+    k.mv_size = plen;
+    k.mv_data = (void *)model;
+    for (mrc = mdb_cursor_get(c, &k, &val, MDB_SET_RANGE); mrc == 0;
+         mrc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
+            break;
+        lms__file_rec fr;
+        const char *fname = (const char *)k.mv_data + plen;
+        int flen = (int)(k.mv_size - plen);
+        if ((rc = lms__file_rec_decode(val.mv_data, val.mv_size, &fr))) {
+            rc = lms__err_prefix(rc, "%s: model '%s' file '%.*s': ", s->index_path, model, flen, fname);
+            goto out;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            file_item *nv = lms__realloc(v, cap * sizeof *v);
+            if (!nv) {
+                rc = LMS_ENOMEM;
+                goto out;
+            }
+            v = nv;
+        }
+        if (!(v[n].name = dupn(fname, (size_t)flen))) {
+            rc = LMS_ENOMEM;
+            goto out;
+        }
+        v[n++].size = fr.raw_size;
+    }
+    if (mrc != 0 && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read files", s->index_path);
+out:
+    if (c)
+        mdb_cursor_close(c);
+    lms__txn_end(s, txn);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = cb(ctx, v[i].name, v[i].size);
+    for (size_t i = 0; i < n; i++)
+        lms__free(v[i].name);
+    lms__free(v);
+    return rc;
+}
+
+int lms_store_file(lms_store *s, const char *model, const char *file, void **data, size_t *len)
+{
+    MDB_txn *txn;
+    MDB_val val;
+    char key[512];
+    *data = NULL;
+    size_t klen = lms__key_item(key, sizeof key, model, file);
+    if (!klen)
+        return lms__err(LMS_ENOENT, "model '%s' has no file '%s'", model, file);
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
+    if (rc == LMS_ENOENT) {
+        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+        goto out;
+    }
+    if (rc)
+        goto out;
+    rc = lms__db_get(s, txn, LMS__DB_FILES, key, klen, &val);
+    if (rc == LMS_ENOENT) {
+        rc = lms__err(LMS_ENOENT, "model '%s' has no file '%s'", model, file);
+        goto out;
+    }
+    if (rc)
+        goto out;
+    lms__file_rec fr;
+    char what[600];
+    snprintf(what, sizeof what, "model '%s' file '%s'", model, file);
+    if ((rc = lms__file_rec_decode(val.mv_data, val.mv_size, &fr))) {
+        rc = lms__err_prefix(rc, "%s: ", what);
+        goto out;
+    }
+    rc = lms__file_rec_inflate(&fr, what, (char **)data, len);
+out:
+    lms__txn_end(s, txn);
+    return rc;
+}
