@@ -1,0 +1,204 @@
+/*
+ * engine/cpu/kernels.c - the portable kernels, 16-bit float conversions, and
+ * the run-time choice of the best kernel set for this CPU (AVX-512, then
+ * AVX2/FMA/F16C, then portable C), overridable with LMSTORE_KERNELS for
+ * tests and benchmarks.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+/* ---- conversions ------------------------------------------------------------------ */
+
+float lms__bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t lms__f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a NaN */
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float lms__f16_to_f32(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0) {
+        if (m == 0) {
+            u = s;
+        } else { /* subnormal: renormalize */
+            e = 127 - 15 + 1;
+            while (!(m & 0x400)) {
+                m <<= 1;
+                e--;
+            }
+            u = s | (e << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (e == 31) {
+        u = s | 0x7f800000u | (m << 13);
+    } else {
+        u = s | ((e + 127 - 15) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t lms__f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t s = (u >> 16) & 0x8000;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(s | 0x7e00); /* NaN */
+    if (a >= 0x477ff000u)              /* rounds to >= 65520: inf */
+        return (uint16_t)(s | 0x7c00);
+    if (a < 0x38800000u) { /* subnormal or zero in f16 */
+        float af;
+        memcpy(&af, &a, 4);
+        /* scale so that the f16 subnormal step (2^-24) becomes 1, round to nearest even */
+        float r = nearbyintf(af * 16777216.0f);
+        return (uint16_t)(s | (uint32_t)r);
+    }
+    uint32_t m = a + 0xfffu + ((a >> 13) & 1); /* round mantissa to 10 bits, nearest even */
+    return (uint16_t)(s | (((m >> 13) - ((127 - 15) << 10)) & 0x7fff));
+}
+
+void lms__row_to_f32(const lms__wt *w, uint32_t row, float *out)
+{
+    size_t off = (size_t)row * w->cols;
+    if (w->dt == LMS_DTYPE_F32) {
+        memcpy(out, (const float *)w->p + off, (size_t)w->cols * 4);
+    } else if (w->dt == LMS_DTYPE_F16) {
+        const uint16_t *p = (const uint16_t *)w->p + off;
+        for (uint32_t i = 0; i < w->cols; i++) out[i] = lms__f16_to_f32(p[i]);
+    } else {
+        const uint16_t *p = (const uint16_t *)w->p + off;
+        for (uint32_t i = 0; i < w->cols; i++) out[i] = lms__bf16_to_f32(p[i]);
+    }
+}
+
+/* ---- portable kernels ----------------------------------------------------------------- */
+
+static inline float ld(const void *p, size_t i, int dti)
+{
+    if (dti == 0)
+        return ((const float *)p)[i];
+    if (dti == 1)
+        return lms__f16_to_f32(((const uint16_t *)p)[i]);
+    return lms__bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static inline void gemm_generic(int dti, size_t esz, const void *W, size_t ldw, const float *x, size_t ldx,
+                                float *y, size_t ldy, int rows, int nb, int cols, bool acc)
+{
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw * esz;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)b * ldx;
+            float s[4] = {0, 0, 0, 0};
+            int k = 0;
+            for (; k + 4 <= cols; k += 4)
+                for (int j = 0; j < 4; j++) s[j] += ld(w, k + j, dti) * xb[k + j];
+            for (; k < cols; k++) s[0] += ld(w, k, dti) * xb[k];
+            float v = (s[0] + s[1]) + (s[2] + s[3]);
+            float *o = y + (size_t)b * ldy + r;
+            *o = acc ? *o + v : v;
+        }
+    }
+}
+
+static void gemm_f32(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy, int rows,
+                     int nb, int cols, bool acc)
+{
+    gemm_generic(0, 4, W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);
+}
+static void gemm_f16(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy, int rows,
+                     int nb, int cols, bool acc)
+{
+    gemm_generic(1, 2, W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);
+}
+static void gemm_bf16(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy, int rows,
+                      int nb, int cols, bool acc)
+{
+    gemm_generic(2, 2, W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);
+}
+static void axpy_f32(float *y, const void *v, float a, int n)
+{
+    for (int k = 0; k < n; k++) y[k] += a * ld(v, k, 0);
+}
+static void axpy_f16(float *y, const void *v, float a, int n)
+{
+    for (int k = 0; k < n; k++) y[k] += a * ld(v, k, 1);
+}
+static void axpy_bf16(float *y, const void *v, float a, int n)
+{
+    for (int k = 0; k < n; k++) y[k] += a * ld(v, k, 2);
+}
+
+static const lms__kernels kernels_generic = {
+    "generic",
+    {gemm_f32, gemm_f16, gemm_bf16},
+    {axpy_f32, axpy_f16, axpy_bf16},
+};
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+extern const lms__kernels lms__kernels_avx512;
+extern const lms__kernels lms__kernels_avx2;
+
+static bool has_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+}
+static bool has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#endif
+
+const lms__kernels *lms__kernels_by_name(const char *name)
+{
+    if (!strcmp(name, "generic"))
+        return &kernels_generic;
+#if defined(__x86_64__)
+    if (!strcmp(name, "avx512") && has_avx512())
+        return &lms__kernels_avx512;
+    if (!strcmp(name, "avx2") && has_avx2())
+        return &lms__kernels_avx2;
+#endif
+    return NULL;
+}
+
+const lms__kernels *lms__kernels_best(void)
+{
+    const char *force = getenv("LMSTORE_KERNELS");
+    if (force && *force) {
+        const lms__kernels *k = lms__kernels_by_name(force);
+        if (k)
+            return k;
+        lms__warn("LMSTORE_KERNELS=%s is not available on this CPU; choosing automatically", force);
+    }
+#if defined(__x86_64__)
+    if (has_avx512())
+        return &lms__kernels_avx512;
+    if (has_avx2())
+        return &lms__kernels_avx2;
+#endif
+    return &kernels_generic;
+}

@@ -1,0 +1,190 @@
+/*
+ * engine/internal.h - the engine's internal interfaces: model hyper-parameters
+ * (parsed from config.json), the weight views a forward pass reads, the KV
+ * view attention reads in place, the CPU kernel table chosen at run time, and
+ * the forward pass itself.
+ *
+ * Layering (each file says which part it is):
+ *   config.c            config.json -> lms__hparams (families check their settings)
+ *   model_llama.c, model_qwen2.c, model_qwen3.c
+ *                       one family each: architecture names, defaults, which
+ *                       optional tensors (biases, q/k norms) exist
+ *   weights.c           binds tensor views from a weight source (the loader's
+ *                       lms_model, or a safetensors folder for tools) with shape checks
+ *   layers.c            the forward pass over a block of tokens (shared by all families)
+ *   cpu/kernels*.c      SIMD kernels (AVX-512, AVX2/FMA/F16C, portable), run-time dispatch
+ *   engine.c            lms_engine_*: KV cache glue, eval, sessions
+ *   generate.c          lms_generate: prefix reuse, sampling, stops, metrics
+ */
+#ifndef LMS_ENGINE_INTERNAL_H
+#define LMS_ENGINE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "lmstore/store.h"
+
+#define LMS__MAX_EOS 8
+
+/* ---- hyper-parameters ------------------------------------------------------------ */
+
+typedef enum lms__rope_kind {
+    LMS__ROPE_DEFAULT = 0,
+    LMS__ROPE_LINEAR,
+    LMS__ROPE_LLAMA3,
+} lms__rope_kind;
+
+struct lms__family;
+
+typedef struct lms__hparams {
+    const struct lms__family *family;
+    char arch_name[64];      /* as written in config.json (architectures[0]) */
+    uint32_t n_vocab, n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff;
+    uint32_t max_pos;
+    float eps;
+    double rope_theta;
+    lms__rope_kind rope_kind;
+    double rope_factor, rope_low_freq, rope_high_freq;
+    uint32_t rope_orig_max_pos;
+    bool tie_embeddings;
+    bool qkv_bias;           /* q/k/v projections have biases */
+    bool o_bias;             /* o_proj has a bias (llama attention_bias) */
+    bool qk_norm;            /* per-head RMSNorm of q and k before RoPE */
+    int32_t bos_id;          /* -1 = none */
+    int32_t eos_ids[LMS__MAX_EOS];
+    int n_eos;
+} lms__hparams;
+
+/* A model family: the architectures it runs and its settings check. */
+typedef struct lms__family {
+    const char *name;               /* "llama", "qwen2", "qwen3" */
+    const char *const *archs;       /* config "architectures" names, NULL-terminated */
+    const char *model_type;         /* config "model_type" */
+    /* Fill family-specific fields from the parsed config (cJSON *), checking
+     * settings; LMS_EUNSUPPORTED naming the setting. */
+    int (*configure)(lms__hparams *hp, const void *cjson_root, const char *src);
+} lms__family;
+
+extern const lms__family lms__family_llama;
+extern const lms__family lms__family_qwen2;
+extern const lms__family lms__family_qwen3;
+
+/*
+ * Parse config.json text (and optionally generation_config.json text, may be
+ * NULL) into *hp. `src` names the model in messages. LMS_EFORMAT for a
+ * malformed file or field, LMS_EUNSUPPORTED naming an architecture or setting.
+ */
+int lms__config_parse(const char *config, const char *gen_config, const char *src, lms__hparams *hp);
+
+/* ---- weights -------------------------------------------------------------------- */
+
+/* A weight matrix [rows][cols] (row-major, read in place) or vector [rows]. */
+typedef struct lms__wt {
+    const void *p;       /* borrowed: mapped bytes, valid while the source lives */
+    lms_dtype dt;        /* BF16, F16 or F32 */
+    uint32_t rows, cols;
+} lms__wt;
+
+typedef struct lms__layer_w {
+    lms__wt wq, wk, wv, wo;         /* [n_heads*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_heads*hd] */
+    lms__wt w_gate, w_up, w_down;   /* [n_ff][n_embd] x2, [n_embd][n_ff] */
+    float *attn_norm, *ffn_norm;    /* [n_embd], f32 copies (small) */
+    float *bq, *bk, *bv, *bo;       /* biases or NULL */
+    float *q_norm, *k_norm;         /* [head_dim] or NULL */
+} lms__layer_w;
+
+typedef struct lms__weights {
+    lms__wt embed;                  /* [n_vocab][n_embd] */
+    lms__wt lm_head;                /* [n_vocab][n_embd] (the embedding when tied) */
+    float *final_norm;              /* [n_embd] */
+    lms__layer_w *layers;           /* [n_layers] */
+    float *vec_store;               /* owns every f32 vector above */
+} lms__weights;
+
+/* Where tensors come from: the loader's lms_model or a safetensors folder. */
+typedef struct lms__wsrc {
+    void *ctx;
+    /* Tensor view by name: 0, or LMS_ENOENT (without detail). */
+    int (*tensor)(void *ctx, const char *name, lms_dtype *dt, uint32_t *ndim, uint64_t shape[LMS_MAX_DIMS],
+                  const void **data, uint64_t *nbytes);
+    /* A side file (config.json ...): caller frees *data with lms__free / lms_free as the
+     * source says; LMS_ENOENT when absent. */
+    int (*file)(void *ctx, const char *name, char **data, size_t *len);
+    void (*free_file)(void *p);
+    const char *name; /* for messages */
+} lms__wsrc;
+
+int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights *w);
+void lms__weights_release(lms__weights *w);
+
+/* Weight source over a folder with model.safetensors (or shards) and
+ * config.json: for tools and benchmarks that run a HF folder directly. */
+typedef struct lms__st_folder lms__st_folder;
+int lms__st_folder_open(const char *dir, lms__st_folder **out, lms__wsrc *src);
+void lms__st_folder_close(lms__st_folder *f);
+
+/* ---- kernels (engine/cpu/) -------------------------------------------------------- */
+
+/*
+ * y[b*ldy + r] (=, or += with acc) sum_k W[r*ldw + k] * x[b*ldx + k]
+ * for r in [0, rows), b in [0, nb), k in [0, cols). W of dtype dt (BF16, F16,
+ * F32), x and y f32. Accumulation in f32.
+ */
+typedef void (*lms__gemm_fn)(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,
+                             int rows, int nb, int cols, bool acc);
+/* y[k] += a * v[k], v of dtype dt. */
+typedef void (*lms__axpy_fn)(float *y, const void *v, float a, int n);
+
+typedef struct lms__kernels {
+    const char *name;             /* "avx512", "avx2", "generic" */
+    lms__gemm_fn gemm[3];         /* by lms__dt_index: 0 F32, 1 F16, 2 BF16 */
+    lms__axpy_fn axpy[3];
+} lms__kernels;
+
+static inline int lms__dt_index(lms_dtype dt)
+{
+    return dt == LMS_DTYPE_F32 ? 0 : dt == LMS_DTYPE_F16 ? 1 : 2;
+}
+
+/* The best kernel set for this CPU; LMSTORE_KERNELS=generic|avx2|avx512
+ * forces one (if the CPU has it). */
+const lms__kernels *lms__kernels_best(void);
+const lms__kernels *lms__kernels_by_name(const char *name); /* NULL if unsupported here */
+
+float lms__bf16_to_f32(uint16_t h);
+uint16_t lms__f32_to_bf16(float f); /* round to nearest even */
+float lms__f16_to_f32(uint16_t h);
+uint16_t lms__f32_to_f16(float f);  /* round to nearest even */
+/* Row `row` of a matrix view as f32 (embedding lookups). */
+void lms__row_to_f32(const lms__wt *w, uint32_t row, float *out);
+
+/* ---- forward pass (layers.c) ------------------------------------------------------- */
+
+/* Where K/V live: the kvcache's page-major arena (see lmstore/kvcache.h). */
+typedef struct lms__kvview {
+    uint8_t *base;
+    lms_dtype dtype;
+    uint32_t page_tokens;
+    size_t elem_size, token_bytes, head_bytes, v_offset, layer_bytes, page_bytes;
+    const uint32_t *pages; /* block table of the sequence */
+} lms__kvview;
+
+typedef struct lms__fwd lms__fwd;
+
+/* Scratch for blocks of up to max_block tokens and contexts up to n_ctx,
+ * allocated once. pool borrowed (NULL = single thread). */
+int lms__fwd_create(const lms__hparams *hp, const lms__weights *w, const lms__kernels *k, lms_pool *pool,
+                    uint32_t max_block, uint32_t n_ctx, lms__fwd **out);
+void lms__fwd_free(lms__fwd *f);
+
+/*
+ * Run tokens[0..nb) at positions pos0.. (nb <= max_block, pos0+nb <= n_ctx):
+ * writes their K/V into kv, reads K/V of positions [0, pos0+nb). logits:
+ * NULL (none), the last position's (all false) or nb rows (all true).
+ */
+void lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
+                    float *logits, bool all);
+
+#endif
