@@ -48,6 +48,9 @@ typedef struct lms_device_props {
     bool can_register_host;   /* host_register may work on this device */
     bool can_register_readonly;
     bool can_map_host;        /* device can address registered host memory */
+    bool host_ptr_is_device_ptr; /* registered host memory has the same address on the device */
+    bool pageable_access;     /* device reads any host memory without registration (coherent) */
+    int compute_major, compute_minor;
 } lms_device_props;
 
 typedef struct lms_device_ops {
@@ -64,7 +67,10 @@ typedef struct lms_device_ops {
      * NULL otherwise. A refusal returns LMS_EDEVICE and leaves no state. */
     int (*host_register)(lms_device *dev, void *host, size_t bytes, unsigned flags, void **dev_ptr);
     int (*host_unregister)(lms_device *dev, void *host);
-    /* Copies. dst/src are device pointers except where named host. */
+    /* Copies. dst/src are device pointers except where named host. With a
+     * NULL stream a copy is complete when the call returns; on a stream it
+     * is complete when the stream (or an event recorded after it) is. A
+     * host source of an asynchronous copy must stay unchanged until then. */
     int (*copy_h2d)(lms_device *dev, void *dst, const void *host_src, size_t n, lms_stream *s);
     int (*copy_d2h)(lms_device *dev, void *host_dst, const void *src, size_t n, lms_stream *s);
     int (*copy_d2d)(lms_device *dev, void *dst, const void *src, size_t n, lms_stream *s);

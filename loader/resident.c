@@ -1,0 +1,700 @@
+/*
+ * loader/resident.c - the resident placement: every weight copied into one
+ * device arena, layer by layer, while the caller already computes.
+ *
+ * The model's unique tensor bytes are grouped into extents (runs of tensors
+ * that follow each other in one segment, padding included) in copy order
+ * (lms_load_order), and each extent is cut into chunks: at most chunk_bytes,
+ * and never across a registration block. One loader thread issues the chunk
+ * copies in order, round-robin over the streams; after the last chunk of a
+ * layer it records that layer's event on every stream, so
+ * lms_model_wait_layer(l) waits for exactly the copies that layer needs.
+ * Worker threads prepare chunks ahead of the issuing thread:
+ *
+ *   mode        chunk source                       prepared by
+ *   REGISTERED  the mapping, pinned in place       lms__reg_acquire (cudaHostRegister)
+ *   STAGING     a pinned ring slot                 memcpy from the mapping
+ *   READERS     a pinned ring slot                 pread (O_DIRECT where aligned) from the file
+ *   DIRECT      the mapping as it is               nothing (devices that read host memory: CPU)
+ *
+ * REGISTERED is the default. STAGING is taken when registration is refused
+ * (or forced); READERS when most of the model is not in the page cache
+ * (mincore), where parallel large reads keep the disk busy ahead of the
+ * copies (or forced). A ring slot is refilled only after the event recorded
+ * behind its last copy completed.
+ *
+ * States of the loader thread (r->mu guards issued/ready/failed/done):
+ *   started --each chunk: wait ready[c], copy, record events--> issuing
+ *   issuing --all issued, streams synced, registrations released--> done
+ *   any --an error (first one kept in r->err/msg)--> failed, then done
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "loader/loader_internal.h"
+
+enum { MODE_DIRECT, MODE_REGISTERED, MODE_STAGING, MODE_READERS };
+
+typedef struct chunk {
+    lms__lmap *map;
+    uint64_t off, len;  /* bytes of the segment file */
+    uint64_t dst;       /* offset in the arena */
+    uint64_t grid;      /* registration block size (REGISTERED) */
+    uint64_t srcoff;    /* offset of the bytes in their ring slot */
+} chunk;
+
+typedef struct extent {
+    lms__lmap *map;
+    uint64_t start, end, dst;
+    size_t c0, c1; /* its chunks */
+} extent;
+
+struct lms__resident {
+    lms_model *m;
+    lms_device *dev;
+    uint8_t *arena;
+    uint64_t arena_bytes;
+    int mode;
+    chunk *c;
+    size_t nc;
+    extent *e;
+    size_t ne;
+    int ns;
+    lms_stream **st;
+    /* layer slots: 0 = PRE, 1..n_layers = blocks, n_layers+1 = POST, n_layers+2 = ALL */
+    int nl;
+    size_t *last;     /* 1 + index of the layer's last chunk; 0 = no bytes */
+    lms_event **lev;  /* nl x ns */
+    bool *lrec;       /* events recorded (guarded by mu) */
+    double *ldone;    /* seconds since open when seen complete (0 = not yet) */
+    int first_slot;   /* the first layer in copy order */
+    /* staging ring */
+    int nslots;
+    uint8_t **slot_raw, **slot;
+    lms_event **sev;
+    uint64_t slot_bytes;
+    /* threads */
+    pthread_t thread;
+    bool thread_started;
+    pthread_t *workers;
+    int nworkers;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t issued, next_take;
+    uint8_t *ready;   /* per chunk: 0 not yet, 1 ready, 2 ready (unregistered: copy from pageable memory) */
+    bool *held;       /* per chunk: holds a registration reference */
+    bool failed, done, stop;
+    int err;
+    char msg[512];
+    atomic_uint_least64_t copied;
+    atomic_bool direct_io;
+    atomic_bool warned_refusal;
+};
+
+static int slot_of(const lms__resident *r, int32_t layer)
+{
+    if (layer == LMS_LAYER_ALL)
+        return r->nl - 1;
+    if (layer == LMS_LAYER_POST)
+        return r->nl - 2;
+    if (layer < 0)
+        return 0;
+    return 1 + layer;
+}
+
+static void fail_locked(lms__resident *r, int rc)
+{
+    if (!r->failed) {
+        r->failed = true;
+        r->err = rc ? rc : LMS_EDEVICE;
+        snprintf(r->msg, sizeof r->msg, "model '%s': loading to the device: %s", r->m->name,
+                 *lms_last_error() ? lms_last_error() : lms_strerror(r->err));
+    }
+    pthread_cond_broadcast(&r->cv);
+}
+
+static void fail(lms__resident *r, int rc)
+{
+    pthread_mutex_lock(&r->mu);
+    fail_locked(r, rc);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- planning ------------------------------------------------------------------ */
+
+static int plan(lms__resident *r)
+{
+    lms_model *m = r->m;
+    const lms_model_params *p = &m->params;
+    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
+    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    size_t no = 0;
+    int rc = 0;
+    if (!ord || !ext_of) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    /* copy order */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < m->n; i++) {
+            if (m->ti[i].canon != i || m->t[i].nbytes == 0)
+                continue;
+            bool block = m->t[i].layer >= 0 && m->t[i].layer != LMS_LAYER_POST;
+            if (p->order == LMS_ORDER_FILE ? pass == 0 : (pass == 0) == block)
+                ord[no++] = i;
+        }
+    }
+    /* extents */
+    r->e = lms__calloc(no + 1, sizeof *r->e);
+    if (!r->e) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    uint64_t align = LMS_MAX(256u, lms_store_alignment(m->store));
+    uint64_t arena = 0;
+    for (size_t j = 0; j < no; j++) {
+        size_t i = ord[j];
+        uint64_t off = m->ti[i].offset, end = off + m->t[i].nbytes;
+        extent *cur = r->ne ? &r->e[r->ne - 1] : NULL;
+        if (cur && cur->map == m->ti[i].map && off >= cur->end && off - cur->end <= (1u << 20)) {
+            cur->end = end;
+        } else {
+            if (cur)
+                arena = cur->dst + (cur->end - cur->start);
+            cur = &r->e[r->ne++];
+            cur->map = m->ti[i].map;
+            cur->start = off;
+            cur->end = end;
+            cur->dst = lms__align_up(arena, align);
+        }
+        ext_of[i] = r->ne - 1;
+    }
+    if (r->ne)
+        arena = r->e[r->ne - 1].dst + (r->e[r->ne - 1].end - r->e[r->ne - 1].start);
+    r->arena_bytes = arena;
+
+    /* chunks */
+    uint64_t cb = p->chunk_bytes;
+    size_t capc = 0;
+    for (size_t k = 0; k < r->ne; k++)
+        capc += (size_t)((r->e[k].end - r->e[k].start) / cb) + 2;
+    r->c = lms__calloc(capc + 1, sizeof *r->c);
+    if (!r->c) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < r->ne; k++) {
+        extent *x = &r->e[k];
+        uint64_t grid = r->mode == MODE_REGISTERED ? lms__reg_grid(x->map, r->dev, cb) : 0;
+        x->c0 = r->nc;
+        for (uint64_t a = x->start; a < x->end;) {
+            uint64_t b = LMS_MIN(x->end, a + cb);
+            if (grid)
+                b = LMS_MIN(b, (a / grid + 1) * grid);
+            if (r->nc == capc) { /* grid cuts can add chunks: grow */
+                chunk *q = lms__realloc(r->c, (2 * capc + 1) * sizeof *r->c);
+                if (!q) {
+                    rc = LMS_ENOMEM;
+                    goto out;
+                }
+                r->c = q;
+                capc = 2 * capc;
+            }
+            r->c[r->nc++] = (chunk){.map = x->map, .off = a, .len = b - a, .dst = x->dst + (a - x->start),
+                                    .grid = grid};
+            a = b;
+        }
+        x->c1 = r->nc;
+    }
+
+    /* layer slots: last chunk of each layer */
+    r->nl = m->n_layers + 3;
+    r->last = lms__calloc((size_t)r->nl, sizeof *r->last);
+    r->lrec = lms__calloc((size_t)r->nl, sizeof *r->lrec);
+    r->ldone = lms__calloc((size_t)r->nl, sizeof *r->ldone);
+    if (!r->last || !r->lrec || !r->ldone) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    size_t first_chunk = SIZE_MAX;
+    r->first_slot = r->nl - 1;
+    for (size_t i = 0; i < m->n; i++) {
+        size_t ci = m->ti[i].canon;
+        if (m->t[ci].nbytes == 0)
+            continue;
+        extent *x = &r->e[ext_of[ci]];
+        uint64_t lastb = m->ti[ci].offset + m->t[ci].nbytes - 1;
+        size_t lo = x->c0, hi = x->c1 - 1; /* chunk holding lastb */
+        while (lo < hi) {
+            size_t mid = (lo + hi + 1) / 2;
+            if (r->c[mid].off <= lastb)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        int s = slot_of(r, m->t[i].layer);
+        if (lo + 1 > r->last[s])
+            r->last[s] = lo + 1;
+    }
+    r->last[r->nl - 1] = r->nc;
+    for (int s = 0; s < r->nl - 1; s++)
+        if (r->last[s] && r->last[s] < first_chunk) {
+            first_chunk = r->last[s];
+            r->first_slot = s;
+        }
+    /* device addresses, as arena offsets until the arena exists (lms__resident_start) */
+    for (size_t i = 0; i < m->n; i++) {
+        size_t ci = m->ti[i].canon;
+        m->t[i].device = NULL;
+        if (m->t[ci].nbytes == 0)
+            continue;
+        extent *x = &r->e[ext_of[ci]];
+        m->t[i].device = (void *)(uintptr_t)(x->dst + (m->ti[ci].offset - x->start));
+    }
+out:
+    lms__free(ord);
+    lms__free(ext_of);
+    return rc;
+}
+
+/* Fraction of the model's pages in the page cache (mincore), 0..1. */
+static double cached_fraction(lms__resident *r)
+{
+    uint64_t pages = 0, in = 0;
+    size_t vcap = 1u << 18;
+    unsigned char *v = lms__malloc(vcap);
+    if (!v)
+        return 1.0;
+    for (size_t k = 0; k < r->ne; k++) {
+        extent *x = &r->e[k];
+        uintptr_t a = ((uintptr_t)x->map->sm.base + x->start) & ~(uintptr_t)(LMS__PAGE - 1);
+        uintptr_t e = (uintptr_t)x->map->sm.base + x->end;
+        while (a < e) {
+            size_t np = LMS_MIN(vcap, (size_t)((e - a + LMS__PAGE - 1) / LMS__PAGE));
+            if (mincore((void *)a, np * LMS__PAGE, v) == 0)
+                for (size_t i = 0; i < np; i++)
+                    in += v[i] & 1;
+            else
+                in += np; /* unknown: assume cached */
+            pages += np;
+            a += np * LMS__PAGE;
+        }
+    }
+    lms__free(v);
+    return pages ? (double)in / (double)pages : 1.0;
+}
+
+/* ---- workers --------------------------------------------------------------------- */
+
+static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
+{
+    chunk *c = &r->c[ci];
+    *ready = 1;
+    if (r->mode == MODE_REGISTERED) {
+        void *dp = NULL;
+        int rc = lms__reg_acquire(c->map, r->dev, c->grid, (size_t)(c->off / c->grid), LMS_REG_READONLY, &dp);
+        if (rc) {
+            if (!atomic_exchange(&r->warned_refusal, true)) {
+                lms__warn("model '%s': %s; copying from pageable memory", r->m->name, lms_last_error());
+            }
+            *ready = 2;
+            return 0;
+        }
+        r->held[ci] = true;
+        return 0;
+    }
+    uint8_t *slot = r->slot[ci % (size_t)r->nslots];
+    if (r->mode == MODE_STAGING) {
+        memcpy(slot, c->map->sm.base + c->off, (size_t)c->len);
+        c->srcoff = 0;
+        return 0;
+    }
+    /* READERS */
+    bool direct = false;
+    int fd = lms__lmap_fd_direct(c->map, &direct);
+    uint64_t ro = c->off & ~(uint64_t)(LMS__PAGE - 1);
+    uint64_t re = lms__align_up(c->off + c->len, LMS__PAGE);
+    if (direct && re <= c->map->sm.size) {
+        c->srcoff = c->off - ro;
+        int rc = lms__pread_all(fd, slot, (size_t)(re - ro), ro, c->map->sm.path);
+        if (rc == 0) {
+            atomic_store(&r->direct_io, true);
+            return 0;
+        }
+        if (rc != LMS_EIO) /* truncated: a real problem */
+            return rc;
+        /* some file systems accept O_DIRECT at open and refuse the read: read buffered */
+    }
+    c->srcoff = 0;
+    return lms__pread_all(c->map->sm.fd, slot, (size_t)c->len, c->off, c->map->sm.path);
+}
+
+static void *worker_main(void *arg)
+{
+    lms__resident *r = arg;
+    size_t window = r->mode == MODE_REGISTERED ? (size_t)LMS_MAX(8, 2 * r->nworkers) : (size_t)r->nslots;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        if (r->failed || r->stop || r->next_take >= r->nc)
+            break;
+        size_t ci = r->next_take++;
+        while (!r->failed && !r->stop && ci >= r->issued + window)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->failed || r->stop)
+            break;
+        pthread_mutex_unlock(&r->mu);
+        int rc = 0;
+        if (r->mode == MODE_STAGING || r->mode == MODE_READERS) /* the slot's last copy must be done */
+            rc = r->dev->ops->event_sync(r->dev, r->sev[ci % (size_t)r->nslots]);
+        uint8_t ready = 0;
+        if (!rc)
+            rc = prepare_chunk(r, ci, &ready);
+        pthread_mutex_lock(&r->mu);
+        if (rc) {
+            fail_locked(r, rc);
+            break;
+        }
+        r->ready[ci] = ready;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* ---- the loader thread ---------------------------------------------------------------- */
+
+static void note_done_layers(lms__resident *r, bool block)
+{
+    lms_device *d = r->dev;
+    double now = 0;
+    for (int s = 0; s < r->nl; s++) {
+        if (r->ldone[s] != 0 || !r->last[s])
+            continue;
+        pthread_mutex_lock(&r->mu);
+        bool rec = r->lrec[s];
+        pthread_mutex_unlock(&r->mu);
+        if (!rec)
+            continue;
+        bool ok = true;
+        for (int k = 0; k < r->ns && ok; k++) {
+            lms_event *e = r->lev[s * r->ns + k];
+            ok = block ? d->ops->event_sync(d, e) == 0 : d->ops->event_done(d, e);
+        }
+        if (!ok)
+            continue;
+        if (now == 0)
+            now = lms__now() - r->m->t0;
+        pthread_mutex_lock(&r->mu);
+        r->ldone[s] = now;
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+static void *loader_main(void *arg)
+{
+    lms__resident *r = arg;
+    lms_device *d = r->dev;
+    int rc = 0;
+    for (int w = 0; w < r->nworkers; w++) {
+        if (pthread_create(&r->workers[w], NULL, worker_main, r)) {
+            r->nworkers = w;
+            fail(r, lms__err(LMS_ENOMEM, "cannot start loader worker threads"));
+            break;
+        }
+    }
+    for (size_t ci = 0; ci < r->nc; ci++) {
+        pthread_mutex_lock(&r->mu);
+        while (!r->failed && !r->stop && !r->ready[ci])
+            pthread_cond_wait(&r->cv, &r->mu);
+        bool quit = r->failed || r->stop;
+        uint8_t ready = r->ready[ci];
+        pthread_mutex_unlock(&r->mu);
+        if (quit)
+            break;
+        chunk *c = &r->c[ci];
+        lms_stream *s = r->st[ci % (size_t)r->ns];
+        const uint8_t *src = c->map->sm.base + c->off;
+        bool ring = (r->mode == MODE_STAGING || r->mode == MODE_READERS) && ready == 1;
+        if (ring)
+            src = r->slot[ci % (size_t)r->nslots] + c->srcoff;
+        rc = d->ops->copy_h2d(d, r->arena + c->dst, src, (size_t)c->len, s);
+        if (!rc && ring)
+            rc = d->ops->event_record(d, r->sev[ci % (size_t)r->nslots], s);
+        for (int ls = 0; !rc && ls < r->nl; ls++)
+            if (r->last[ls] == ci + 1)
+                for (int k = 0; !rc && k < r->ns; k++)
+                    rc = d->ops->event_record(d, r->lev[ls * r->ns + k], r->st[k]);
+        if (rc) {
+            fail(r, rc);
+            break;
+        }
+        atomic_fetch_add(&r->copied, c->len);
+        pthread_mutex_lock(&r->mu);
+        r->issued = ci + 1;
+        for (int ls = 0; ls < r->nl; ls++)
+            if (r->last[ls] == ci + 1)
+                r->lrec[ls] = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        note_done_layers(r, false);
+    }
+    for (int w = 0; w < r->nworkers; w++)
+        pthread_join(r->workers[w], NULL);
+    for (int k = 0; k < r->ns; k++) {
+        int src = d->ops->stream_sync(d, r->st[k]);
+        if (src && !rc)
+            fail(r, rc = src);
+    }
+    pthread_mutex_lock(&r->mu);
+    bool complete = !r->failed && r->issued == r->nc;
+    pthread_mutex_unlock(&r->mu);
+    if (complete) {
+        note_done_layers(r, true);
+        pthread_mutex_lock(&r->mu);
+        r->m->stats.all_s = lms__now() - r->m->t0;
+        pthread_mutex_unlock(&r->mu);
+    }
+    /* registrations are released once the copies out of them are done */
+    for (size_t ci = 0; ci < r->nc; ci++)
+        if (r->held[ci]) {
+            lms__reg_release(r->c[ci].map, d, (size_t)(r->c[ci].off / r->c[ci].grid));
+            r->held[ci] = false;
+        }
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* ---- start / wait / stop ------------------------------------------------------------- */
+
+static int alloc_ring(lms__resident *r)
+{
+    lms_device *d = r->dev;
+    r->nslots = r->m->params.ring_slots;
+    r->slot_bytes = r->m->params.chunk_bytes + 2 * LMS__PAGE;
+    r->slot_raw = lms__calloc((size_t)r->nslots, sizeof *r->slot_raw);
+    r->slot = lms__calloc((size_t)r->nslots, sizeof *r->slot);
+    r->sev = lms__calloc((size_t)r->nslots, sizeof *r->sev);
+    if (!r->slot_raw || !r->slot || !r->sev)
+        return LMS_ENOMEM;
+    for (int i = 0; i < r->nslots; i++) {
+        void *p = NULL;
+        int rc = d->ops->alloc_host ? d->ops->alloc_host(d, (size_t)r->slot_bytes + LMS__PAGE, &p) : LMS_EUNSUPPORTED;
+        if (rc)
+            return lms__err_prefix(rc, "staging ring (%d x %llu bytes): ", r->nslots,
+                                   (unsigned long long)r->slot_bytes);
+        r->slot_raw[i] = p;
+        r->slot[i] = (uint8_t *)lms__align_up((uintptr_t)p, LMS__PAGE); /* O_DIRECT needs aligned buffers */
+        if ((rc = d->ops->event_create(d, &r->sev[i])))
+            return rc;
+    }
+    r->m->stats.staging = true;
+    return 0;
+}
+
+static void free_resident(lms__resident *r)
+{
+    lms_device *d = r->dev;
+    if (r->lev)
+        for (int i = 0; i < r->nl * r->ns; i++)
+            if (r->lev[i])
+                d->ops->event_destroy(d, r->lev[i]);
+    if (r->sev)
+        for (int i = 0; i < r->nslots; i++)
+            if (r->sev[i])
+                d->ops->event_destroy(d, r->sev[i]);
+    if (r->slot_raw)
+        for (int i = 0; i < r->nslots; i++)
+            if (r->slot_raw[i])
+                d->ops->free_host(d, r->slot_raw[i]);
+    if (r->st)
+        for (int i = 0; i < r->ns; i++)
+            if (r->st[i])
+                d->ops->stream_destroy(d, r->st[i]);
+    if (r->arena)
+        d->ops->free(d, r->arena);
+    if (r->held)
+        for (size_t ci = 0; ci < r->nc; ci++)
+            if (r->held[ci])
+                lms__reg_release(r->c[ci].map, d, (size_t)(r->c[ci].off / r->c[ci].grid));
+    lms__free(r->lev);
+    lms__free(r->sev);
+    lms__free(r->slot_raw);
+    lms__free(r->slot);
+    lms__free(r->st);
+    lms__free(r->workers);
+    lms__free(r->ready);
+    lms__free(r->held);
+    lms__free(r->last);
+    lms__free(r->lrec);
+    lms__free(r->ldone);
+    lms__free(r->c);
+    lms__free(r->e);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    lms__free(r);
+}
+
+int lms__resident_start(lms_model *m)
+{
+    const lms_model_params *p = &m->params;
+    lms_device *d = m->dev;
+    int rc;
+    lms__resident *r = lms__calloc(1, sizeof *r);
+    if (!r)
+        return LMS_ENOMEM;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->m = m;
+    r->dev = d;
+    r->ns = p->streams;
+    m->res = r;
+
+    if (p->force_readers)
+        r->mode = MODE_READERS;
+    else if (p->force_staging)
+        r->mode = MODE_STAGING;
+    else if (!d->ops->host_register)
+        r->mode = MODE_DIRECT;
+    else
+        r->mode = MODE_REGISTERED;
+    if ((rc = plan(r)))
+        return rc;
+    if (r->mode == MODE_REGISTERED && !p->no_readers && r->nc && cached_fraction(r) < 0.5) {
+        lms__info("model '%s': mostly not in the page cache: parallel readers", m->name);
+        r->mode = MODE_READERS;
+    }
+    if (r->mode == MODE_REGISTERED && r->nc) {
+        /* probe: register the first chunk's block; refused -> staging ring */
+        void *dp = NULL;
+        chunk *c = &r->c[0];
+        r->held = lms__calloc(r->nc, sizeof *r->held);
+        if (!r->held)
+            return LMS_ENOMEM;
+        if (lms__reg_acquire(c->map, d, c->grid, (size_t)(c->off / c->grid), LMS_REG_READONLY, &dp) == 0) {
+            r->held[0] = true;
+        } else {
+            lms__info("model '%s': %s; copying through a pinned staging ring", m->name, lms_last_error());
+            r->mode = MODE_STAGING;
+        }
+    }
+    if (!r->held && !(r->held = lms__calloc(r->nc + 1, sizeof *r->held)))
+        return LMS_ENOMEM;
+    if (!(r->ready = lms__calloc(r->nc + 1, 1)))
+        return LMS_ENOMEM;
+    if (r->held[0]) {
+        r->ready[0] = 1;
+        r->next_take = 1; /* the probe prepared chunk 0 */
+    }
+    if (r->mode == MODE_STAGING || r->mode == MODE_READERS) {
+        if ((rc = alloc_ring(r)))
+            return rc;
+        m->stats.readers = r->mode == MODE_READERS;
+    }
+    if (r->mode == MODE_DIRECT)
+        for (size_t ci = 0; ci < r->nc; ci++)
+            r->ready[ci] = 1;
+
+    /* device arena, streams, events */
+    if ((rc = d->ops->alloc(d, (size_t)(r->arena_bytes ? r->arena_bytes : 1), (void **)&r->arena)))
+        return lms__err_prefix(rc, "model '%s': device arena of %llu bytes: ", m->name,
+                               (unsigned long long)r->arena_bytes);
+    m->stats.device_bytes = r->arena_bytes;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->t[m->ti[i].canon].nbytes)
+            m->t[i].device = r->arena + (uintptr_t)m->t[i].device;
+    r->st = lms__calloc((size_t)r->ns, sizeof *r->st);
+    r->lev = lms__calloc((size_t)(r->nl * r->ns), sizeof *r->lev);
+    r->workers = lms__calloc((size_t)p->threads + 1, sizeof *r->workers);
+    if (!r->st || !r->lev || !r->workers)
+        return LMS_ENOMEM;
+    for (int i = 0; i < r->ns; i++)
+        if ((rc = d->ops->stream_create(d, &r->st[i])))
+            return rc;
+    for (int i = 0; i < r->nl * r->ns; i++)
+        if ((rc = d->ops->event_create(d, &r->lev[i])))
+            return rc;
+    for (int s = 0; s < r->nl; s++)
+        if (!r->last[s])
+            r->lrec[s] = true; /* nothing to copy */
+    r->nworkers = r->mode == MODE_DIRECT ? 0 : p->threads;
+    if (pthread_create(&r->thread, NULL, loader_main, r))
+        return lms__err(LMS_ENOMEM, "model '%s': cannot start the loader thread", m->name);
+    r->thread_started = true;
+    return 0;
+}
+
+int lms__resident_wait(lms_model *m, int32_t layer, bool block)
+{
+    lms__resident *r = m->res;
+    lms_device *d = r->dev;
+    int s = slot_of(r, layer);
+    pthread_mutex_lock(&r->mu);
+    while (!r->lrec[s] && !r->failed) {
+        if (!block) {
+            pthread_mutex_unlock(&r->mu);
+            return LMS_EBUSY;
+        }
+        pthread_cond_wait(&r->cv, &r->mu);
+    }
+    if (!r->lrec[s]) {
+        int rc = lms__err(r->err, "%s", r->msg);
+        pthread_mutex_unlock(&r->mu);
+        return rc;
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int k = 0; k < r->ns; k++) {
+        lms_event *e = r->lev[s * r->ns + k];
+        if (!block) {
+            if (!d->ops->event_done(d, e))
+                return LMS_EBUSY;
+            continue;
+        }
+        int rc = d->ops->event_sync(d, e);
+        if (rc)
+            return lms__err_prefix(rc, "model '%s': waiting for layer %d: ", m->name, (int)layer);
+    }
+    return 0;
+}
+
+void lms__resident_stop(lms_model *m)
+{
+    lms__resident *r = m->res;
+    if (!r)
+        return;
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    } else if (r->dev && r->st) {
+        r->dev->ops->sync(r->dev);
+    }
+    free_resident(r);
+    m->res = NULL;
+}
+
+int lms_model_stats_get(lms_model *m, lms_model_stats *out)
+{
+    if (!m || !out)
+        return lms__err(LMS_EINVAL, "lms_model_stats_get: model and out are required");
+    lms__resident *r = m->res;
+    if (r) {
+        pthread_mutex_lock(&r->mu);
+        *out = m->stats;
+        out->copied_bytes = atomic_load(&r->copied);
+        if (r->last[r->first_slot] && r->ldone[r->first_slot])
+            out->first_layer_s = r->ldone[r->first_slot];
+        out->direct_io = atomic_load(&r->direct_io);
+        pthread_mutex_unlock(&r->mu);
+    } else {
+        *out = m->stats;
+    }
+    return 0;
+}
