@@ -1,0 +1,106 @@
+/*
+ * kvcache/kv_internal.h - the cache's internal state, shared by the arena and
+ * sequence code (kv_arena.c) and persistence (kv_persist.c). Not public.
+ *
+ * Page bookkeeping, all arrays of n_pages allocated at creation:
+ *   refs[p]     sequences referencing page p (a sequence holds at most one
+ *               reference to a page)
+ *   flags[p]    KV_KEYED: keys[p] is valid (page full and committed);
+ *               KV_PUBLISHED: p is the prefix-index entry for keys[p]
+ *               (PUBLISHED implies KEYED)
+ *   tokens[p*P + s]  token id at slot s of page p (P = page_tokens)
+ *   free stack  pages with refs 0 and not published (contents meaningless)
+ *   LRU list    pages with refs 0 and published (cached), oldest at lru_head
+ *   ht          open-addressing (linear probing) table key -> page + 1
+ *
+ * Invariants (checked by lms__kv_check in tests):
+ *  (1) every page is in exactly one of: free stack, LRU, used (refs > 0);
+ *  (2) refs[p] equals the number of live sequences whose block table holds p;
+ *  (3) a page is in ht iff it is PUBLISHED, and ht holds distinct keys;
+ *  (4) a KEYED page's bytes and tokens never change while it stays KEYED;
+ *  (5) in every sequence, pages fully below `committed` are KEYED.
+ */
+#ifndef LMS_KV_INTERNAL_H
+#define LMS_KV_INTERNAL_H
+
+#include "common/common.h"
+#include "lmstore/kvcache.h"
+#include "loader/device.h"
+
+#define KV_NONE UINT32_MAX
+
+enum { KV_KEYED = 1, KV_PUBLISHED = 2 };
+
+struct lms_kv_seq {
+    uint32_t index;     /* slot in kv->seqs */
+    bool live;
+    uint32_t len;       /* tokens (reserved positions) */
+    uint32_t committed; /* positions whose K/V are written */
+    uint32_t page_tokens; /* the cache's P, so the handle alone answers lms_kv_seq_pages */
+    uint32_t *table;    /* [max_seq_pages] page ids; ceil(len / P) in use */
+};
+
+struct lms_kv {
+    lms_device *dev;
+    lms_kv_layout layout;
+    uint8_t model_id[LMS_MODEL_ID_LEN];
+    size_t elem, token_bytes, head_bytes, v_offset, layer_bytes, page_bytes;
+    uint32_t n_pages, P;
+    uint8_t *arena; /* device pointer: n_pages * page_bytes */
+
+    uint32_t *refs;
+    uint8_t *flags;
+    lms_hash128 *keys;
+    int32_t *tokens;
+
+    uint32_t *free_stack;
+    uint32_t n_free;
+
+    uint32_t *lru_prev, *lru_next;
+    uint32_t lru_head, lru_tail, n_cached;
+
+    uint32_t *ht; /* [ht_mask + 1], page + 1, 0 = empty */
+    uint32_t ht_mask;
+    uint32_t n_keyed_published;
+
+    lms_kv_seq *seqs;
+    uint32_t *seq_free; /* stack of free seq slots */
+    uint32_t n_seq_free, max_seqs, max_seq_pages, max_seq_tokens;
+    uint32_t *table_mem;
+
+    uint64_t evictions, cow_copies;
+};
+
+/* Key of a page holding tokens[0..n) after the page keyed `parent` (zero
+ * hash for the first page): XXH3-128 over parent, model id, layout, n and
+ * the token ids (little-endian). Full pages have n == P; save uses n < P for
+ * a sequence's partial last page. */
+lms_hash128 lms__kv_page_key(const lms_kv *kv, lms_hash128 parent, const int32_t *tokens, uint32_t n);
+
+/* Prefix index. */
+uint32_t lms__kv_ht_find(const lms_kv *kv, lms_hash128 key); /* page or KV_NONE */
+void lms__kv_ht_insert(lms_kv *kv, uint32_t page);            /* keys[page] not present */
+
+/* Take a page: a free one, else evict the oldest cached one. KV_NONE if none. */
+uint32_t lms__kv_take_page(lms_kv *kv);
+/* Take a specific cached page (refs 0, published) out of the LRU and the
+ * prefix index; the caller then owns it. */
+void lms__kv_evict(lms_kv *kv, uint32_t page);
+/* Undo lms__kv_take_page of a page that was free (push it back). */
+void lms__kv_return_free(lms_kv *kv, uint32_t page);
+/* Add one reference to a page (removing it from the LRU if it was cached). */
+void lms__kv_ref(lms_kv *kv, uint32_t page);
+/* Drop one reference; at 0 the page goes to the LRU (published) or free. */
+void lms__kv_unref(lms_kv *kv, uint32_t page);
+/* A free sequence slot, or NULL with LMS_ENOSPACE detail. */
+lms_kv_seq *lms__kv_seq_take(lms_kv *kv);
+
+static inline uint8_t *lms__kv_page_ptr(const lms_kv *kv, uint32_t page)
+{
+    return kv->arena + (size_t)page * kv->page_bytes;
+}
+
+/* Check every invariant above; 0 or LMS_ECORRUPT with a detail. For tests. */
+int lms__kv_check(const lms_kv *kv);
+
+#endif
