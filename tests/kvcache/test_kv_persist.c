@@ -1,0 +1,413 @@
+/*
+ * tests/kvcache/test_kv_persist.c - saving KV sequences into the store and
+ * resuming them: exact bytes for every codec (and in a fresh process), each
+ * resume failure with its own error and the cache left exactly as it was,
+ * shared prefixes stored once, prefix-cache reuse on resume, and the session
+ * listing functions behind `lmstore kv`.
+ *
+ * The binary re-executes itself (`--child-save STORE NAME SEED N`) to save
+ * from another process.
+ */
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kv_testlib.h"
+
+static char self_exe[4096];
+
+static lms_store *open_store(const char *dir)
+{
+    lms_store *st;
+    lms_store_params sp = lms_store_default_params();
+    sp.alignment = 64;
+    assert_int_equal(lms_store_open(dir, LMS_STORE_CREATE, &sp, &st), 0);
+    return st;
+}
+
+/* Save N tokens of seed `seed` as `name` (shared prefix of `shared` tokens). */
+static void save_seq(lms_store *st, const char *name, uint32_t seed, uint32_t n, uint32_t shared, lms_kv_codec codec,
+                     lms_kv_io_stats *stats)
+{
+    lms_kv *kv = kvt_make(NULL, 64, 0);
+    lms_kv_seq *s;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    kvt_fill(kv, s, seed, n, shared);
+    lms_kv_save_params sp = lms_kv_default_save_params();
+    sp.codec = codec;
+    sp.threads = 2;
+    int rc = lms_kv_save_ex(kv, s, st, name, &sp, stats);
+    if (rc)
+        fail_msg("save: %s", lms_last_error());
+    lms_kv_seq_free(kv, s);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
+static void save_then_resume_restores_every_byte_for_each_codec(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-codecs");
+    lms_store *st = open_store(dir);
+    const lms_kv_codec codecs[] = {LMS_KV_CODEC_RAW, LMS_KV_CODEC_ZSTD, LMS_KV_CODEC_SHUFFLE_ZSTD};
+    for (int c = 0; c < 3; c++) {
+        char name[32];
+        snprintf(name, sizeof name, "s-%s", lms_kv_codec_name(codecs[c]));
+        lms_kv_io_stats ss, rs;
+        save_seq(st, name, 10 + c, 23, 0, codecs[c], &ss); /* 5 full pages + 3 tokens */
+        assert_int_equal(ss.tokens, 23);
+        assert_int_equal(ss.pages, 6);
+        assert_int_equal(ss.pages_written, 6);
+        if (codecs[c] == LMS_KV_CODEC_RAW)
+            assert_int_equal(ss.stored_bytes, ss.raw_bytes);
+        else
+            assert_true(ss.stored_bytes < ss.raw_bytes);
+        lms_kv *kv = kvt_make(NULL, 32, 0);
+        lms_kv_seq *s;
+        lms_kv_resume_params rp = lms_kv_default_resume_params();
+        rp.threads = 2;
+        int rc = lms_kv_resume_ex(kv, st, name, &rp, &s, &rs);
+        if (rc)
+            fail_msg("resume: %s", lms_last_error());
+        assert_int_equal(rs.pages_written, 6);
+        assert_int_equal(kvt_diff(kv, s, 10 + c, 23, 0), 0);
+        assert_int_equal(lms__kv_check(kv), 0);
+        /* resumed full pages are keyed: lookup finds them */
+        int32_t toks[23];
+        for (uint32_t i = 0; i < 23; i++)
+            toks[i] = kvt_token(10 + c, i, 0);
+        lms_kv_seq *t;
+        uint32_t reused;
+        assert_int_equal(lms_kv_lookup(kv, toks, 23, &t, &reused), 0);
+        assert_int_equal(reused, 20);
+        lms_kv_seq_free(kv, t);
+        /* a resumed sequence grows like any other: the partial page is its own */
+        kvt_fill(kv, s, 10 + c, 5, 0);
+        lms_kv_seq_free(kv, s);
+        assert_int_equal(lms_kv_destroy(kv), 0);
+    }
+    assert_int_equal(kvt_check_store(st), 3);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
+static void save_in_one_process_resume_in_another_restores_bytes_exactly(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-fresh");
+    /* create the store here, save in a child process */
+    lms_store *st = open_store(dir);
+    assert_int_equal(lms_store_close(st), 0);
+    int status = lms_test_sh(NULL, "'%s' --child-save '%s' chat 77 37", self_exe, dir);
+    assert_int_equal(status, 0);
+    st = open_store(dir);
+    lms_kv *kv = kvt_make(NULL, 32, 0);
+    lms_kv_seq *s;
+    int rc = lms_kv_resume(kv, st, "chat", &s);
+    if (rc)
+        fail_msg("resume: %s", lms_last_error());
+    assert_int_equal(kvt_diff(kv, s, 77, 37, 0), 0);
+    lms_kv_seq_free(kv, s);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
+/* A cache with live sequences, cached pages and few free pages, so a resume
+ * would have to evict: the state the failure tests check is kept. */
+static lms_kv *busy_cache(const lms_kv_layout *L, int model, lms_kv_seq **live)
+{
+    lms_kv *kv = kvt_make(L, 14, model);
+    lms_kv_seq *gone;
+    assert_int_equal(lms_kv_seq_new(kv, live), 0);
+    kvt_fill(kv, *live, 501, 10, 0); /* 3 pages used */
+    assert_int_equal(lms_kv_seq_new(kv, &gone), 0);
+    kvt_fill(kv, gone, 502, 36, 0); /* 9 pages */
+    lms_kv_seq_free(kv, gone);       /* -> 9 cached, 2 free */
+    return kv;
+}
+
+static void expect_resume_failure(lms_store *st, const char *name, const lms_kv_layout *L, int model, int code,
+                                  const char *words)
+{
+    lms_kv_seq *live, *s = (lms_kv_seq *)1;
+    lms_kv *kv = busy_cache(L, model, &live);
+    kvt_snap before = kvt_snapshot(kv);
+    int rc = lms_kv_resume(kv, st, name, &s);
+    if (rc != code)
+        fail_msg("resume '%s': expected %s, got %d: %s", name, lms_strerror(code), rc, lms_last_error());
+    assert_null(s);
+    if (!strstr(lms_last_error(), words))
+        fail_msg("detail '%s' lacks '%s'", lms_last_error(), words);
+    assert_non_null(strstr(lms_last_error(), name));
+    kvt_snap after = kvt_snapshot(kv);
+    kvt_assert_same(&before, &after);
+    assert_int_equal(lms__kv_check(kv), 0);
+    free(before.buf);
+    free(after.buf);
+    lms_kv_seq_free(kv, live);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
+/* Segment and offset of page `index` of a session. */
+typedef struct {
+    uint32_t want;
+    lms_kv_page_info got;
+} page_find;
+
+static int find_page(void *ctx, const lms_kv_page_info *p)
+{
+    page_find *f = ctx;
+    if (p->index == f->want)
+        f->got = *p;
+    return 0;
+}
+
+static void corrupt_file(const char *store_dir, uint32_t segment, uint64_t offset, bool truncate)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/segments/%08u.seg", store_dir, segment);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    if (truncate) {
+        assert_int_equal(ftruncate(fd, (off_t)offset), 0);
+    } else {
+        uint8_t b;
+        assert_int_equal(pread(fd, &b, 1, (off_t)offset), 1);
+        b ^= 0x10;
+        assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
+    }
+    close(fd);
+}
+
+static void set_session_version(lms_store *st, const char *name, uint16_t version);
+
+static void each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-fail");
+    lms_store *st = open_store(dir);
+    for (int i = 0; i < 5; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "s%d", i);
+        save_seq(st, name, 900 + i, 30, 0, i == 4 ? LMS_KV_CODEC_RAW : LMS_KV_CODEC_SHUFFLE_ZSTD, NULL);
+    }
+    /* sanity: s0 resumes into the busy cache (it evicts) */
+    {
+        lms_kv_seq *live, *s;
+        lms_kv *kv = busy_cache(NULL, 0, &live);
+        assert_int_equal(lms_kv_resume(kv, st, "s0", &s), 0);
+        assert_int_equal(kvt_diff(kv, s, 900, 30, 0), 0);
+        assert_int_equal(kvt_diff(kv, live, 501, 10, 0), 0);
+        lms_kv_seq_free(kv, s);
+        lms_kv_seq_free(kv, live);
+        assert_int_equal(lms_kv_destroy(kv), 0);
+    }
+    /* unknown session */
+    expect_resume_failure(st, "nope", NULL, 0, LMS_ENOENT, "not found");
+    /* other model */
+    expect_resume_failure(st, "s0", NULL, 1, LMS_EMISMATCH, "other model");
+    /* other layout */
+    lms_kv_layout L2 = KVT_LAYOUT;
+    L2.head_dim = 16;
+    expect_resume_failure(st, "s0", &L2, 0, LMS_EMISMATCH, "other layout");
+    L2 = KVT_LAYOUT;
+    L2.dtype = LMS_DTYPE_F16;
+    expect_resume_failure(st, "s0", &L2, 0, LMS_EMISMATCH, "other layout");
+    /* a flipped bit in page 2 of s1 (compressed) and page 5 of s4 (raw) */
+    page_find f = {.want = 2};
+    assert_int_equal(lms_kv_session(st, "s1", NULL, find_page, &f), 0);
+    assert_true(f.got.present);
+    corrupt_file(dir, f.got.segment, f.got.offset + f.got.stored_size / 2, false);
+    expect_resume_failure(st, "s1", NULL, 0, LMS_ECORRUPT, "corrupt page 2");
+    f.want = 5;
+    assert_int_equal(lms_kv_session(st, "s4", NULL, find_page, &f), 0);
+    corrupt_file(dir, f.got.segment, f.got.offset + 7, false);
+    expect_resume_failure(st, "s4", NULL, 0, LMS_ECORRUPT, "corrupt page 5");
+    /* a session record from a future version */
+    set_session_version(st, "s2", 2);
+    expect_resume_failure(st, "s2", NULL, 0, LMS_EVERSION, "version 2");
+    /* a truncated KV segment: s4 was saved last, so its last page ends the file */
+    f.want = 7;
+    assert_int_equal(lms_kv_session(st, "s4", NULL, find_page, &f), 0);
+    corrupt_file(dir, f.got.segment, f.got.offset + f.got.stored_size - 1, true);
+    expect_resume_failure(st, "s4", NULL, 0, LMS_EFORMAT, "truncated");
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
+typedef struct {
+    const char *name;
+    uint16_t version;
+} version_ctx;
+
+static int version_txn(lms_store *s, MDB_txn *txn, void *arg)
+{
+    version_ctx *c = arg;
+    MDB_val v;
+    int rc = lms__db_get(s, txn, LMS__DB_SESSIONS, c->name, strlen(c->name), &v);
+    if (rc)
+        return rc;
+    uint8_t *copy = malloc(v.mv_size);
+    memcpy(copy, v.mv_data, v.mv_size);
+    lms__put_u16(copy, c->version);
+    rc = lms__db_put(s, txn, LMS__DB_SESSIONS, c->name, strlen(c->name), copy, v.mv_size, 0);
+    free(copy);
+    return rc;
+}
+
+static void set_session_version(lms_store *st, const char *name, uint16_t version)
+{
+    version_ctx c = {name, version};
+    assert_int_equal(lms__txn_write(st, version_txn, &c), 0);
+}
+
+static void two_sessions_sharing_a_prefix_store_the_shared_pages_once(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-share");
+    lms_store *st = open_store(dir);
+    lms_kv_io_stats a, b;
+    uint64_t s0 = kvt_segment_bytes(dir);
+    save_seq(st, "doc-a", 1, 40, 32, LMS_KV_CODEC_SHUFFLE_ZSTD, &a); /* 8 shared pages + 2 own */
+    uint64_t s1 = kvt_segment_bytes(dir);
+    save_seq(st, "doc-b", 2, 40, 32, LMS_KV_CODEC_SHUFFLE_ZSTD, &b);
+    uint64_t s2 = kvt_segment_bytes(dir);
+    assert_int_equal(a.pages_written, 10);
+    assert_int_equal(b.pages_written, 2);
+    assert_int_equal(b.pages_reused, 8);
+    /* growth by the unshared part only: b's own pages (plus alignment) */
+    assert_true(s2 - s1 <= b.stored_bytes + 2 * 64);
+    assert_true(s2 - s1 < (s1 - s0) / 3);
+    /* saving the same sequence again writes nothing */
+    save_seq(st, "doc-b-again", 2, 40, 32, LMS_KV_CODEC_SHUFFLE_ZSTD, &b);
+    assert_int_equal(b.pages_written, 0);
+    assert_int_equal(kvt_segment_bytes(dir), s2);
+    /* both resume exactly */
+    lms_kv *kv = kvt_make(NULL, 32, 0);
+    lms_kv_seq *x, *y;
+    lms_kv_io_stats r;
+    assert_int_equal(lms_kv_resume_ex(kv, st, "doc-a", NULL, &x, &r), 0);
+    assert_int_equal(r.pages_reused, 0);
+    /* the second finds the shared prefix in the cache and reads only its own pages */
+    assert_int_equal(lms_kv_resume_ex(kv, st, "doc-b", NULL, &y, &r), 0);
+    assert_int_equal(r.pages_reused, 8);
+    assert_int_equal(r.pages_written, 2);
+    assert_int_equal(kvt_diff(kv, x, 1, 40, 32), 0);
+    assert_int_equal(kvt_diff(kv, y, 2, 40, 32), 0);
+    uint32_t n1, n2;
+    assert_int_equal(lms_kv_seq_pages(x, &n1)[0], lms_kv_seq_pages(y, &n2)[0]);
+    lms_kv_seq_free(kv, x);
+    lms_kv_seq_free(kv, y);
+    assert_int_equal(lms__kv_check(kv), 0);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+    assert_int_equal(kvt_check_store(st), 3);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
+typedef struct {
+    int n;
+    char names[8][32];
+    uint32_t tokens[8];
+} list_ctx;
+
+static int list_cb(void *ctx, const lms_kv_session_info *info)
+{
+    list_ctx *l = ctx;
+    snprintf(l->names[l->n], 32, "%s", info->name);
+    l->tokens[l->n++] = info->n_tokens;
+    return 0;
+}
+
+static void sessions_are_listed_described_replaced_and_removed(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-ls");
+    lms_store *st = open_store(dir);
+    save_seq(st, "beta", 3, 9, 0, LMS_KV_CODEC_ZSTD, NULL);
+    save_seq(st, "alpha", 4, 17, 0, LMS_KV_CODEC_ZSTD, NULL);
+    list_ctx l = {0};
+    assert_int_equal(lms_kv_sessions(st, list_cb, &l), 0);
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.names[0], "alpha");
+    assert_int_equal(l.tokens[0], 17);
+    assert_string_equal(l.names[1], "beta");
+    /* replace by default; no_replace refuses */
+    save_seq(st, "beta", 5, 12, 0, LMS_KV_CODEC_ZSTD, NULL);
+    lms_kv *kv = kvt_make(NULL, 16, 0);
+    lms_kv_seq *s;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    kvt_fill(kv, s, 6, 5, 0);
+    lms_kv_save_params sp = lms_kv_default_save_params();
+    sp.no_replace = true;
+    assert_int_equal(lms_kv_save_ex(kv, s, st, "beta", &sp, NULL), LMS_EEXIST);
+    assert_int_equal(lms_kv_save(kv, s, st, ""), LMS_EINVAL);
+    lms_kv_seq_free(kv, s);
+    assert_int_equal(lms_kv_resume(kv, st, "beta", &s), 0);
+    assert_int_equal(kvt_diff(kv, s, 5, 12, 0), 0);
+    lms_kv_seq_free(kv, s);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+    page_find f = {.want = 2};
+    assert_int_equal(lms_kv_session(st, "beta", NULL, find_page, &f), 0);
+    assert_int_equal(f.got.n_tokens, 4);
+    assert_int_equal(f.got.codec, LMS_KV_CODEC_ZSTD);
+    assert_int_equal(lms_kv_session_rm(st, "beta"), 0);
+    assert_int_equal(lms_kv_session_rm(st, "beta"), LMS_ENOENT);
+    assert_int_equal(lms_kv_session(st, "beta", NULL, NULL, NULL), LMS_ENOENT);
+    l.n = 0;
+    assert_int_equal(lms_kv_sessions(st, list_cb, &l), 0);
+    assert_int_equal(l.n, 1);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
+static int child_save(int argc, char **argv)
+{
+    if (argc != 6)
+        return 2;
+    lms_store *st;
+    if (lms_store_open(argv[2], LMS_STORE_CREATE, NULL, &st))
+        return 3;
+    lms_kv *kv;
+    lms_kv_params p = lms_kv_default_params();
+    p.budget_pages = 64;
+    kvt_model_id(p.model_id, 0);
+    lms_device *dev;
+    if (lms_device_open(LMS_DEVICE_CPU, 0, &dev) || lms_kv_create(dev, &KVT_LAYOUT, &p, &kv))
+        return 4;
+    lms_kv_seq *s;
+    if (lms_kv_seq_new(kv, &s))
+        return 5;
+    kvt_fill(kv, s, (uint32_t)atoi(argv[4]), (uint32_t)atoi(argv[5]), 0);
+    int rc = lms_kv_save(kv, s, st, argv[3]);
+    if (rc) {
+        fprintf(stderr, "child save: %s\n", lms_last_error());
+        return 6;
+    }
+    lms_kv_seq_free(kv, s);
+    lms_kv_destroy(kv);
+    lms_store_close(st);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (n > 0)
+        self_exe[n] = '\0';
+    if (argc > 1 && !strcmp(argv[1], "--child-save"))
+        return child_save(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(save_then_resume_restores_every_byte_for_each_codec),
+        cmocka_unit_test(save_in_one_process_resume_in_another_restores_bytes_exactly),
+        cmocka_unit_test(each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged),
+        cmocka_unit_test(two_sessions_sharing_a_prefix_store_the_shared_pages_once),
+        cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
