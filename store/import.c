@@ -1,0 +1,852 @@
+/*
+ * store/import.c - lms_import: packs a HuggingFace model folder (or one
+ * .safetensors file) into the store.
+ *
+ * Steps, each of which may fail without touching the store until step 5:
+ *   1. read and validate the source (safetensors.c) and the side files;
+ *   2. order the tensors for the forward pass (embedding, blocks 0..N-1,
+ *      final norm, LM head) and hash them (XXH3-128, threads);
+ *   3. take the append lock; find tensors already stored (hash + byte
+ *      comparison) and identical tensors within the model;
+ *   4. append the new blobs at aligned offsets (copy_file_range, threads) and
+ *      fsync them;
+ *   5. one LMDB write transaction adds blob references, tensor, file and
+ *      model records (the model becomes visible atomically);
+ *   6. on any failure before 5 commits, the appender truncates the segments
+ *      back and unlinks new ones: the store is as before.
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store/safetensors.h"
+#include "store/store_internal.h"
+
+#define SIDE_FILE_MAX (256u << 20)
+#define COPY_CHUNK (64ull << 20)
+
+enum { BLOB_NEW, BLOB_STORED };
+
+typedef struct ublob {
+    uint8_t key[16];
+    uint64_t size;
+    int status;       /* BLOB_NEW or BLOB_STORED */
+    uint32_t segment;
+    uint64_t offset;
+    uint64_t count;   /* tensors of this model referencing it */
+    size_t first;     /* a tensor holding these bytes (index into tensors) */
+} ublob;
+
+typedef struct itensor {
+    const lms__st_tensor *st;
+    size_t shard;
+    int group;
+    int32_t layer;
+    const uint8_t *src; /* into the shard mapping */
+    lms_hash128 hash;
+    size_t blob;        /* index into blobs */
+} itensor;
+
+typedef struct side_file {
+    char *name;
+    uint8_t *rec; /* encoded file record */
+    size_t rec_len;
+} side_file;
+
+typedef struct shard_map {
+    int fd;
+    const uint8_t *base;
+    uint64_t size;
+} shard_map;
+
+typedef struct copy_job {
+    size_t blob;
+    uint64_t off, len; /* within the blob */
+} copy_job;
+
+typedef struct imp {
+    lms_store *s;
+    const char *name;
+    lms_import_params p;
+    lms__st_source *src;
+    shard_map *maps;
+    itensor *t;
+    size_t nt;
+    size_t *order;      /* tensor indices in storage order */
+    ublob *blobs;
+    size_t nb;
+    side_file *files;
+    size_t nf;
+    char *config;       /* config.json bytes or NULL */
+    size_t config_len;
+    char *arch;
+    char *st_meta;
+    char *source;       /* absolute path of the source */
+    lms__appender *app;
+    copy_job *jobs;
+    size_t njobs;
+    lms_progress *prog;
+    uint8_t id[16];
+    /* worker errors */
+    pthread_mutex_t mu;
+    int wrc;
+    char wmsg[1024];
+} imp;
+
+static void worker_fail(imp *m, int rc)
+{
+    pthread_mutex_lock(&m->mu);
+    if (!m->wrc) {
+        m->wrc = rc;
+        snprintf(m->wmsg, sizeof m->wmsg, "%s", lms_last_error());
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+static int worker_rc(imp *m)
+{
+    if (!m->wrc)
+        return 0;
+    return lms__err(m->wrc, "%s", m->wmsg);
+}
+
+/* ---- ordering --------------------------------------------------------------------- */
+
+static bool all_digits(const char *s, size_t n)
+{
+    if (n == 0 || n > 9)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    return true;
+}
+
+/* Block index from ".layers.N." / ".h.N." / ".blocks.N." (also at the start), else -1. */
+static int32_t layer_of(const char *name)
+{
+    static const char *const keys[] = {"layers", "h", "blocks", "layer"};
+    const char *p = name;
+    while (*p) {
+        const char *e = strchr(p, '.');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (!e)
+            break;
+        for (size_t k = 0; k < LMS_ARRAY_LEN(keys); k++) {
+            if (n == strlen(keys[k]) && !memcmp(p, keys[k], n)) {
+                const char *q = e + 1, *qe = strchr(q, '.');
+                if (qe && all_digits(q, (size_t)(qe - q)))
+                    return (int32_t)strtol(q, NULL, 10);
+            }
+        }
+        p = e + 1;
+    }
+    return -1;
+}
+
+static bool has_component(const char *name, const char *const *set, size_t n)
+{
+    const char *p = name;
+    for (;;) {
+        const char *e = strchr(p, '.');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        for (size_t k = 0; k < n; k++)
+            if (strlen(set[k]) == len && !memcmp(p, set[k], len))
+                return true;
+        if (!e)
+            return false;
+        p = e + 1;
+    }
+}
+
+static void classify(itensor *t)
+{
+    static const char *const head[] = {"lm_head", "output", "embed_out"};
+    static const char *const post[] = {"norm", "ln_f", "final_layernorm", "final_norm", "output_norm"};
+    const char *nm = t->st->name;
+    t->layer = layer_of(nm);
+    if (t->layer >= 0) {
+        t->group = 1;
+    } else if (has_component(nm, head, LMS_ARRAY_LEN(head))) {
+        t->group = 3;
+        t->layer = INT32_MAX;
+    } else if (strstr(nm, "embed") || has_component(nm, (const char *const[]){"wte", "wpe", "tok_embeddings"}, 3)) {
+        t->group = 0;
+        t->layer = -1;
+    } else if (has_component(nm, post, LMS_ARRAY_LEN(post))) {
+        t->group = 2;
+        t->layer = INT32_MAX;
+    } else {
+        t->group = 0;
+        t->layer = -1;
+    }
+}
+
+static imp *g_sort_ctx; /* qsort has no context argument; import runs one sort at a time per call */
+static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int cmp_storage(const void *a, const void *b)
+{
+    const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
+    if (x->group != y->group)
+        return x->group < y->group ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return strcmp(x->st->name, y->st->name);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
+    return strcmp(x->st->name, y->st->name);
+}
+
+static int cmp_hash(const void *a, const void *b)
+{
+    const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
+    if (x->hash.hi != y->hash.hi)
+        return x->hash.hi < y->hash.hi ? -1 : 1;
+    if (x->hash.lo != y->hash.lo)
+        return x->hash.lo < y->hash.lo ? -1 : 1;
+    return *(const size_t *)a < *(const size_t *)b ? -1 : 1;
+}
+
+static void sort_idx(imp *m, size_t *idx, size_t n, int (*cmp)(const void *, const void *))
+{
+    pthread_mutex_lock(&g_sort_mu);
+    g_sort_ctx = m;
+    qsort(idx, n, sizeof *idx, cmp);
+    g_sort_ctx = NULL;
+    pthread_mutex_unlock(&g_sort_mu);
+}
+
+/* ---- source ------------------------------------------------------------------------ */
+
+static bool side_file_wanted(const char *nm)
+{
+    static const char *const exts[] = {".json", ".jinja", ".txt", ".model", ".tiktoken"};
+    if (nm[0] == '.' || !strcmp(nm, "model.safetensors.index.json"))
+        return false;
+    size_t n = strlen(nm);
+    for (size_t i = 0; i < LMS_ARRAY_LEN(exts); i++) {
+        size_t e = strlen(exts[i]);
+        if (n > e && !strcmp(nm + n - e, exts[i]))
+            return true;
+    }
+    return false;
+}
+
+static int cmp_side(const void *a, const void *b) { return strcmp(((const side_file *)a)->name, ((const side_file *)b)->name); }
+
+static int read_side_files(imp *m)
+{
+    const char *dir = m->src->src;
+    DIR *d = opendir(dir);
+    if (!d)
+        return lms__err_errno(LMS_EIO, errno, "%s", dir);
+    int rc = 0;
+    size_t cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!side_file_wanted(e->d_name))
+            continue;
+        char *path = lms__asprintf("%s/%s", dir, e->d_name);
+        if (!path) {
+            rc = LMS_ENOMEM;
+            break;
+        }
+        struct stat st;
+        if (stat(path, &st) || !S_ISREG(st.st_mode)) {
+            lms__free(path);
+            continue;
+        }
+        if (strlen(e->d_name) > LMS__ITEM_NAME_MAX || !lms__utf8_valid(e->d_name, strlen(e->d_name))) {
+            lms__warn("%s: skipped (file name too long or not UTF-8)", path);
+            lms__free(path);
+            continue;
+        }
+        char *data;
+        size_t len;
+        rc = lms__read_file(path, SIDE_FILE_MAX, &data, &len);
+        if (rc) {
+            lms__free(path);
+            break;
+        }
+        size_t nl = strlen(e->d_name);
+        if (nl > 5 && !strcmp(e->d_name + nl - 5, ".json")) {
+            cJSON *j = cJSON_ParseWithLength(data, len);
+            if (!j) {
+                rc = lms__err(LMS_EFORMAT, "%s: not valid JSON", path);
+            } else if (!strcmp(e->d_name, "config.json")) {
+                if (!cJSON_IsObject(j)) {
+                    rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);
+                } else {
+                    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+                    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+                    const char *arch = cJSON_IsArray(a) && cJSON_IsString(a->child) ? a->child->valuestring
+                                       : cJSON_IsString(mt)                         ? mt->valuestring
+                                                                                    : "";
+                    if (!lms__utf8_valid(arch, strlen(arch)))
+                        arch = "";
+                    m->arch = lms__strdup(arch);
+                    m->config = lms__malloc(len ? len : 1);
+                    if (!m->arch || !m->config)
+                        rc = LMS_ENOMEM;
+                    else {
+                        memcpy(m->config, data, len);
+                        m->config_len = len;
+                    }
+                }
+            }
+            cJSON_Delete(j);
+        }
+        if (!rc) {
+            if (m->nf == cap) {
+                cap = cap ? cap * 2 : 16;
+                side_file *nv = lms__realloc(m->files, cap * sizeof *nv);
+                if (!nv)
+                    rc = LMS_ENOMEM;
+                else
+                    m->files = nv;
+            }
+        }
+        if (!rc) {
+            side_file *f = &m->files[m->nf];
+            memset(f, 0, sizeof *f);
+            f->name = lms__strdup(e->d_name);
+            rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->rec_len) : LMS_ENOMEM;
+            m->nf++;
+            if (rc)
+                rc = lms__err_prefix(rc, "%s: ", path);
+        }
+        lms__free(data);
+        lms__free(path);
+        if (rc)
+            break;
+    }
+    closedir(d);
+    if (!rc && m->nf)
+        qsort(m->files, m->nf, sizeof *m->files, cmp_side);
+    return rc;
+}
+
+static int map_shards(imp *m)
+{
+    m->maps = lms__calloc(m->src->n_shards, sizeof *m->maps);
+    if (!m->maps)
+        return LMS_ENOMEM;
+    for (size_t i = 0; i < m->src->n_shards; i++)
+        m->maps[i].fd = -1;
+    for (size_t i = 0; i < m->src->n_shards; i++) {
+        lms__st_file *f = m->src->shards[i];
+        shard_map *sm = &m->maps[i];
+        sm->fd = lms__open(f->path, O_RDONLY, 0);
+        if (sm->fd < 0) {
+            int rc = sm->fd;
+            sm->fd = -1;
+            return rc;
+        }
+        uint64_t size;
+        int rc = lms__fstat_size(sm->fd, &size, f->path);
+        if (rc)
+            return rc;
+        if (size != f->file_size)
+            return lms__err(LMS_EIO, "%s: file changed size during import", f->path);
+        sm->size = size;
+        void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, sm->fd, 0);
+        if (p == MAP_FAILED)
+            return lms__err_errno(LMS_EIO, errno, "%s: mmap", f->path);
+        sm->base = p;
+        madvise(p, (size_t)size, MADV_SEQUENTIAL);
+    }
+    return 0;
+}
+
+/* ---- hashing ---------------------------------------------------------------------- */
+
+static void hash_one(void *arg, size_t i, int worker)
+{
+    (void)worker;
+    imp *m = arg;
+    itensor *t = &m->t[i];
+    t->hash = lms__hash128(t->src, (size_t)t->st->nbytes);
+    lms__progress_add(m->prog, t->st->nbytes);
+}
+
+static int model_id(imp *m, size_t *by_name)
+{
+    lms_hasher *h = lms__hasher_new();
+    uint8_t b[16];
+    if (!h)
+        return LMS_ENOMEM;
+    lms__hasher_update(h, "lmstore-model-v1", 16);
+    lms__put_u64(b, m->config ? m->config_len : 0);
+    lms__hasher_update(h, b, 8);
+    if (m->config)
+        lms__hasher_update(h, m->config, m->config_len);
+    for (size_t k = 0; k < m->nt; k++) {
+        const itensor *t = &m->t[by_name[k]];
+        uint32_t nl = (uint32_t)strlen(t->st->name);
+        lms__put_u32(b, nl);
+        lms__hasher_update(h, b, 4);
+        lms__hasher_update(h, t->st->name, nl);
+        b[0] = (uint8_t)t->st->dtype;
+        b[1] = (uint8_t)t->st->ndim;
+        lms__hasher_update(h, b, 2);
+        for (uint32_t d = 0; d < t->st->ndim; d++) {
+            lms__put_u64(b, t->st->shape[d]);
+            lms__hasher_update(h, b, 8);
+        }
+        lms__put_u64(b, t->st->nbytes);
+        lms__hasher_update(h, b, 8);
+        lms__hash128_put(b, t->hash);
+        lms__hasher_update(h, b, 16);
+    }
+    lms__hash128_put(m->id, lms__hasher_digest(h));
+    lms__hasher_free(h);
+    return 0;
+}
+
+/* ---- dedup ------------------------------------------------------------------------ */
+
+static int build_blobs(imp *m)
+{
+    size_t *idx = lms__malloc(m->nt * sizeof *idx);
+    m->blobs = lms__calloc(m->nt, sizeof *m->blobs);
+    if (!idx || !m->blobs) {
+        lms__free(idx);
+        return LMS_ENOMEM;
+    }
+    for (size_t i = 0; i < m->nt; i++)
+        idx[i] = i;
+    sort_idx(m, idx, m->nt, cmp_hash);
+    int rc = 0;
+    for (size_t k = 0; k < m->nt; k++) {
+        itensor *t = &m->t[idx[k]];
+        if (k > 0 && lms__hash128_eq(t->hash, m->t[idx[k - 1]].hash)) {
+            ublob *b = &m->blobs[m->nb - 1];
+            const itensor *f = &m->t[b->first];
+            if (f->st->nbytes != t->st->nbytes || memcmp(f->src, t->src, (size_t)t->st->nbytes) != 0) {
+                rc = lms__err(LMS_ECORRUPT, "tensors '%s' and '%s' differ but have the same XXH3-128 hash",
+                              f->st->name, t->st->name);
+                break;
+            }
+            b->count++;
+            t->blob = m->nb - 1;
+            continue;
+        }
+        ublob *b = &m->blobs[m->nb++];
+        lms__hash128_put(b->key, t->hash);
+        b->size = t->st->nbytes;
+        b->status = BLOB_NEW;
+        b->count = 1;
+        b->first = idx[k];
+        t->blob = m->nb - 1;
+    }
+    lms__free(idx);
+    return rc;
+}
+
+/* With the append lock held: mark blobs the store already has (bytes compared). */
+static int find_stored(imp *m)
+{
+    lms_store *s = m->s;
+    MDB_txn *txn;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    MDB_val v;
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), &v);
+    if (rc == 0 && !m->p.replace) {
+        lms__txn_end(s, txn);
+        return lms__err(LMS_EEXIST, "model '%s' already exists in %s (use --replace)", m->name, s->path);
+    }
+    if (rc != 0 && rc != LMS_ENOENT) {
+        lms__txn_end(s, txn);
+        return rc;
+    }
+    rc = 0;
+    lms__segmap map;
+    memset(&map, 0, sizeof map);
+    map.fd = -1;
+    bool mapped = false;
+    for (size_t i = 0; i < m->nb && !rc; i++) {
+        ublob *b = &m->blobs[i];
+        lms__blob_rec r;
+        int grc = lms__blob_get(s, txn, b->key, &r);
+        if (grc == LMS_ENOENT)
+            continue;
+        if (grc) {
+            rc = grc;
+            break;
+        }
+        const itensor *t = &m->t[b->first];
+        if (r.size != b->size) {
+            rc = lms__err(LMS_ECORRUPT, "tensor '%s' has the hash of a stored blob of another size", t->st->name);
+            break;
+        }
+        if (!mapped || map.id != r.segment) {
+            lms__segment_unmap(&map);
+            mapped = false;
+            if ((rc = lms__segment_map(s, r.segment, &map)))
+                break;
+            mapped = true;
+        }
+        uint64_t end;
+        if (lms__add_overflow(r.offset, r.size, &end) || end > map.size) {
+            rc = lms__err(LMS_ECORRUPT, "%s: blob of tensor '%s' lies past the end of the segment", map.path,
+                          t->st->name);
+            break;
+        }
+        if (memcmp(map.base + r.offset, t->src, (size_t)r.size) != 0) {
+            rc = lms__err(LMS_ECORRUPT,
+                          "tensor '%s' has the XXH3-128 hash of a stored blob with other bytes (collision); not "
+                          "importing",
+                          t->st->name);
+            break;
+        }
+        b->status = BLOB_STORED;
+        b->segment = r.segment;
+        b->offset = r.offset;
+    }
+    lms__segment_unmap(&map);
+    lms__txn_end(s, txn);
+    return rc;
+}
+
+/* ---- copying ---------------------------------------------------------------------- */
+
+static void copy_one(void *arg, size_t i, int worker)
+{
+    (void)worker;
+    imp *m = arg;
+    if (m->wrc)
+        return;
+    const copy_job *j = &m->jobs[i];
+    const ublob *b = &m->blobs[j->blob];
+    const itensor *t = &m->t[b->first];
+    const lms__st_file *f = m->src->shards[t->shard];
+    int fd;
+    const char *path;
+    int rc = lms__append_fd(m->app, b->segment, &fd, &path);
+    if (!rc)
+        rc = lms__copy_range(m->maps[t->shard].fd, f->data_off + t->st->begin + j->off, fd, b->offset + j->off,
+                             j->len, f->path, path);
+    if (rc)
+        worker_fail(m, rc);
+    lms__progress_add(m->prog, j->len);
+}
+
+static int plan_copies(imp *m, uint64_t *bytes_new)
+{
+    size_t cap = 0;
+    *bytes_new = 0;
+    /* reserve in storage order so a block's new blobs are contiguous */
+    for (size_t k = 0; k < m->nt; k++) {
+        itensor *t = &m->t[m->order[k]];
+        ublob *b = &m->blobs[t->blob];
+        if (b->status != BLOB_NEW || b->first != m->order[k])
+            continue;
+        int rc = lms__append_reserve(m->app, b->size, &b->segment, &b->offset);
+        if (rc)
+            return rc;
+        *bytes_new += b->size;
+        for (uint64_t off = 0; off < b->size; off += COPY_CHUNK) {
+            if (m->njobs == cap) {
+                cap = cap ? cap * 2 : 256;
+                copy_job *nv = lms__realloc(m->jobs, cap * sizeof *nv);
+                if (!nv)
+                    return LMS_ENOMEM;
+                m->jobs = nv;
+            }
+            m->jobs[m->njobs++] = (copy_job){t->blob, off, LMS_MIN(COPY_CHUNK, b->size - off)};
+        }
+    }
+    return 0;
+}
+
+/* ---- commit ------------------------------------------------------------------------ */
+
+static int drop_model(lms_store *s, MDB_txn *txn, const char *model)
+{
+    MDB_cursor *c;
+    size_t plen = strlen(model) + 1;
+    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &c), rc = 0;
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    MDB_val k = {plen, (void *)model}, v;
+    for (mrc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
+            break;
+        lms__tensor_rec tr;
+        if ((rc = lms__tensor_rec_decode(v.mv_data, v.mv_size, &tr)) ||
+            (rc = lms__blob_ref(s, txn, tr.hash, -1, NULL)))
+            break;
+    }
+    mdb_cursor_close(c);
+    if (rc)
+        return lms__err_prefix(rc, "replacing model '%s': ", model);
+    if (mrc && mrc != MDB_NOTFOUND)
+        return lms__mdb_err(mrc, "%s: read tensors", s->index_path);
+    if ((rc = lms__db_del_prefix(s, txn, LMS__DB_TENSORS, model)) ||
+        (rc = lms__db_del_prefix(s, txn, LMS__DB_FILES, model)))
+        return rc;
+    rc = lms__db_del(s, txn, LMS__DB_MODELS, model, strlen(model));
+    return rc == LMS_ENOENT ? 0 : rc;
+}
+
+static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
+{
+    imp *m = vctx;
+    MDB_val v;
+    int rc = lms__db_get(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), &v);
+    if (rc == 0) {
+        if (!m->p.replace)
+            return lms__err(LMS_EEXIST, "model '%s' already exists in %s (use --replace)", m->name, s->path);
+        if ((rc = drop_model(s, txn, m->name)))
+            return rc;
+    } else if (rc != LMS_ENOENT) {
+        return rc;
+    }
+    for (size_t i = 0; i < m->nb; i++) {
+        ublob *b = &m->blobs[i];
+        if (b->status == BLOB_STORED) {
+            rc = lms__blob_ref(s, txn, b->key, (int64_t)b->count, NULL);
+        } else {
+            lms__blob_rec r = {.kind = LMS__BLOB_TENSOR, .segment = b->segment, .offset = b->offset,
+                               .size = b->size, .refs = b->count};
+            rc = lms__blob_put(s, txn, b->key, &r);
+        }
+        if (rc)
+            return rc;
+    }
+    uint64_t n_params = 0, bytes = 0;
+    uint32_t mask = 0;
+    char key[512];
+    uint8_t tb[LMS__TENSOR_REC_FIXED + 8 * LMS_MAX_DIMS];
+    for (size_t k = 0; k < m->nt; k++) {
+        const itensor *t = &m->t[m->order[k]];
+        lms__tensor_rec tr = {.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
+                              .layer = t->layer, .order = (uint32_t)k};
+        memcpy(tr.shape, t->st->shape, sizeof tr.shape);
+        memcpy(tr.hash, m->blobs[t->blob].key, 16);
+        size_t tl = lms__tensor_rec_encode(&tr, tb);
+        size_t kl = lms__key_item(key, sizeof key, m->name, t->st->name);
+        if (!kl)
+            return lms__err(LMS_EINVAL, "model '%s' tensor '%s': key longer than 511 bytes", m->name, t->st->name);
+        if ((rc = lms__db_put(s, txn, LMS__DB_TENSORS, key, kl, tb, tl, 0)))
+            return rc;
+        n_params += t->st->nelem;
+        bytes += t->st->nbytes;
+        mask |= 1u << t->st->dtype;
+    }
+    for (size_t i = 0; i < m->nf; i++) {
+        size_t kl = lms__key_item(key, sizeof key, m->name, m->files[i].name);
+        if (!kl)
+            return lms__err(LMS_EINVAL, "model '%s' file '%s': key too long", m->name, m->files[i].name);
+        if ((rc = lms__db_put(s, txn, LMS__DB_FILES, key, kl, m->files[i].rec, m->files[i].rec_len, 0)))
+            return rc;
+    }
+    lms__model_rec mr = {.created = lms__unix_time(), .n_tensors = m->nt, .n_params = n_params,
+                         .tensor_bytes = bytes, .dtype_mask = mask, .n_files = (uint32_t)m->nf,
+                         .arch = m->arch ? m->arch : "", .arch_len = m->arch ? (uint32_t)strlen(m->arch) : 0,
+                         .source = m->source, .source_len = (uint32_t)strlen(m->source),
+                         .st_meta = m->st_meta ? m->st_meta : "",
+                         .st_meta_len = m->st_meta ? (uint32_t)strlen(m->st_meta) : 0};
+    memcpy(mr.id, m->id, 16);
+    uint8_t *rec;
+    size_t rl;
+    if ((rc = lms__model_rec_encode(&mr, &rec, &rl)))
+        return rc;
+    rc = lms__db_put(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), rec, rl, 0);
+    lms__free(rec);
+    return rc;
+}
+
+/* ---- driver -------------------------------------------------------------------------- */
+
+static char *default_name(const char *src, bool is_dir)
+{
+    size_t n = strlen(src);
+    while (n > 1 && src[n - 1] == '/')
+        n--;
+    const char *b = src;
+    for (size_t i = 0; i < n; i++)
+        if (src[i] == '/')
+            b = src + i + 1;
+    size_t bl = (size_t)(src + n - b);
+    if (!is_dir && bl > 12 && !memcmp(b + bl - 12, ".safetensors", 12))
+        bl -= 12;
+    return lms__strndup(b, bl);
+}
+
+static int check_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > LMS__MODEL_NAME_MAX)
+        return lms__err(LMS_EINVAL, "model name must be 1 to %d bytes", LMS__MODEL_NAME_MAX);
+    if (!lms__utf8_valid(name, n))
+        return lms__err(LMS_EINVAL, "model name is not valid UTF-8");
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            return lms__err(LMS_EINVAL, "model name contains a control character");
+    return 0;
+}
+
+int lms_import(lms_store *s, const char *src, const lms_import_params *params, lms_import_stats *stats)
+{
+    double t0 = lms__now();
+    imp m;
+    memset(&m, 0, sizeof m);
+    pthread_mutex_init(&m.mu, NULL);
+    m.s = s;
+    m.p = params ? *params : lms_import_default_params();
+    char *owned_name = NULL;
+    lms_pool *pool = NULL;
+    size_t *by_name = NULL;
+    uint64_t bytes_total = 0, bytes_new = 0;
+    int rc;
+    if (stats)
+        memset(stats, 0, sizeof *stats);
+    if (!s || !src)
+        return lms__err(LMS_EINVAL, "lms_import: store and source are required");
+    if (s->rdonly)
+        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
+
+    /* 1. source */
+    if ((rc = lms__st_source_open(src, &m.src)))
+        goto out;
+    if (m.p.name) {
+        m.name = m.p.name;
+    } else {
+        if (!(owned_name = default_name(src, m.src->is_dir))) {
+            rc = LMS_ENOMEM;
+            goto out;
+        }
+        m.name = owned_name;
+    }
+    if ((rc = check_name(m.name)))
+        goto out;
+    m.source = realpath(src, NULL); /* plain malloc: freed with free() below */
+    if (!m.source) {
+        rc = lms__err_errno(LMS_EIO, errno, "%s", src);
+        goto out;
+    }
+    if (m.src->is_dir && (rc = read_side_files(&m)))
+        goto out;
+    for (size_t i = 0; i < m.src->n_shards; i++) {
+        m.nt += m.src->shards[i]->n_tensors;
+        if (!m.st_meta && m.src->shards[i]->metadata && !(m.st_meta = lms__strdup(m.src->shards[i]->metadata))) {
+            rc = LMS_ENOMEM;
+            goto out;
+        }
+    }
+    if (m.nt > UINT32_MAX) {
+        rc = lms__err(LMS_ERANGE, "%s: too many tensors", src);
+        goto out;
+    }
+    m.t = lms__calloc(m.nt, sizeof *m.t);
+    m.order = lms__malloc(m.nt * sizeof *m.order);
+    by_name = lms__malloc(m.nt * sizeof *by_name);
+    if (!m.t || !m.order || !by_name) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    if ((rc = map_shards(&m)))
+        goto out;
+    size_t k = 0;
+    for (size_t i = 0; i < m.src->n_shards; i++) {
+        const lms__st_file *f = m.src->shards[i];
+        for (size_t j = 0; j < f->n_tensors; j++, k++) {
+            itensor *t = &m.t[k];
+            t->st = &f->tensors[j];
+            t->shard = i;
+            t->src = m.maps[i].base + f->data_off + t->st->begin;
+            classify(t);
+            m.order[k] = by_name[k] = k;
+            bytes_total += t->st->nbytes;
+        }
+    }
+
+    /* 2. order and hash */
+    sort_idx(&m, m.order, m.nt, cmp_storage);
+    sort_idx(&m, by_name, m.nt, cmp_name);
+    if ((rc = lms__pool_create(m.p.threads, &pool)))
+        goto out;
+    if (m.p.progress)
+        m.prog = lms__progress_start("import", bytes_total * 2, "B");
+    lms__pool_run(pool, m.nt, hash_one, &m);
+    if ((rc = model_id(&m, by_name)) || (rc = build_blobs(&m)))
+        goto out;
+
+    /* 3. dedup against the store, under the append lock */
+    if ((rc = lms__append_begin(s, &m.app)))
+        goto out;
+    if ((rc = find_stored(&m)))
+        goto out;
+
+    /* 4. append and sync */
+    if ((rc = plan_copies(&m, &bytes_new)))
+        goto out;
+    lms__progress_add(m.prog, bytes_total - bytes_new);
+    lms__pool_run(pool, m.njobs, copy_one, &m);
+    if ((rc = worker_rc(&m)))
+        goto out;
+    if ((rc = lms__append_sync(m.app)))
+        goto out;
+
+    /* 5. one transaction makes it visible */
+    if ((rc = lms__txn_write(s, commit_fn, &m)))
+        goto out;
+    lms__append_end(m.app, true);
+    m.app = NULL;
+    if (stats) {
+        stats->tensors = m.nt;
+        stats->bytes_total = bytes_total;
+        stats->bytes_written = bytes_new;
+        stats->bytes_dedup = bytes_total - bytes_new;
+        stats->seconds = lms__now() - t0;
+    }
+out:
+    if (rc && m.name)
+        rc = lms__err_prefix(rc, "import '%s': ", m.name);
+    lms__progress_done(m.prog);
+    lms__append_end(m.app, false); /* 6. roll back; NULL after a commit */
+    lms__pool_destroy(pool);
+    if (m.maps) {
+        for (size_t i = 0; i < m.src->n_shards; i++) {
+            if (m.maps[i].base)
+                munmap((void *)m.maps[i].base, (size_t)m.maps[i].size);
+            if (m.maps[i].fd >= 0)
+                close(m.maps[i].fd);
+        }
+        lms__free(m.maps);
+    }
+    for (size_t i = 0; i < m.nf; i++) {
+        lms__free(m.files[i].name);
+        lms__free(m.files[i].rec);
+    }
+    lms__free(m.files);
+    lms__free(m.jobs);
+    lms__free(m.blobs);
+    lms__free(m.t);
+    lms__free(m.order);
+    lms__free(by_name);
+    lms__free(m.config);
+    lms__free(m.arch);
+    lms__free(m.st_meta);
+    free(m.source);
+    lms__free(owned_name);
+    lms__st_source_free(m.src);
+    pthread_mutex_destroy(&m.mu);
+    return rc;
+}

@@ -1,0 +1,104 @@
+/*
+ * tools/cmd_import.c - `lmstore import SRC`: pack a HuggingFace model folder
+ * or one .safetensors file into the store (creating the store if needed) and
+ * print a one-line summary.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lmstore/store.h"
+#include "tools/cli.h"
+
+const char lms_cmd_import_help[] =
+    "import a HuggingFace model folder or .safetensors file: import SRC [--name NAME] [--replace] [--threads N]";
+
+static void human(double b, char *out, size_t n)
+{
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int i = 0;
+    while (b >= 1000 && i < 4) {
+        b /= 1000;
+        i++;
+    }
+    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+int lms_cmd_import(int argc, char **argv)
+{
+    const char *store_opt = NULL, *name = NULL, *threads = NULL, *align = NULL, *src = NULL, *segmax = NULL;
+    bool replace = false, quiet = false;
+    for (int i = 1; i < argc;) {
+        if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) || lms_cli_opt(argc, argv, &i, "--name", &name) ||
+            lms_cli_opt(argc, argv, &i, "--threads", &threads) ||
+            lms_cli_opt(argc, argv, &i, "--alignment", &align) ||
+            lms_cli_opt(argc, argv, &i, "--segment-max", &segmax))
+            continue;
+        if (lms_cli_flag(argv, i, "--replace")) {
+            replace = true;
+        } else if (lms_cli_flag(argv, i, "--quiet") || lms_cli_flag(argv, i, "-q")) {
+            quiet = true;
+        } else if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
+            printf("usage: lmstore import SRC [--store DIR] [--name NAME] [--replace] [--threads N]\n"
+                   "                      [--alignment BYTES] [--segment-max BYTES] [--quiet]\n\n"
+                   "SRC is a HuggingFace model folder (*.safetensors shards, optional\n"
+                   "model.safetensors.index.json, config.json, tokenizer and chat template files)\n"
+                   "or a single .safetensors file. NAME defaults to SRC's base name.\n"
+                   "--replace       replace a model of the same name\n"
+                   "--threads N     hashing/copying threads (default: online CPUs)\n"
+                   "--alignment B   blob alignment of a NEW store (default 4096)\n"
+                   "--segment-max B segment size of a NEW store (default 4G)\n");
+            return LMS_EXIT_OK;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return lms_cli_usage("import", "unknown option %s", argv[i]);
+        } else if (!src) {
+            src = argv[i];
+        } else {
+            return lms_cli_usage("import", "more than one SRC given");
+        }
+        i++;
+    }
+    if (!src)
+        return lms_cli_usage("import", "missing SRC (a model folder or .safetensors file)");
+    lms_import_params ip = lms_import_default_params();
+    ip.name = name;
+    ip.replace = replace;
+    ip.progress = !quiet;
+    if (threads) {
+        int64_t v;
+        if (!lms_cli_parse_i64(threads, &v) || v < 0 || v > 1024)
+            return lms_cli_usage("import", "--threads wants a number from 0 to 1024");
+        ip.threads = (int)v;
+    }
+    lms_store_params sp = lms_store_default_params();
+    if (align) {
+        uint64_t v;
+        if (!lms_cli_parse_size(align, &v) || v > (1u << 21))
+            return lms_cli_usage("import", "--alignment wants a power of two from 64 to 2M");
+        sp.alignment = (uint32_t)v;
+    }
+    if (segmax && !lms_cli_parse_size(segmax, &sp.segment_max))
+        return lms_cli_usage("import", "--segment-max wants a size");
+
+    const char *path = lms_cli_store_path(store_opt);
+    lms_store *st;
+    int rc = lms_store_open(path, LMS_STORE_CREATE, &sp, &st);
+    if (rc)
+        return lms_cli_fail("import", rc, "opening the store");
+    lms_import_stats stats;
+    rc = lms_import(st, src, &ip, &stats);
+    if (rc) {
+        lms_cli_fail("import", rc, NULL);
+        lms_store_close(st);
+        return LMS_EXIT_FAIL;
+    }
+    lms_store_close(st);
+    char w[32], d[32], t[32];
+    human((double)stats.bytes_written, w, sizeof w);
+    human((double)stats.bytes_dedup, d, sizeof d);
+    human((double)stats.bytes_total, t, sizeof t);
+    double secs = stats.seconds > 0 ? stats.seconds : 1e-9;
+    printf("imported %llu tensors (%s): %s written, %s deduplicated, %.2f s, %.2f GB/s\n",
+           (unsigned long long)stats.tensors, t, w, d, stats.seconds, (double)stats.bytes_total / secs / 1e9);
+    return LMS_EXIT_OK;
+}
