@@ -195,6 +195,9 @@ int lms_tokenizer_chat_format(const lms_tokenizer *tok, lms_chat_format *out);
 /* The chat template text from tokenizer_config.json, or NULL. Valid until
  * lms_tokenizer_free. */
 const char *lms_tokenizer_chat_template(const lms_tokenizer *tok);
+/* Set (replace) the chat template, e.g. from a chat_template.jinja file; the
+ * text is copied. Call before sharing tok between threads. */
+int lms_tokenizer_set_chat_template(lms_tokenizer *tok, const char *template_text);
 
 /*
  * Render messages as the model's template would (the text, including BOS

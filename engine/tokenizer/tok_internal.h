@@ -1,0 +1,187 @@
+/*
+ * engine/tokenizer/tok_internal.h - the loaded form of a tokenizer.json,
+ * shared by the loader (tok_load.c), the encoder (tok_encode.c), the
+ * decoders (tok_decode.c) and the chat formats (chat.c).
+ *
+ * Design notes
+ *  (1) A loaded tokenizer is immutable; encode keeps all scratch state in a
+ *      per-call context, so one tokenizer serves many threads.
+ *  (2) Byte-level models (a ByteLevel pre-tokenizer) are keyed in "encode
+ *      space": their vocabulary strings are mapped back from the GPT-2 byte
+ *      alphabet to raw bytes once at load, so encoding never converts text
+ *      to that alphabet. id_to_token still returns the strings as written.
+ *  (3) Merges are keyed by (left id, right id) -> (rank, merged id); a
+ *      repeated pair keeps its last rank, as HF does.
+ */
+#ifndef LMS_TOK_INTERNAL_H
+#define LMS_TOK_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "common/common.h"
+#include "lmstore/tokenizer.h"
+
+/* ---- maps ---------------------------------------------------------------- */
+
+/* bytes -> int32, keys copied into an arena. */
+typedef struct lms__strmap {
+    struct lms__sm_ent {
+        uint32_t off, len;
+        int32_t val;
+        uint32_t h;
+    } *ent;
+    size_t cap, n; /* cap: power of two (0 = empty) */
+    char *arena;
+    size_t arena_len, arena_cap;
+} lms__strmap;
+
+int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val); /* overwrites */
+int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n);    /* -1 if absent */
+void lms__sm_free(lms__strmap *m);
+
+/* uint64 -> uint64 (key UINT64_MAX reserved). */
+typedef struct lms__u64map {
+    uint64_t *keys, *vals;
+    size_t cap, n;
+} lms__u64map;
+
+int lms__um_put(lms__u64map *m, uint64_t k, uint64_t v);
+bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v);
+void lms__um_free(lms__u64map *m);
+
+/* ---- components -------------------------------------------------------------- */
+
+/* A Split / Replace pattern: a literal string or a compiled regex. */
+typedef struct tok_pattern {
+    char *lit; /* literal (String) or NULL */
+    size_t lit_len;
+    pcre2_code *re; /* Regex, JIT-compiled when possible */
+} tok_pattern;
+
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND };
+typedef struct tok_norm {
+    int type;
+    tok_pattern pat;
+    char *content;
+    size_t content_len;
+} tok_norm;
+
+enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_METASPACE };
+enum { BEH_REMOVED, BEH_ISOLATED, BEH_MERGED_PREV, BEH_MERGED_NEXT, BEH_CONTIGUOUS };
+enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+typedef struct tok_pre {
+    int type;
+    tok_pattern pat; /* Split; ByteLevel with use_regex */
+    int behavior;
+    bool invert;
+    bool add_prefix_space;  /* ByteLevel */
+    bool use_regex;         /* ByteLevel */
+    char repl[8];           /* Metaspace replacement (UTF-8) */
+    size_t repl_len;
+    int prepend_scheme;     /* Metaspace */
+    bool split;             /* Metaspace */
+} tok_pre;
+
+enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };
+typedef struct tok_dec {
+    int type;
+    char *pat, *content; /* Replace (literal), Strip content char */
+    size_t pat_len, content_len;
+    int start, stop; /* Strip */
+    char repl[8];    /* Metaspace */
+    size_t repl_len;
+    int prepend_scheme;
+} tok_dec;
+
+typedef struct tok_added {
+    char *content;
+    size_t len;
+    int32_t id;
+    bool special, lstrip, rstrip, single_word, normalized;
+} tok_added;
+
+/* Byte trie over added-token contents, for leftmost-longest matching. */
+typedef struct tok_trie {
+    lms__u64map edges; /* (node << 8 | byte) -> child node */
+    int32_t *term;     /* node -> added-token index, -1 */
+    size_t n_nodes, cap_nodes;
+    uint8_t first[256]; /* bytes that start some token */
+    bool empty;
+} tok_trie;
+
+struct lms_tokenizer {
+    /* model (BPE) */
+    lms__strmap vocab;   /* token string as written -> id (model + added) */
+    lms__strmap enc;     /* encode-space key -> id (== vocab keys unless byte-level) */
+    lms__u64map merges;  /* (a << 32 | b) -> (rank << 32 | new id) */
+    char *tok_arena;     /* id -> string storage */
+    uint32_t *tok_off, *tok_len; /* per id; tok_len UINT32_MAX = no token */
+    uint8_t *tok_flags;  /* per id: TOKF_* */
+    size_t vocab_size;   /* max id + 1 */
+    bool byte_level;     /* pre-tokenizer ends with ByteLevel */
+    bool ignore_merges, byte_fallback, fuse_unk;
+    int32_t unk_id;
+    int32_t byte_id[256];     /* byte-level: id of each single byte; fallback: <0xNN> */
+    int32_t fallback_id[256]; /* byte_fallback: id of <0xNN> */
+
+    tok_norm *norms;
+    size_t n_norms;
+    tok_pre *pres;
+    size_t n_pres;
+    tok_dec *decs;
+    size_t n_decs;
+    int32_t *post_prefix, *post_suffix; /* ids added around a single sequence */
+    size_t n_post_prefix, n_post_suffix;
+
+    tok_added *added;
+    size_t n_added;
+    tok_trie trie_raw, trie_norm; /* non-normalized / normalized added tokens */
+
+    int32_t bos_id, eos_id;
+    char *chat_template;
+};
+
+enum { TOKF_ADDED = 1, TOKF_SPECIAL = 2 };
+
+/* ---- helpers shared between files --------------------------------------------- */
+
+/* A growable byte buffer. */
+typedef struct tok_buf {
+    char *p;
+    size_t len, cap;
+} tok_buf;
+int lms__tb_reserve(tok_buf *b, size_t extra);
+int lms__tb_add(tok_buf *b, const void *p, size_t n);
+void lms__tb_free(tok_buf *b);
+
+/* The GPT-2 byte <-> unicode alphabet. */
+uint32_t lms__bl_byte_to_cp(uint8_t b);
+int lms__bl_cp_to_byte(uint32_t cp); /* -1 if cp is not in the alphabet */
+
+/* Decode one UTF-8 char at s[0..n); returns its length (1..4) and sets *cp,
+ * or 0 if the bytes are not a valid (complete) char. */
+size_t lms__utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+/* Append s as UTF-8 with Rust from_utf8_lossy semantics (maximal invalid
+ * subparts -> U+FFFD). When !final, an incomplete char at the very end is
+ * not consumed; *consumed gets the bytes used. */
+int lms__utf8_lossy(tok_buf *out, const uint8_t *s, size_t n, bool final, size_t *consumed);
+bool lms__is_unicode_ws(uint32_t cp); /* Rust char::is_whitespace */
+
+/* The string of an id (NULL if none). */
+static inline const char *lms__tok_str(const lms_tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || (size_t)id >= t->vocab_size || t->tok_len[id] == UINT32_MAX)
+        return NULL;
+    *len = t->tok_len[id];
+    return t->tok_arena + t->tok_off[id];
+}
+
+/* Per-token raw bytes for streaming (decoder steps that act per token). */
+int lms__tok_piece(const lms_tokenizer *t, int32_t id, bool first, tok_buf *out);
+
+#endif
