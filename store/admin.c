@@ -1,0 +1,569 @@
+/*
+ * store/admin.c - `lmstore rm`, `cp` and `mv` (one LMDB write transaction
+ * each, store/admin.h design note 1), and the pieces verify, gc and export
+ * share (store/admin_internal.h): the blob table of a snapshot, the segment
+ * files on disk, KV references, the append lock, the reader grace period.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "common/crashpoint.h"
+#include "store/admin.h"
+#include "store/admin_internal.h"
+#include "store/kv_records.h"
+
+/* ---- blob table ---------------------------------------------------------------------- */
+
+int lms__blobset_load(lms_store *s, MDB_txn *txn, lms__blobset *out)
+{
+    memset(out, 0, sizeof *out);
+    MDB_stat st;
+    int mrc = mdb_stat(txn, s->dbi[LMS__DB_BLOBS], &st);
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: stat blobs", s->index_path);
+    size_t cap = st.ms_entries ? st.ms_entries : 1;
+    out->v = lms__calloc(cap, sizeof *out->v);
+    if (!out->v)
+        return LMS_ENOMEM;
+    MDB_cursor *cur;
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_BLOBS], &cur)))
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    MDB_val k, d;
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        if (out->n == cap)
+            break; /* cannot happen in one snapshot */
+        lms__blobent *b = &out->v[out->n++];
+        memset(b, 0, sizeof *b);
+        memcpy(b->hash, k.mv_data, LMS_MIN(k.mv_size, (size_t)16));
+        if (k.mv_size != 16 || lms__blob_rec_decode(d.mv_data, d.mv_size, &b->rec))
+            b->bad = true;
+        b->count_known = !b->bad && b->rec.kind == LMS__BLOB_TENSOR;
+    }
+    mdb_cursor_close(cur);
+    if (mrc && mrc != MDB_NOTFOUND)
+        return lms__mdb_err(mrc, "%s: read blobs", s->index_path);
+    return 0;
+}
+
+bool lms__blobset_find(const lms__blobset *bs, const uint8_t hash[16], size_t *index)
+{
+    size_t lo = 0, hi = bs->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = memcmp(bs->v[mid].hash, hash, 16);
+        if (c == 0) {
+            *index = mid;
+            return true;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return false;
+}
+
+static int cmp_place(const void *a, const void *b, void *ctx)
+{
+    const lms__blobset *bs = ctx;
+    const lms__blob_rec *x = &bs->v[*(const size_t *)a].rec, *y = &bs->v[*(const size_t *)b].rec;
+    if (x->segment != y->segment)
+        return x->segment < y->segment ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+size_t *lms__blobset_by_place(const lms__blobset *bs)
+{
+    size_t *idx = lms__calloc(bs->n ? bs->n : 1, sizeof *idx);
+    if (!idx)
+        return NULL;
+    for (size_t i = 0; i < bs->n; i++)
+        idx[i] = i;
+    qsort_r(idx, bs->n, sizeof *idx, cmp_place, (void *)bs);
+    return idx;
+}
+
+void lms__blobset_free(lms__blobset *bs)
+{
+    lms__free(bs->v);
+    bs->v = NULL;
+    bs->n = 0;
+}
+
+/* ---- segment files ----------------------------------------------------------------------- */
+
+int lms__segset_load(lms_store *s, lms__segset *out)
+{
+    memset(out, 0, sizeof *out);
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    int rc = lms__segment_list(s, &ids, &n);
+    if (rc)
+        return rc;
+    out->v = lms__calloc(n ? n : 1, sizeof *out->v);
+    uint8_t *hdr = lms__malloc(LMS__SEG_HEADER_SIZE);
+    if (!out->v || !hdr) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        lms__segent *g = &out->v[out->n++];
+        g->id = ids[i];
+        g->map.fd = -1;
+        char path[4096];
+        if ((rc = lms__segment_path(s, g->id, path, sizeof path)))
+            goto out;
+        int fd = lms__open(path, O_RDONLY, 0);
+        if (fd < 0) {
+            if (fd == LMS_ENOMEM)
+                goto out_enomem;
+            /* vanished meanwhile (another gc): an empty entry */
+            snprintf(g->header_err, sizeof g->header_err, "%s", lms_last_error());
+            continue;
+        }
+        int frc = lms__fstat_size(fd, &g->size, path);
+        uint64_t have = LMS_MIN(g->size, (uint64_t)LMS__SEG_HEADER_SIZE);
+        if (!frc)
+            frc = lms__pread_all(fd, hdr, (size_t)have, 0, path);
+        if (!frc)
+            frc = lms__segment_header_check(hdr, (size_t)have, s->uuid, g->id, path);
+        close(fd);
+        if (frc == LMS_ENOMEM)
+            goto out_enomem;
+        g->header_ok = frc == 0;
+        if (frc)
+            snprintf(g->header_err, sizeof g->header_err, "%s", lms_last_error());
+    }
+    rc = 0;
+    goto out;
+out_enomem:
+    rc = LMS_ENOMEM;
+out:
+    lms__free(hdr);
+    lms__free(ids);
+    return rc;
+}
+
+lms__segent *lms__segset_find(const lms__segset *ss, uint32_t id)
+{
+    size_t lo = 0, hi = ss->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ss->v[mid].id == id)
+            return &ss->v[mid];
+        if (ss->v[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+void lms__segset_free(lms__segset *ss)
+{
+    for (size_t i = 0; i < ss->n; i++)
+        if (ss->v[i].map.base || ss->v[i].map.fd >= 0)
+            lms__segment_unmap(&ss->v[i].map);
+    lms__free(ss->v);
+    ss->v = NULL;
+    ss->n = 0;
+}
+
+/* ---- KV references ------------------------------------------------------------------------- */
+
+int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_problem_fn fn, void *ctx)
+{
+    MDB_cursor *cur;
+    MDB_val k, d;
+    char hex[33], msg[600];
+    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_KVPAGES], &cur);
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        lms__kvpage_rec pr;
+        if (k.mv_size == 16)
+            lms__hash128_hex(lms__hash128_get(k.mv_data), hex);
+        else
+            snprintf(hex, sizeof hex, "(key of %zu bytes)", k.mv_size);
+        if (lms__kvpage_rec_decode(d.mv_data, d.mv_size, &pr)) {
+            snprintf(msg, sizeof msg, "KV page %s: %s", hex, lms_last_error());
+            if (fn)
+                fn(ctx, hex, msg);
+            continue;
+        }
+        size_t bi;
+        if (!lms__blobset_find(bs, pr.blob, &bi)) {
+            snprintf(msg, sizeof msg, "KV page %s: its blob is not in the index", hex);
+            if (fn)
+                fn(ctx, hex, msg);
+            continue;
+        }
+        bs->v[bi].counted++;
+        if (bs->v[bi].rec.size != pr.stored_size) {
+            snprintf(msg, sizeof msg, "KV page %s: stored size %llu but its blob is %llu bytes", hex,
+                     (unsigned long long)pr.stored_size, (unsigned long long)bs->v[bi].rec.size);
+            if (fn)
+                fn(ctx, hex, msg);
+        }
+    }
+    mdb_cursor_close(cur);
+    if (mrc != MDB_NOTFOUND)
+        return lms__mdb_err(mrc, "%s: read kvpages", s->index_path);
+    for (size_t i = 0; i < bs->n; i++)
+        if (!bs->v[i].bad && bs->v[i].rec.kind == LMS__BLOB_KVPAGE)
+            bs->v[i].count_known = true;
+
+    /* sessions: decodable, and every page they name is stored */
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_SESSIONS], &cur)))
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        char name[LMS__SESSION_NAME_MAX + 1];
+        snprintf(name, sizeof name, "%.*s", (int)LMS_MIN(k.mv_size, (size_t)LMS__SESSION_NAME_MAX),
+                 (const char *)k.mv_data);
+        lms__session_rec sr;
+        if (lms__session_rec_decode(d.mv_data, d.mv_size, name, &sr)) {
+            snprintf(msg, sizeof msg, "session '%s': %s", name, lms_last_error());
+            if (fn)
+                fn(ctx, name, msg);
+            continue;
+        }
+        for (uint32_t p = 0; p < sr.n_pages; p++) {
+            MDB_val pv;
+            int grc = lms__db_get(s, txn, LMS__DB_KVPAGES, lms__session_page_key(&sr, p), 16, &pv);
+            if (grc == LMS_ENOENT) {
+                snprintf(msg, sizeof msg, "session '%s': page %u is not stored", name, p);
+                if (fn)
+                    fn(ctx, name, msg);
+                break;
+            }
+            if (grc) {
+                mdb_cursor_close(cur);
+                return grc;
+            }
+        }
+    }
+    mdb_cursor_close(cur);
+    if (mrc != MDB_NOTFOUND)
+        return lms__mdb_err(mrc, "%s: read sessions", s->index_path);
+    return 0;
+}
+
+/* ---- locks and readers ---------------------------------------------------------------------------- */
+
+int lms__admin_lock(lms_store *s, int *fd)
+{
+    *fd = -1;
+    if (s->rdonly)
+        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
+    int f = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
+    if (f < 0)
+        return f;
+    while (flock(f, LOCK_EX)) {
+        if (errno != EINTR) {
+            int rc = lms__err_errno(LMS_EIO, errno, "%s: flock", s->lock_path);
+            close(f);
+            return rc;
+        }
+    }
+    *fd = f;
+    return 0;
+}
+
+void lms__admin_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* releases the flock */
+}
+
+typedef struct readers_ctx {
+    uint64_t min_txnid; /* oldest snapshot in use; UINT64_MAX if none */
+} readers_ctx;
+
+static int reader_line(const char *msg, void *vctx)
+{
+    readers_ctx *c = vctx;
+    /* "%10d %zx %s\n": pid, thread, txnid or "-"; the first line is a header */
+    int pid;
+    unsigned long long thr;
+    char txn[32];
+    if (sscanf(msg, "%d %llx %31s", &pid, &thr, txn) == 3 && txn[0] != '-') {
+        char *end;
+        unsigned long long t = strtoull(txn, &end, 10);
+        if (end != txn && t < c->min_txnid)
+            c->min_txnid = t;
+    }
+    return 0;
+}
+
+bool lms__admin_wait_readers(lms_store *s, double seconds)
+{
+    int dead;
+    (void)mdb_reader_check(s->env, &dead);
+    MDB_envinfo info;
+    if (mdb_env_info(s->env, &info))
+        return false;
+    uint64_t last = (uint64_t)info.me_last_txnid;
+    double t0 = lms__now();
+    for (;;) {
+        readers_ctx c = {UINT64_MAX};
+        if (mdb_reader_list(s->env, reader_line, &c) < 0)
+            return false;
+        if (c.min_txnid >= last)
+            return true;
+        if (lms__now() - t0 >= seconds)
+            return false;
+        usleep(20000);
+        (void)mdb_reader_check(s->env, &dead);
+    }
+}
+
+int lms__admin_check_name(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0)
+        return lms__err(LMS_EINVAL, "a model name must not be empty");
+    if (n > LMS__MODEL_NAME_MAX)
+        return lms__err(LMS_EINVAL, "model name '%.40s...' is %zu bytes, more than %d", name, n,
+                        LMS__MODEL_NAME_MAX);
+    if (!lms__utf8_valid(name, n))
+        return lms__err(LMS_EINVAL, "model name is not valid UTF-8");
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            return lms__err(LMS_EINVAL, "model name '%s' contains a control character", name);
+    return 0;
+}
+
+/* ---- rm ------------------------------------------------------------------------------------------- */
+
+typedef struct rm_ctx {
+    const char *model;
+    uint64_t tensors;
+} rm_ctx;
+
+/* Drop one reference from the blob of every tensor of `model`. */
+static int unref_tensors(lms_store *s, MDB_txn *txn, const char *model, int64_t delta, uint64_t *count)
+{
+    MDB_cursor *cur;
+    size_t plen = strlen(model) + 1;
+    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur);
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    MDB_val k = {plen, (void *)model}, d;
+    int rc = 0;
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
+            break;
+        lms__tensor_rec tr;
+        if ((rc = lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr)))
+            rc = lms__err_prefix(rc, "model '%s' tensor '%.*s': ", model, (int)(k.mv_size - plen),
+                                 (const char *)k.mv_data + plen);
+        if (!rc)
+            rc = lms__blob_ref(s, txn, tr.hash, delta, NULL);
+        if (rc)
+            break;
+        (*count)++;
+    }
+    mdb_cursor_close(cur);
+    if (!rc && mrc && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
+    return rc;
+}
+
+static int rm_txn(lms_store *s, MDB_txn *txn, void *vctx)
+{
+    rm_ctx *c = vctx;
+    MDB_val v;
+    c->tensors = 0;
+    int rc = lms__db_get(s, txn, LMS__DB_MODELS, c->model, strlen(c->model), &v);
+    if (rc == LMS_ENOENT)
+        return lms__err(LMS_ENOENT, "no model '%s' in %s", c->model, s->path);
+    if (rc)
+        return rc;
+    if ((rc = unref_tensors(s, txn, c->model, -1, &c->tensors)))
+        return rc;
+    if ((rc = lms__db_del_prefix(s, txn, LMS__DB_TENSORS, c->model)) ||
+        (rc = lms__db_del_prefix(s, txn, LMS__DB_FILES, c->model)) ||
+        (rc = lms__db_del(s, txn, LMS__DB_MODELS, c->model, strlen(c->model))))
+        return rc;
+    lms__crashpoint("rm:before-commit");
+    return 0;
+}
+
+int lms_model_remove(lms_store *s, const char *model)
+{
+    if (!s || !model)
+        return lms__err(LMS_EINVAL, "rm: no store or model name");
+    if (s->rdonly)
+        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
+    rm_ctx c = {model, 0};
+    int rc = lms__txn_write(s, rm_txn, &c);
+    if (rc)
+        return rc;
+    lms__crashpoint("rm:after-commit");
+    return 0;
+}
+
+/* ---- cp and mv ------------------------------------------------------------------------------------- */
+
+typedef struct kv_item {
+    void *key;
+    size_t klen;
+    void *val;
+    size_t vlen;
+} kv_item;
+
+typedef struct cp_ctx {
+    const char *src, *dst;
+    bool move;
+} cp_ctx;
+
+static void free_items(kv_item *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        lms__free(v[i].key);
+        lms__free(v[i].val);
+    }
+    lms__free(v);
+}
+
+/* Copy every "src NUL item" record of db into memory, keyed "dst NUL item". */
+static int collect(lms_store *s, MDB_txn *txn, int db, const char *src, const char *dst, kv_item **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    MDB_cursor *cur;
+    size_t plen = strlen(src) + 1, dlen = strlen(dst) + 1;
+    int mrc = mdb_cursor_open(txn, s->dbi[db], &cur);
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    kv_item *v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    MDB_val k = {plen, (void *)src}, d;
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, src, plen) != 0)
+            break;
+        size_t ilen = k.mv_size - plen;
+        if (dlen + ilen > 511) {
+            rc = lms__err(LMS_EINVAL, "model name '%s' is too long for item '%.*s'", dst, (int)ilen,
+                          (const char *)k.mv_data + plen);
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            kv_item *nv = lms__realloc(v, cap * sizeof *nv);
+            if (!nv) {
+                rc = LMS_ENOMEM;
+                break;
+            }
+            v = nv;
+        }
+        kv_item *it = &v[n];
+        it->key = lms__malloc(dlen + ilen);
+        it->val = lms__malloc(d.mv_size ? d.mv_size : 1);
+        if (!it->key || !it->val) {
+            lms__free(it->key);
+            lms__free(it->val);
+            rc = LMS_ENOMEM;
+            break;
+        }
+        n++;
+        memcpy(it->key, dst, dlen);
+        memcpy((char *)it->key + dlen, (const char *)k.mv_data + plen, ilen);
+        it->klen = dlen + ilen;
+        memcpy(it->val, d.mv_data, d.mv_size);
+        it->vlen = d.mv_size;
+    }
+    mdb_cursor_close(cur);
+    if (!rc && mrc && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read %s", s->index_path, lms__db_names[db]);
+    if (rc) {
+        free_items(v, n);
+        return rc;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+static int put_items(lms_store *s, MDB_txn *txn, int db, const kv_item *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc = lms__db_put(s, txn, db, v[i].key, v[i].klen, v[i].val, v[i].vlen, MDB_NOOVERWRITE);
+        if (rc == LMS_EEXIST)
+            return lms__err(LMS_ECORRUPT, "%s: stray %s record '%s' in the index", s->index_path,
+                            lms__db_names[db], (const char *)v[i].key);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int cp_txn(lms_store *s, MDB_txn *txn, void *vctx)
+{
+    cp_ctx *c = vctx;
+    MDB_val mv;
+    kv_item *tens = NULL, *files = NULL;
+    size_t nt = 0, nf = 0;
+    uint64_t count = 0;
+    int rc = lms__db_get(s, txn, LMS__DB_MODELS, c->src, strlen(c->src), &mv);
+    if (rc == LMS_ENOENT)
+        return lms__err(LMS_ENOENT, "no model '%s' in %s", c->src, s->path);
+    if (rc)
+        return rc;
+    MDB_val dv;
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, c->dst, strlen(c->dst), &dv);
+    if (rc == 0)
+        return lms__err(LMS_EEXIST, "model '%s' already exists in %s", c->dst, s->path);
+    if (rc != LMS_ENOENT)
+        return rc;
+    /* the model record holds no name: the same bytes serve the new name */
+    if ((rc = lms__db_put(s, txn, LMS__DB_MODELS, c->dst, strlen(c->dst), mv.mv_data, mv.mv_size, MDB_NOOVERWRITE)))
+        return rc;
+    if ((rc = collect(s, txn, LMS__DB_TENSORS, c->src, c->dst, &tens, &nt)) ||
+        (rc = collect(s, txn, LMS__DB_FILES, c->src, c->dst, &files, &nf)))
+        goto out;
+    if ((rc = put_items(s, txn, LMS__DB_TENSORS, tens, nt)) || (rc = put_items(s, txn, LMS__DB_FILES, files, nf)))
+        goto out;
+    if (c->move) {
+        if ((rc = lms__db_del_prefix(s, txn, LMS__DB_TENSORS, c->src)) ||
+            (rc = lms__db_del_prefix(s, txn, LMS__DB_FILES, c->src)) ||
+            (rc = lms__db_del(s, txn, LMS__DB_MODELS, c->src, strlen(c->src))))
+            goto out;
+    } else if ((rc = unref_tensors(s, txn, c->src, +1, &count))) {
+        goto out;
+    }
+    lms__crashpoint(c->move ? "mv:before-commit" : "cp:before-commit");
+out:
+    free_items(tens, nt);
+    free_items(files, nf);
+    return rc;
+}
+
+static int copy_or_move(lms_store *s, const char *src, const char *dst, bool move)
+{
+    if (!s || !src || !dst)
+        return lms__err(LMS_EINVAL, "%s: no store or model name", move ? "mv" : "cp");
+    int rc = lms__admin_check_name(dst);
+    if (rc)
+        return rc;
+    if (!strcmp(src, dst))
+        return lms__err(LMS_EEXIST, "model '%s' already exists in %s", dst, s->path);
+    /* cp adds references to existing blobs: hold the append lock so gc
+     * cannot be deleting one of them (store_internal.h invariant 3) */
+    int lock = -1;
+    if (!move && (rc = lms__admin_lock(s, &lock)))
+        return rc;
+    cp_ctx c = {src, dst, move};
+    rc = lms__txn_write(s, cp_txn, &c);
+    lms__admin_unlock(lock);
+    return rc;
+}
+
+int lms_model_copy(lms_store *s, const char *src, const char *dst) { return copy_or_move(s, src, dst, false); }
+int lms_model_rename(lms_store *s, const char *src, const char *dst) { return copy_or_move(s, src, dst, true); }

@@ -1,0 +1,85 @@
+/*
+ * store/admin_internal.h - pieces shared by verify, gc, export and rm/cp/mv
+ * (store/admin.c): the blob table of one snapshot, the segment files on disk,
+ * the append lock taken without an append session, the reader grace period,
+ * and the KV references (sessions -> pages) gc and verify must count.
+ */
+#ifndef LMS_STORE_ADMIN_INTERNAL_H
+#define LMS_STORE_ADMIN_INTERNAL_H
+
+#include "store/store_internal.h"
+
+/* ---- blobs of one snapshot, in key (hash) order ----------------------------------- */
+
+typedef struct lms__blobent {
+    uint8_t hash[16];
+    lms__blob_rec rec;
+    uint64_t counted;   /* references found in tensor (and KV) records */
+    bool count_known;   /* counted covers every kind of referrer (tensor blobs always) */
+    bool bad;           /* undecodable record, or outside its segment */
+    bool wanted;        /* used by the model verify was asked about */
+    bool corrupt;       /* bytes fail the hash (verify) */
+} lms__blobent;
+
+typedef struct lms__blobset {
+    lms__blobent *v;
+    size_t n;
+} lms__blobset;
+
+int lms__blobset_load(lms_store *s, MDB_txn *txn, lms__blobset *out);
+bool lms__blobset_find(const lms__blobset *bs, const uint8_t hash[16], size_t *index);
+/* Indexes of the blobs sorted by (segment, offset); lms__free. NULL on ENOMEM. */
+size_t *lms__blobset_by_place(const lms__blobset *bs);
+void lms__blobset_free(lms__blobset *bs);
+
+/* ---- segment files on disk ---------------------------------------------------------- */
+
+typedef struct lms__segent {
+    uint32_t id;
+    uint64_t size;       /* st_size */
+    bool header_ok;
+    char header_err[512];
+    bool has_blobs;      /* some blob record points into it */
+    uint64_t live_end;   /* end of the last blob in it */
+    uint64_t live_bytes;
+    lms__segmap map;     /* verify's mapping (fd -1 when unmapped) */
+} lms__segent;
+
+typedef struct lms__segset {
+    lms__segent *v;
+    size_t n;
+} lms__segset;
+
+/* List STORE/segments and read each header (not mapped). */
+int lms__segset_load(lms_store *s, lms__segset *out);
+lms__segent *lms__segset_find(const lms__segset *ss, uint32_t id);
+void lms__segset_free(lms__segset *ss); /* unmaps */
+
+/* ---- KV references ---------------------------------------------------------------------- */
+
+/* Count the references kvpages records hold on KV-page blobs into
+ * bs->counted (and mark those blobs count_known); check that every session
+ * decodes and that each of its page keys has a kvpages record. Problems go
+ * to fn(ctx, name, detail) (name: session or page key in hex). */
+typedef void (*lms__kv_problem_fn)(void *ctx, const char *name, const char *detail);
+int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_problem_fn fn, void *ctx);
+
+/* ---- the append lock without an append session -------------------------------------------- */
+
+/* flock(LOCK_EX) on STORE/lock (store_internal.h invariant 3); *fd to pass
+ * to lms__admin_unlock. Never call while this process has an append
+ * session open (flock would wait on ourselves). */
+int lms__admin_lock(lms_store *s, int *fd);
+void lms__admin_unlock(int fd);
+
+/* Wait until no LMDB reader still reads a snapshot older than the last
+ * committed transaction (so none can reach bytes that commit unlinked from
+ * the index). Stale slots of dead processes are cleared first. Returns true
+ * when that happened within `seconds`. */
+bool lms__admin_wait_readers(lms_store *s, double seconds);
+
+/* A model name users may give: 1..LMS__MODEL_NAME_MAX bytes of valid UTF-8,
+ * no NUL, no control characters, no '/'. */
+int lms__admin_check_name(const char *name);
+
+#endif

@@ -1,0 +1,572 @@
+/*
+ * store/verify.c - `lmstore verify`: checks the index against itself and
+ * against the segment files, and recomputes every blob's XXH3-128 from a
+ * shared mapping on several threads (store/admin.h, design note 3).
+ *
+ * One read snapshot gives the records; the segments holding the blobs to
+ * hash are mapped (with the readers' shared lock, so gc leaves them alone)
+ * before the snapshot ends, then hashed outside it so a long verify does
+ * not pin old LMDB pages. Problems are reported in a fixed order: index
+ * problems as found, then corrupt blobs in (segment, offset) order, each
+ * naming every model and tensor that uses the blob.
+ */
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "store/admin.h"
+#include "store/admin_internal.h"
+#include "store/store_internal.h"
+
+lms_verify_params lms_verify_default_params(void)
+{
+    lms_verify_params p = {0};
+    p.hash = true;
+    return p;
+}
+
+/* ---- state ---------------------------------------------------------------------- */
+
+typedef struct vtensor {
+    char *model;  /* owned */
+    char *name;   /* owned */
+    size_t blob;  /* index into blobs */
+} vtensor;
+
+typedef struct vstate {
+    lms_store *s;
+    const lms_verify_params *p;
+    lms_verify_cb cb;
+    void *ctx;
+    lms_verify_report *rep;
+    lms__blobset blobs;
+    vtensor *tensors;
+    size_t n_tensors, cap_tensors;
+    lms__segset segs;
+    size_t *order;           /* blobs to hash, largest first */
+    size_t n_order;
+    lms_progress *progress;
+    atomic_uint_fast64_t hashed;
+} vstate;
+
+static void problem(vstate *v, const char *kind, const char *model, const char *item, uint32_t seg, uint64_t off,
+                    const char *fmt, ...) LMS_PRINTF(7, 8);
+
+static void problem(vstate *v, const char *kind, const char *model, const char *item, uint32_t seg, uint64_t off,
+                    const char *fmt, ...)
+{
+    if (v->p->model && model && strcmp(model, v->p->model) != 0)
+        return; /* another model's business */
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    v->rep->problems++;
+    if (v->cb) {
+        lms_verify_problem pr = {kind, model, item, seg, off, detail};
+        v->cb(v->ctx, &pr);
+    }
+}
+
+static bool model_wanted(vstate *v, const char *model)
+{
+    return !v->p->model || strcmp(model, v->p->model) == 0;
+}
+
+/* ---- index pass --------------------------------------------------------------------- */
+
+typedef struct vmodel {
+    char *name;
+    lms__model_rec rec;  /* strings not used after the snapshot */
+    uint64_t seen_tensors, seen_bytes;
+    bool bad;
+} vmodel;
+
+static int cmp_vmodel(const void *a, const void *b)
+{
+    return strcmp(((const vmodel *)a)->name, ((const vmodel *)b)->name);
+}
+
+static int add_tensor(vstate *v, const char *model, size_t mlen, const char *name, size_t nlen, size_t blob)
+{
+    if (v->n_tensors == v->cap_tensors) {
+        size_t cap = v->cap_tensors ? v->cap_tensors * 2 : 256;
+        vtensor *t = lms__realloc(v->tensors, cap * sizeof *t);
+        if (!t)
+            return LMS_ENOMEM;
+        v->tensors = t;
+        v->cap_tensors = cap;
+    }
+    vtensor *t = &v->tensors[v->n_tensors];
+    t->model = lms__strndup(model, mlen);
+    t->name = lms__strndup(name, nlen);
+    t->blob = blob;
+    if (!t->model || !t->name) {
+        lms__free(t->model);
+        lms__free(t->name);
+        return LMS_ENOMEM;
+    }
+    v->n_tensors++;
+    return 0;
+}
+
+static void kv_problem(void *ctx, const char *name, const char *detail)
+{
+    vstate *v = ctx;
+    if (v->p->model)
+        return; /* KV sessions are not part of one model's check */
+    problem(v, "kv", name, NULL, UINT32_MAX, 0, "%s", detail);
+}
+
+static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_models_out)
+{
+    lms_store *s = v->s;
+    vmodel *models = NULL;
+    size_t n_models = 0, cap_models = 0;
+    MDB_cursor *cur = NULL;
+    MDB_val k, d;
+    int rc, mrc;
+    char name[LMS__MODEL_NAME_MAX + LMS__ITEM_NAME_MAX + 2];
+
+    /* models */
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_MODELS], &cur)))
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        if (n_models == cap_models) {
+            size_t cap = cap_models ? cap_models * 2 : 16;
+            vmodel *m = lms__realloc(models, cap * sizeof *m);
+            if (!m) {
+                rc = LMS_ENOMEM;
+                goto out;
+            }
+            models = m;
+            cap_models = cap;
+        }
+        vmodel *m = &models[n_models];
+        memset(m, 0, sizeof *m);
+        m->name = lms__strndup(k.mv_data, k.mv_size);
+        if (!m->name) {
+            rc = LMS_ENOMEM;
+            goto out;
+        }
+        n_models++;
+        if (lms__model_rec_decode(d.mv_data, d.mv_size, &m->rec)) {
+            m->bad = true;
+            problem(v, "record", m->name, NULL, UINT32_MAX, 0, "model '%s': %s", m->name, lms_last_error());
+        }
+    }
+    mdb_cursor_close(cur);
+    cur = NULL;
+    if (mrc != MDB_NOTFOUND) {
+        rc = lms__mdb_err(mrc, "%s: read models", s->index_path);
+        goto out;
+    }
+    if (v->p->model) {
+        vmodel key = {.name = (char *)v->p->model};
+        if (!bsearch(&key, models, n_models, sizeof *models, cmp_vmodel)) {
+            rc = lms__err(LMS_ENOENT, "no model '%s' in %s", v->p->model, s->path);
+            goto out;
+        }
+    }
+    v->rep->models = v->p->model ? 1 : n_models;
+
+    /* tensors: each must reach an existing blob of its size; count references */
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur))) {
+        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+        goto out;
+    }
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        size_t mlen;
+        if (!lms__key_split(k.mv_data, k.mv_size, &mlen) || k.mv_size >= sizeof name) {
+            problem(v, "record", NULL, NULL, UINT32_MAX, 0, "tensors: malformed key of %zu bytes", k.mv_size);
+            continue;
+        }
+        memcpy(name, k.mv_data, k.mv_size);
+        name[k.mv_size] = '\0';
+        const char *model = name, *tname = name + mlen + 1;
+        bool wanted = model_wanted(v, model);
+        if (wanted)
+            v->rep->tensors++;
+        vmodel key = {.name = (char *)model};
+        vmodel *m = bsearch(&key, models, n_models, sizeof *models, cmp_vmodel);
+        if (!m)
+            problem(v, "record", model, tname, UINT32_MAX, 0,
+                    "tensor '%s' belongs to model '%s', which has no model record", tname, model);
+        lms__tensor_rec tr;
+        if (lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr)) {
+            problem(v, "record", model, tname, UINT32_MAX, 0, "model '%s' tensor '%s': %s", model, tname,
+                    lms_last_error());
+            continue;
+        }
+        if (m) {
+            m->seen_tensors++;
+            m->seen_bytes += tr.nbytes;
+        }
+        size_t bi;
+        if (!lms__blobset_find(&v->blobs, tr.hash, &bi)) {
+            char hex[33];
+            lms__hash128_hex(lms__hash128_get(tr.hash), hex);
+            problem(v, "missing-blob", model, tname, UINT32_MAX, 0,
+                    "model '%s' tensor '%s': its blob %s is not in the index", model, tname, hex);
+            continue;
+        }
+        lms__blobent *b = &v->blobs.v[bi];
+        b->counted++;
+        if (wanted)
+            b->wanted = true;
+        if (b->rec.size != tr.nbytes)
+            problem(v, "record", model, tname, b->rec.segment, b->rec.offset,
+                    "model '%s' tensor '%s' is %llu bytes but its blob is %llu bytes", model, tname,
+                    (unsigned long long)tr.nbytes, (unsigned long long)b->rec.size);
+        if ((rc = add_tensor(v, model, mlen, tname, strlen(tname), bi)))
+            goto out;
+    }
+    mdb_cursor_close(cur);
+    cur = NULL;
+    if (mrc != MDB_NOTFOUND) {
+        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
+        goto out;
+    }
+    for (size_t i = 0; i < n_models; i++) {
+        vmodel *m = &models[i];
+        if (m->bad)
+            continue;
+        if (m->seen_tensors != m->rec.n_tensors || m->seen_bytes != m->rec.tensor_bytes)
+            problem(v, "model", m->name, NULL, UINT32_MAX, 0,
+                    "model '%s' records %llu tensors (%llu bytes) but the index holds %llu (%llu bytes)", m->name,
+                    (unsigned long long)m->rec.n_tensors, (unsigned long long)m->rec.tensor_bytes,
+                    (unsigned long long)m->seen_tensors, (unsigned long long)m->seen_bytes);
+    }
+
+    /* side files: decodable, decompress to their recorded size and checksum */
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_FILES], &cur))) {
+        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+        goto out;
+    }
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        size_t mlen;
+        if (!lms__key_split(k.mv_data, k.mv_size, &mlen) || k.mv_size >= sizeof name) {
+            problem(v, "record", NULL, NULL, UINT32_MAX, 0, "files: malformed key of %zu bytes", k.mv_size);
+            continue;
+        }
+        memcpy(name, k.mv_data, k.mv_size);
+        name[k.mv_size] = '\0';
+        const char *model = name, *fname = name + mlen + 1;
+        if (!model_wanted(v, model))
+            continue;
+        vmodel key = {.name = (char *)model};
+        if (!bsearch(&key, models, n_models, sizeof *models, cmp_vmodel))
+            problem(v, "record", model, fname, UINT32_MAX, 0,
+                    "file '%s' belongs to model '%s', which has no model record", fname, model);
+        lms__file_rec fr;
+        char *data = NULL;
+        int frc = lms__file_rec_decode(d.mv_data, d.mv_size, &fr);
+        if (!frc && fr.raw_size > (1ull << 32))
+            frc = lms__err(LMS_ECORRUPT, "file record: raw size %llu out of range",
+                           (unsigned long long)fr.raw_size);
+        if (!frc)
+            frc = lms__file_rec_inflate(&fr, fname, &data, NULL);
+        lms__free(data);
+        if (frc == LMS_ENOMEM) {
+            rc = frc;
+            goto out;
+        }
+        if (frc)
+            problem(v, "file", model, fname, UINT32_MAX, 0, "model '%s' file '%s': %s", model, fname,
+                    lms_last_error());
+    }
+    mdb_cursor_close(cur);
+    cur = NULL;
+    if (mrc != MDB_NOTFOUND) {
+        rc = lms__mdb_err(mrc, "%s: read files", s->index_path);
+        goto out;
+    }
+
+    /* KV pages and sessions hold references too */
+    rc = lms__kv_count_refs(s, txn, &v->blobs, kv_problem, v);
+    if (rc)
+        goto out;
+    rc = 0;
+out:
+    if (cur)
+        mdb_cursor_close(cur);
+    *models_out = models;
+    *n_models_out = n_models;
+    return rc;
+}
+
+/* Blob records against the counts and the segment files. */
+static void blob_checks(vstate *v)
+{
+    lms_store *s = v->s;
+    lms__blobset *bs = &v->blobs;
+    for (size_t i = 0; i < bs->n; i++) {
+        lms__blobent *b = &bs->v[i];
+        char hex[33];
+        lms__hash128_hex(lms__hash128_get(b->hash), hex);
+        bool relevant = !v->p->model || b->wanted;
+        if (b->bad) {
+            if (relevant)
+                problem(v, "record", NULL, NULL, UINT32_MAX, 0, "blob %s: undecodable record", hex);
+            continue;
+        }
+        if (b->rec.refs != b->counted && (!v->p->model || b->wanted) && b->count_known)
+            problem(v, "refcount", NULL, NULL, b->rec.segment, b->rec.offset,
+                    "blob %s records %llu references but %llu records reference it", hex,
+                    (unsigned long long)b->rec.refs, (unsigned long long)b->counted);
+        if (!v->p->model && b->rec.refs == 0 && b->counted == 0)
+            v->rep->garbage_bytes += b->rec.size;
+        lms__segent *g = lms__segset_find(&v->segs, b->rec.segment);
+        if (!g) {
+            if (relevant)
+                problem(v, "blob-range", NULL, NULL, b->rec.segment, b->rec.offset,
+                        "blob %s lies in segment %u, which does not exist", hex, b->rec.segment);
+            b->bad = true;
+            continue;
+        }
+        g->has_blobs = true;
+        uint64_t end = b->rec.offset + b->rec.size; /* no overflow: the decoder checked */
+        if (b->rec.offset % s->alignment || b->rec.offset < LMS__SEG_HEADER_SIZE || end > g->size) {
+            if (relevant)
+                problem(v, "blob-range", NULL, NULL, b->rec.segment, b->rec.offset,
+                        "blob %s at offset %llu (%llu bytes) is misaligned or outside segment %u (%llu bytes)",
+                        hex, (unsigned long long)b->rec.offset, (unsigned long long)b->rec.size, b->rec.segment,
+                        (unsigned long long)g->size);
+            b->bad = true;
+            continue;
+        }
+        if (end > g->live_end)
+            g->live_end = end;
+    }
+    /* overlaps: sort by place, compare neighbours */
+    size_t *idx = lms__blobset_by_place(bs);
+    if (idx) {
+        for (size_t j = 1; j < bs->n; j++) {
+            lms__blobent *a = &bs->v[idx[j - 1]], *b = &bs->v[idx[j]];
+            if (a->bad || b->bad || a->rec.segment != b->rec.segment)
+                continue;
+            if (a->rec.offset + a->rec.size > b->rec.offset && b->rec.size && a->rec.size) {
+                bool relevant = !v->p->model || a->wanted || b->wanted;
+                if (relevant)
+                    problem(v, "blob-overlap", NULL, NULL, b->rec.segment, b->rec.offset,
+                            "two blobs overlap in segment %u at offset %llu", b->rec.segment,
+                            (unsigned long long)b->rec.offset);
+            }
+        }
+        lms__free(idx);
+    }
+    /* segment headers; segments no blob uses are garbage for gc */
+    for (size_t i = 0; i < v->segs.n; i++) {
+        lms__segent *g = &v->segs.v[i];
+        v->rep->segments++;
+        if (!g->has_blobs) {
+            if (!v->p->model)
+                v->rep->garbage_bytes += g->size;
+            continue;
+        }
+        if (!g->header_ok && !v->p->model)
+            problem(v, "segment-header", NULL, NULL, g->id, 0, "%s", g->header_err);
+        if (!v->p->model && g->size > lms__align_up(g->live_end, s->alignment))
+            v->rep->garbage_bytes += g->size - lms__align_up(g->live_end, s->alignment);
+    }
+}
+
+/* ---- hashing -------------------------------------------------------------------- */
+
+typedef struct vworker {
+    vstate *v;
+    lms_hasher **hashers; /* one per worker */
+} vworker;
+
+#define VERIFY_CHUNK (8u << 20)
+
+static void hash_one(void *arg, size_t i, int worker)
+{
+    vworker *w = arg;
+    vstate *v = w->v;
+    lms__blobent *b = &v->blobs.v[v->order[i]];
+    lms__segent *g = lms__segset_find(&v->segs, b->rec.segment);
+    lms_hasher *h = w->hashers[worker];
+    lms__hasher_reset(h);
+    const uint8_t *p = g->map.base + b->rec.offset;
+    uint64_t left = b->rec.size;
+    while (left) {
+        size_t n = (size_t)LMS_MIN(left, (uint64_t)VERIFY_CHUNK);
+        lms__hasher_update(h, p, n);
+        p += n;
+        left -= n;
+        lms__progress_add(v->progress, n);
+    }
+    b->corrupt = !lms__hash128_eq(lms__hasher_digest(h), lms__hash128_get(b->hash));
+    atomic_fetch_add(&v->hashed, b->rec.size);
+}
+
+static int cmp_size_desc(const void *a, const void *b, void *ctx)
+{
+    const lms__blobset *bs = ctx;
+    uint64_t x = bs->v[*(const size_t *)a].rec.size, y = bs->v[*(const size_t *)b].rec.size;
+    return x > y ? -1 : x < y;
+}
+
+static int hash_pass(vstate *v)
+{
+    lms__blobset *bs = &v->blobs;
+    int rc = 0;
+    v->order = lms__calloc(bs->n ? bs->n : 1, sizeof *v->order);
+    if (!v->order)
+        return LMS_ENOMEM;
+    uint64_t total = 0;
+    for (size_t i = 0; i < bs->n; i++) {
+        lms__blobent *b = &bs->v[i];
+        if (b->bad || (v->p->model && !b->wanted))
+            continue;
+        lms__segent *g = lms__segset_find(&v->segs, b->rec.segment);
+        if (!g || !g->map.base)
+            continue;
+        v->order[v->n_order++] = i;
+        total += b->rec.size;
+    }
+    qsort_r(v->order, v->n_order, sizeof *v->order, cmp_size_desc, bs);
+
+    lms_pool *pool = NULL;
+    vworker w = {v, NULL};
+    if ((rc = lms__pool_create(v->p->threads, &pool)))
+        return rc;
+    int nt = lms__pool_threads(pool);
+    w.hashers = lms__calloc((size_t)nt, sizeof *w.hashers);
+    if (!w.hashers) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    for (int i = 0; i < nt; i++)
+        if (!(w.hashers[i] = lms__hasher_new())) {
+            rc = LMS_ENOMEM;
+            goto out;
+        }
+    if (v->p->progress)
+        v->progress = lms__progress_start("verify", total, "B");
+    lms__pool_run(pool, v->n_order, hash_one, &w);
+    lms__progress_done(v->progress);
+    v->progress = NULL;
+    v->rep->bytes_hashed = atomic_load(&v->hashed);
+    v->rep->blobs = v->n_order;
+out:
+    if (w.hashers)
+        for (int i = 0; i < nt; i++)
+            lms__hasher_free(w.hashers[i]);
+    lms__free(w.hashers);
+    lms__pool_destroy(pool);
+    return rc;
+}
+
+static void report_corrupt(vstate *v)
+{
+    /* in place order: stable, readable output */
+    size_t *idx = lms__blobset_by_place(&v->blobs);
+    if (!idx)
+        return;
+    for (size_t j = 0; j < v->blobs.n; j++) {
+        size_t bi = idx[j];
+        lms__blobent *b = &v->blobs.v[bi];
+        if (!b->corrupt)
+            continue;
+        char hex[33];
+        lms__hash128_hex(lms__hash128_get(b->hash), hex);
+        bool named = false;
+        for (size_t t = 0; t < v->n_tensors; t++) {
+            if (v->tensors[t].blob != bi)
+                continue;
+            named = true;
+            problem(v, "corrupt", v->tensors[t].model, v->tensors[t].name, b->rec.segment, b->rec.offset,
+                    "model '%s' tensor '%s': bytes fail their XXH3-128 (blob %s, segment %u, offset %llu, %llu bytes)",
+                    v->tensors[t].model, v->tensors[t].name, hex, b->rec.segment,
+                    (unsigned long long)b->rec.offset, (unsigned long long)b->rec.size);
+        }
+        if (!named)
+            problem(v, "corrupt", NULL, NULL, b->rec.segment, b->rec.offset,
+                    "%s blob %s: bytes fail their XXH3-128 (segment %u, offset %llu, %llu bytes)",
+                    b->rec.kind == LMS__BLOB_KVPAGE ? "KV page" : "unreferenced", hex, b->rec.segment,
+                    (unsigned long long)b->rec.offset, (unsigned long long)b->rec.size);
+    }
+    lms__free(idx);
+}
+
+/* ---- entry ------------------------------------------------------------------------ */
+
+int lms_store_verify(lms_store *s, const lms_verify_params *params, lms_verify_cb cb, void *ctx,
+                     lms_verify_report *report)
+{
+    lms_verify_params defp = lms_verify_default_params();
+    lms_verify_report rep0;
+    if (!params)
+        params = &defp;
+    if (!report)
+        report = &rep0;
+    memset(report, 0, sizeof *report);
+    double t0 = lms__now();
+    vstate v = {0};
+    v.s = s;
+    v.p = params;
+    v.cb = cb;
+    v.ctx = ctx;
+    v.rep = report;
+    vmodel *models = NULL;
+    size_t n_models = 0;
+    MDB_txn *txn = NULL;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    if ((rc = lms__blobset_load(s, txn, &v.blobs)))
+        goto out;
+    if ((rc = index_pass(&v, txn, &models, &n_models)))
+        goto out;
+    if ((rc = lms__segset_load(s, &v.segs)))
+        goto out;
+    blob_checks(&v);
+    if (params->hash) {
+        /* map while the snapshot still pins the blobs: gc cannot unlink them under us */
+        for (size_t i = 0; i < v.segs.n; i++) {
+            lms__segent *g = &v.segs.v[i];
+            if (!g->has_blobs || !g->header_ok)
+                continue;
+            if (lms__segment_map(s, g->id, &g->map)) {
+                problem(&v, "segment-header", NULL, NULL, g->id, 0, "%s", lms_last_error());
+                continue;
+            }
+            (void)madvise((void *)g->map.base, (size_t)g->map.size, MADV_SEQUENTIAL);
+        }
+    }
+    lms__txn_end(s, txn);
+    txn = NULL;
+    if (params->hash) {
+        if ((rc = hash_pass(&v)))
+            goto out;
+        report_corrupt(&v);
+    } else {
+        for (size_t i = 0; i < v.blobs.n; i++)
+            if (!v.p->model || v.blobs.v[i].wanted)
+                report->blobs++;
+    }
+    rc = 0;
+out:
+    lms__txn_end(s, txn);
+    for (size_t i = 0; i < n_models; i++)
+        lms__free(models[i].name);
+    lms__free(models);
+    for (size_t i = 0; i < v.n_tensors; i++) {
+        lms__free(v.tensors[i].model);
+        lms__free(v.tensors[i].name);
+    }
+    lms__free(v.tensors);
+    lms__free(v.order);
+    lms__segset_free(&v.segs);
+    lms__blobset_free(&v.blobs);
+    report->seconds = lms__now() - t0;
+    return rc;
+}
