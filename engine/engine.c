@@ -1,0 +1,424 @@
+/*
+ * engine/engine.c - lms_engine: ties a model opened by the loader (weights
+ * read in place), the paged KV cache (one sequence per engine, prefix pages
+ * kept for reuse) and the forward pass together; the step API and sessions.
+ *
+ * Sequence state: the KV cache's sequence holds the tokens whose K/V are
+ * computed (length == committed). At most one more token, `pending`, may
+ * follow it: the last sampled token of lms_generate, known but not yet run
+ * through the model (running it would cost a forward pass nobody may need).
+ * The next eval runs it first; a session save runs it before saving, so a
+ * saved session always holds every token of the conversation.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/internal.h"
+#include "engine/engine_priv.h"
+#include "loader/device.h"
+#include "lmstore/loader.h"
+
+lms_engine_params lms_engine_default_params(void)
+{
+    lms_engine_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
+/* ---- the loader as weight source ---------------------------------------------------------- */
+
+static int model_tensor(void *ctx, const char *name, lms_dtype *dt, uint32_t *ndim, uint64_t shape[LMS_MAX_DIMS],
+                        const void **data, uint64_t *nbytes)
+{
+    const lms_tensor *t = lms_model_tensor(ctx, name);
+    if (!t) {
+        lms_clear_error();
+        return LMS_ENOENT;
+    }
+    *dt = t->dtype;
+    *ndim = t->ndim;
+    memcpy(shape, t->shape, sizeof t->shape);
+    *data = t->host;
+    *nbytes = t->nbytes;
+    return 0;
+}
+
+static int model_file(void *ctx, const char *name, char **data, size_t *len)
+{
+    void *d = NULL;
+    int rc = lms_model_file(ctx, name, &d, len);
+    *data = d;
+    return rc;
+}
+
+/* ---- creation ---------------------------------------------------------------------------------- */
+
+static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
+{
+    size_t len;
+    int rc = src->file(src->ctx, name, out, &len);
+    if (rc == LMS_ENOENT) {
+        lms_clear_error();
+        *out = NULL;
+        return 0;
+    }
+    return rc;
+}
+
+int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, const lms_engine_params *params,
+                           lms_engine **out)
+{
+    int rc;
+    double t0 = lms__now();
+    char *cfg = NULL, *gen = NULL, *tokj = NULL, *tokc = NULL;
+    size_t len;
+    lms_engine *e = lms__calloc(1, sizeof *e);
+    *out = NULL;
+    if (!e)
+        return LMS_ENOMEM;
+    e->p = params ? *params : lms_engine_default_params();
+    e->src = *src;
+    e->pending = -1;
+    if ((rc = src->file(src->ctx, "config.json", &cfg, &len))) {
+        if (rc == LMS_ENOENT)
+            rc = lms__err(LMS_ENOENT, "%s: no config.json among the model's files", src->name);
+        goto fail;
+    }
+    if ((rc = read_opt_file(src, "generation_config.json", &gen)))
+        goto fail;
+    if ((rc = lms__config_parse(cfg, gen, src->name, &e->hp)))
+        goto fail;
+    if ((rc = lms__weights_bind(src, &e->hp, &e->w)))
+        goto fail;
+
+    /* settings in effect */
+    const lms__hparams *hp = &e->hp;
+    if (e->p.device != 0) {
+        rc = lms__err(LMS_EUNSUPPORTED, "engine: only the CPU device is implemented");
+        goto fail;
+    }
+    if (e->p.threads <= 0)
+        e->p.threads = lms__cpu_count();
+    if (e->p.n_ctx == 0)
+        e->p.n_ctx = LMS_MIN(hp->max_pos, 4096u);
+    if (e->p.n_ctx > (1u << 20)) {
+        rc = lms__err(LMS_EINVAL, "engine: n_ctx %u is too large", e->p.n_ctx);
+        goto fail;
+    }
+    if (e->p.kv_dtype == LMS_DTYPE_BOOL)
+        e->p.kv_dtype = LMS_DTYPE_F16;
+    if (e->p.kv_dtype != LMS_DTYPE_F32 && e->p.kv_dtype != LMS_DTYPE_F16 && e->p.kv_dtype != LMS_DTYPE_BF16) {
+        rc = lms__err(LMS_EINVAL, "engine: KV dtype must be F32, F16 or BF16");
+        goto fail;
+    }
+    if (e->p.kv_page_tokens == 0)
+        e->p.kv_page_tokens = LMS_KV_PAGE_TOKENS_DEFAULT;
+    if (e->p.prefill_block == 0)
+        e->p.prefill_block = 32;
+    e->p.prefill_block = LMS_MIN(e->p.prefill_block, 512u);
+
+    e->kernels = lms__kernels_best();
+    if ((rc = lms__pool_create(e->p.threads, &e->pool)))
+        goto fail;
+    if ((rc = lms__fwd_create(hp, &e->w, e->kernels, e->pool, e->p.prefill_block, e->p.n_ctx, &e->fwd)))
+        goto fail;
+
+    /* the KV cache */
+    if ((rc = lms_device_open(LMS_DEVICE_CPU, 0, &e->dev)))
+        goto fail;
+    lms_kv_layout lay = {hp->n_layers, hp->n_kv_heads, hp->head_dim, e->p.kv_dtype, e->p.kv_page_tokens};
+    lms_kv_params kp = lms_kv_default_params();
+    uint64_t pages_ctx = (e->p.n_ctx + e->p.kv_page_tokens - 1) / e->p.kv_page_tokens + 1;
+    if (e->p.kv_bytes)
+        kp.budget_bytes = e->p.kv_bytes;
+    else
+        kp.budget_pages = 2 * pages_ctx;
+    kp.max_seqs = 4;
+    kp.max_seq_tokens = e->p.n_ctx;
+    memcpy(kp.model_id, model_id, LMS_MODEL_ID_LEN);
+    if ((rc = lms_kv_create(e->dev, &lay, &kp, &e->kv)))
+        goto fail;
+    if ((rc = lms_kv_seq_new(e->kv, &e->seq)))
+        goto fail;
+    lms_kv_geometry g;
+    lms_kv_get_geometry(e->kv, &g);
+    e->kvv.base = g.base;
+    e->kvv.dtype = e->p.kv_dtype;
+    e->kvv.page_tokens = g.page_tokens;
+    e->kvv.elem_size = g.elem_size;
+    e->kvv.token_bytes = g.token_bytes;
+    e->kvv.head_bytes = g.head_bytes;
+    e->kvv.v_offset = g.v_offset;
+    e->kvv.layer_bytes = g.layer_bytes;
+    e->kvv.page_bytes = g.page_bytes;
+
+    if (!(e->tokbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
+        !(e->evalbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
+        !(e->logits = lms__aligned_alloc(64, (size_t)hp->n_vocab * sizeof(float)))) {
+        rc = LMS_ENOMEM;
+        goto fail;
+    }
+
+    /* the tokenizer (optional: a model may come without one) */
+    if (!e->p.no_tokenizer) {
+        if ((rc = read_opt_file(src, "tokenizer.json", &tokj)) || (rc = read_opt_file(src, "tokenizer_config.json", &tokc)))
+            goto fail;
+        if (tokj) {
+            if ((rc = lms_tokenizer_load(tokj, strlen(tokj), tokc, &e->tok))) {
+                lms__err_prefix(rc, "%s: tokenizer.json: ", src->name);
+                goto fail;
+            }
+        }
+    }
+    snprintf(e->name, sizeof e->name, "%s", src->name);
+    e->load_ms = (lms__now() - t0) * 1e3;
+    src->free_file(cfg);
+    src->free_file(gen);
+    src->free_file(tokj);
+    src->free_file(tokc);
+    *out = e;
+    return 0;
+fail:
+    src->free_file(cfg);
+    src->free_file(gen);
+    src->free_file(tokj);
+    src->free_file(tokc);
+    lms_engine_free(e);
+    return rc;
+}
+
+int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_engine **out)
+{
+    if (!out)
+        return lms__err(LMS_EINVAL, "lms_engine_create: out is NULL");
+    *out = NULL;
+    if (!model)
+        return lms__err(LMS_EINVAL, "lms_engine_create: model is NULL");
+    lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model)};
+    return lms__engine_create_src(&src, lms_model_id(model), params, out);
+}
+
+void lms_engine_free(lms_engine *e)
+{
+    if (!e)
+        return;
+    lms_tokenizer_free(e->tok);
+    if (e->kv) {
+        lms_kv_seq_free(e->kv, e->seq);
+        lms_kv_destroy(e->kv);
+    }
+    lms_device_close(e->dev);
+    lms__fwd_free(e->fwd);
+    lms__pool_destroy(e->pool);
+    lms__weights_release(&e->w);
+    lms__free(e->tokbuf);
+    lms__free(e->evalbuf);
+    lms__free(e->logits);
+    lms__free(e);
+}
+
+void lms_engine_get_info(const lms_engine *e, lms_engine_info *o)
+{
+    memset(o, 0, sizeof *o);
+    o->arch = e->hp.family->name;
+    o->n_vocab = e->hp.n_vocab;
+    o->n_layers = e->hp.n_layers;
+    o->n_embd = e->hp.n_embd;
+    o->n_heads = e->hp.n_heads;
+    o->n_kv_heads = e->hp.n_kv_heads;
+    o->head_dim = e->hp.head_dim;
+    o->n_ff = e->hp.n_ff;
+    o->n_ctx = e->p.n_ctx;
+    o->max_pos = e->hp.max_pos;
+    o->threads = lms__pool_threads(e->pool);
+    o->kv_dtype = e->p.kv_dtype;
+    o->kv_page_tokens = e->p.kv_page_tokens;
+    o->prefill_block = e->p.prefill_block;
+    o->eos_ids = e->hp.eos_ids;
+    o->n_eos = (size_t)e->hp.n_eos;
+    o->bos_id = e->hp.bos_id;
+    o->load_ms = e->load_ms;
+}
+
+lms_tokenizer *lms_engine_tokenizer(lms_engine *e) { return e ? e->tok : NULL; }
+
+const char *lms__engine_kernels(const lms_engine *e) { return e->kernels->name; }
+
+/* ---- step API ------------------------------------------------------------------------------------ */
+
+size_t lms__engine_len(const lms_engine *e) { return lms_kv_seq_len(e->seq) + (e->pending >= 0); }
+
+/* Run tokens (all new) through the model after the computed part of the sequence. */
+static int run_tokens(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all)
+{
+    uint32_t len = lms_kv_seq_len(e->seq), np;
+    int rc;
+    assert(lms_kv_seq_committed(e->seq) == len);
+    if (n > e->p.n_ctx || len + n > e->p.n_ctx)
+        return lms__err(LMS_ENOSPACE, "%s: %zu more tokens would pass the context of %u tokens (%u in use)",
+                        e->name, n, e->p.n_ctx, len);
+    if ((rc = lms_kv_seq_append(e->kv, e->seq, toks, (uint32_t)n)))
+        return rc;
+    e->kvv.pages = lms_kv_seq_pages(e->seq, &np);
+    uint32_t B = e->p.prefill_block, V = e->hp.n_vocab;
+    for (size_t i = 0; i < n; i += B) {
+        uint32_t nb = (uint32_t)LMS_MIN((size_t)B, n - i);
+        bool last = i + nb == n;
+        float *lg = !logits ? NULL : all ? logits + i * V : last ? logits : NULL;
+        lms__fwd_block(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, lg, all);
+    }
+    return lms_kv_seq_commit(e->kv, e->seq, len + (uint32_t)n);
+}
+
+static int check_ids(const lms_engine *e, const int32_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t[i] < 0 || (uint32_t)t[i] >= e->hp.n_vocab)
+            return lms__err(LMS_EINVAL, "%s: token id %d (at %zu) is outside the vocabulary of %u", e->name,
+                            (int)t[i], i, e->hp.n_vocab);
+    return 0;
+}
+
+/* Run the pending token if there is one (its logits are not needed). */
+int lms__engine_flush_pending(lms_engine *e)
+{
+    if (e->pending < 0)
+        return 0;
+    int32_t t = e->pending;
+    int rc = run_tokens(e, &t, 1, NULL, false);
+    if (!rc)
+        e->pending = -1;
+    return rc;
+}
+
+int lms_engine_eval(lms_engine *e, const int32_t *tokens, size_t n, float *logits, unsigned flags)
+{
+    int rc;
+    if (!e || (!tokens && n))
+        return lms__err(LMS_EINVAL, "lms_engine_eval: bad arguments");
+    if (n == 0)
+        return lms__err(LMS_EINVAL, "lms_engine_eval: no tokens");
+    if ((rc = check_ids(e, tokens, n)))
+        return rc;
+    bool all = flags & LMS_EVAL_ALL;
+    if (e->pending >= 0 && !all) {
+        /* run the pending token in the same pass */
+        if (n + 1 > e->p.n_ctx)
+            return lms__err(LMS_ENOSPACE, "%s: %zu tokens pass the context of %u", e->name, n + 1, e->p.n_ctx);
+        e->evalbuf[0] = e->pending;
+        memcpy(e->evalbuf + 1, tokens, n * sizeof *tokens);
+        if ((rc = run_tokens(e, e->evalbuf, n + 1, logits, false)))
+            return rc;
+        e->pending = -1;
+        return 0;
+    }
+    if ((rc = lms__engine_flush_pending(e)))
+        return rc;
+    return run_tokens(e, tokens, n, logits, all);
+}
+
+const int32_t *lms_engine_tokens(const lms_engine *e, size_t *n)
+{
+    lms_engine *m = (lms_engine *)e;
+    uint32_t len = lms_kv_seq_tokens(e->kv, e->seq, m->tokbuf, e->p.n_ctx);
+    if (e->pending >= 0)
+        m->tokbuf[len++] = e->pending;
+    *n = len;
+    return m->tokbuf;
+}
+
+int lms_engine_truncate(lms_engine *e, size_t n_keep)
+{
+    uint32_t len = lms_kv_seq_len(e->seq);
+    if (n_keep > lms__engine_len(e))
+        return lms__err(LMS_EINVAL, "%s: cannot keep %zu tokens of %zu", e->name, n_keep, lms__engine_len(e));
+    if (n_keep > len)
+        return 0; /* keeps the pending token */
+    e->pending = -1;
+    return lms_kv_seq_truncate(e->kv, e->seq, (uint32_t)n_keep);
+}
+
+void lms_engine_reset(lms_engine *e)
+{
+    lms_kv_seq *s = NULL;
+    e->pending = -1;
+    /* free first so the sequence's full pages become cached prefix pages */
+    lms_kv_seq_free(e->kv, e->seq);
+    e->seq = NULL;
+    if (lms_kv_seq_new(e->kv, &s) == 0)
+        e->seq = s;
+    assert(e->seq); /* a slot was just released */
+}
+
+/* ---- sessions ------------------------------------------------------------------------------------- */
+
+int lms_engine_session_save(lms_engine *e, lms_store *store, const char *name)
+{
+    int rc;
+    if (!e || !store || !name || !*name)
+        return lms__err(LMS_EINVAL, "lms_engine_session_save: bad arguments");
+    if ((rc = lms__engine_flush_pending(e)))
+        return rc;
+    if (lms_kv_seq_len(e->seq) == 0)
+        return lms__err(LMS_EINVAL, "%s: session '%s': the sequence is empty", e->name, name);
+    return lms_kv_save(e->kv, e->seq, store, name);
+}
+
+int lms_engine_session_load(lms_engine *e, lms_store *store, const char *name)
+{
+    lms_kv_seq *s = NULL;
+    int rc;
+    if (!e || !store || !name || !*name)
+        return lms__err(LMS_EINVAL, "lms_engine_session_load: bad arguments");
+    if ((rc = lms_kv_resume(e->kv, store, name, &s)))
+        return rc;
+    uint32_t n = lms_kv_seq_len(s);
+    if (n > e->p.n_ctx) {
+        lms_kv_seq_free(e->kv, s);
+        return lms__err(LMS_ENOSPACE, "session '%s' holds %u tokens, more than the context of %u", name, n,
+                        e->p.n_ctx);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t t = lms_kv_seq_token(e->kv, s, i);
+        if (t < 0 || (uint32_t)t >= e->hp.n_vocab) {
+            lms_kv_seq_free(e->kv, s);
+            return lms__err(LMS_ECORRUPT, "session '%s': token %d at %u is outside the vocabulary", name, (int)t, i);
+        }
+    }
+    lms_kv_seq_free(e->kv, e->seq);
+    e->seq = s;
+    e->pending = -1;
+    return 0;
+}
+
+/* Run the pending token and write its logits (the decode step of lms_generate). */
+int lms__engine_step(lms_engine *e, float *logits)
+{
+    assert(e->pending >= 0);
+    int32_t t = e->pending;
+    int rc = run_tokens(e, &t, 1, logits, false);
+    if (!rc)
+        e->pending = -1;
+    return rc;
+}
+
+/* Replace the sequence by the longest cached prefix of toks[0..n) if it is
+ * longer than `have` tokens; returns the tokens now reused. */
+uint32_t lms__engine_lookup(lms_engine *e, const int32_t *toks, uint32_t n, uint32_t have)
+{
+    lms_kv_seq *s = NULL;
+    uint32_t nr = 0;
+    if (lms_kv_lookup(e->kv, toks, n, &s, &nr) || !s) {
+        lms_clear_error();
+        return have;
+    }
+    if (nr <= have) {
+        lms_kv_seq_free(e->kv, s);
+        return have;
+    }
+    lms_kv_seq_free(e->kv, e->seq);
+    e->seq = s;
+    e->pending = -1;
+    return nr;
+}

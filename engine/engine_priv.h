@@ -1,0 +1,46 @@
+/*
+ * engine/engine_priv.h - the lms_engine structure, shared by engine.c (step
+ * API, sessions) and generate.c (lms_generate). Internal.
+ */
+#ifndef LMS_ENGINE_PRIV_H
+#define LMS_ENGINE_PRIV_H
+
+#include "engine/internal.h"
+#include "lmstore/engine.h"
+#include "lmstore/kvcache.h"
+#include "lmstore/tokenizer.h"
+
+struct lms_engine {
+    lms_engine_params p;  /* settings in effect */
+    lms__wsrc src;
+    char name[256];       /* model name for messages */
+    lms__hparams hp;
+    lms__weights w;
+    const lms__kernels *kernels;
+    lms_pool *pool;
+    lms__fwd *fwd;
+    lms_device *dev;
+    lms_kv *kv;
+    lms_kv_seq *seq;      /* tokens with K/V computed */
+    int32_t pending;      /* sampled token not yet run (-1 = none); follows seq */
+    lms__kvview kvv;      /* geometry; pages set per call */
+    lms_tokenizer *tok;   /* NULL without tokenizer.json */
+    int32_t *tokbuf;      /* [n_ctx + 2]: lms_engine_tokens */
+    int32_t *evalbuf;     /* [n_ctx + 2]: pending + new tokens */
+    float *logits;        /* [n_vocab]: generate */
+    double load_ms;
+};
+
+/* Create over any weight source (the loader's model, or a folder for tools).
+ * model_id: LMS_MODEL_ID_LEN bytes for the KV cache's page keys and sessions. */
+int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, const lms_engine_params *params,
+                           lms_engine **out);
+/* Length including the pending token. */
+size_t lms__engine_len(const lms_engine *e);
+int lms__engine_flush_pending(lms_engine *e);
+const char *lms__engine_kernels(const lms_engine *e);
+
+
+int lms__engine_step(lms_engine *e, float *logits);
+uint32_t lms__engine_lookup(lms_engine *e, const int32_t *toks, uint32_t n, uint32_t have);
+#endif
