@@ -1,0 +1,449 @@
+/*
+ * tests/loader/test_loader.c - the loader on the CPU: tensor views equal the
+ * bytes the generator wrote into the source safetensors; lookups, side files
+ * and ids; open touches no data page; one mapping per segment per store
+ * handle, locked against gc; verification names a corrupt tensor; the store
+ * refuses to close under an open model; the resident pipeline (direct,
+ * staging ring, parallel readers) run on the CPU device copies every byte;
+ * failed opens (every allocation failing in turn) leave nothing behind.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "loader/device.h"
+#include "loader/loader_internal.h"
+#include "testutil.h"
+
+#include "loader_smaps.h"
+#include "loader_testmodel.h"
+
+/* One store with one small model, made once for the whole file. */
+static char *g_dir, g_store[1024];
+static tm_model g_m;
+
+static int setup_all(void **state)
+{
+    (void)state;
+    g_dir = lms_test_tmpdir("loader");
+    if (!g_dir)
+        return -1;
+    char src[1100];
+    snprintf(src, sizeof src, "%s/src", g_dir);
+    snprintf(g_store, sizeof g_store, "%s/store", g_dir);
+    if (mkdir(src, 0755))
+        return -1;
+    /* 4 blocks; the MLP matrices are 2.25 MiB so 2 MiB chunks split them */
+    tm_llama(&g_m, 4, 1000, 256, 4608);
+    int rc = tm_import(&g_m, src, g_store, "tiny", false);
+    if (rc)
+        fprintf(stderr, "import failed: %s\n", lms_last_error());
+    return rc ? -1 : 0;
+}
+
+static int teardown_all(void **state)
+{
+    (void)state;
+    lms_test_rmrf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static lms_store *open_store(void)
+{
+    lms_store *st = NULL;
+    assert_int_equal(lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st), 0);
+    return st;
+}
+
+static void check_bytes_equal_source(const lms_model *m, bool device)
+{
+    assert_int_equal(lms_model_tensor_count(m), (size_t)g_m.n);
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
+        const lms_tensor *t = lms_model_tensor_at(m, i);
+        const tm_tensor *ref = tm_find(&g_m, t->name);
+        assert_non_null(ref);
+        assert_int_equal(t->nbytes, ref->nbytes);
+        uint8_t *want = tm_expected(ref, false);
+        const void *got = device ? t->device : t->host;
+        assert_non_null(got);
+        if (memcmp(got, want, ref->nbytes) != 0)
+            fail_msg("tensor %s: %s bytes differ from the source", t->name, device ? "device" : "host");
+        free(want);
+    }
+}
+
+static void views_equal_source_bytes_shapes_and_layers(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &m), 0);
+    assert_int_equal(lms_model_placement(m), LMS_PLACE_HOST);
+    check_bytes_equal_source(m, false);
+    int32_t prev = INT32_MIN;
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
+        const lms_tensor *t = lms_model_tensor_at(m, i);
+        const tm_tensor *ref = tm_find(&g_m, t->name);
+        assert_int_equal(t->ndim, (uint32_t)ref->ndim);
+        for (int d = 0; d < ref->ndim; d++)
+            assert_int_equal(t->shape[d], ref->shape[d]);
+        assert_string_equal(lms_dtype_name(t->dtype), ref->dtype);
+        assert_null(t->device);
+        assert_int_equal((uintptr_t)t->host % lms_store_alignment(st), 0);
+        /* storage order is forward-pass order */
+        assert_true(t->layer >= prev);
+        prev = t->layer;
+        int layer = -5;
+        if (!strncmp(t->name, "model.layers.", 13))
+            layer = atoi(t->name + 13);
+        else if (!strcmp(t->name, "model.embed_tokens.weight"))
+            layer = LMS_LAYER_PRE;
+        else
+            layer = LMS_LAYER_POST;
+        assert_int_equal(t->layer, layer);
+    }
+    assert_null(lms_model_tensor_at(m, lms_model_tensor_count(m)));
+    assert_int_equal(lms_model_n_layers(m), 4);
+    assert_string_equal(lms_model_name(m), "tiny");
+    lms_model_close(m);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static int id_cb(void *ctx, const lms_model_info *info)
+{
+    memcpy(ctx, info->id, LMS_MODEL_ID_LEN);
+    return 0;
+}
+
+static void lookups_files_and_ids(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &m), 0);
+    const lms_tensor *t = lms_model_tensor(m, "model.layers.2.mlp.up_proj.weight");
+    assert_non_null(t);
+    assert_string_equal(t->name, "model.layers.2.mlp.up_proj.weight");
+    assert_int_equal(t->layer, 2);
+    assert_null(lms_model_tensor(m, "model.layers.9.nope"));
+    assert_int_equal(lms_last_error_code(), LMS_ENOENT);
+    assert_non_null(strstr(lms_last_error(), "tiny"));
+    assert_non_null(strstr(lms_last_error(), "model.layers.9.nope"));
+
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(lms_model_file(m, "config.json", &data, &len), 0);
+    assert_non_null(strstr(data, "LlamaForCausalLM"));
+    assert_int_equal(strlen(data), len);
+    lms_free(data);
+    assert_int_equal(lms_model_file(m, "nonexistent.json", &data, &len), LMS_ENOENT);
+
+    uint8_t id[LMS_MODEL_ID_LEN];
+    assert_int_equal(lms_store_model(st, "tiny", id_cb, id), 0);
+    assert_memory_equal(lms_model_id(m), id, LMS_MODEL_ID_LEN);
+    lms_model_close(m);
+
+    assert_int_equal(lms_model_open(st, "no-such-model", NULL, &m), LMS_ENOENT);
+    assert_null(m);
+    assert_non_null(strstr(lms_last_error(), "no-such-model"));
+    lms_model_params p = lms_model_default_params();
+    p.placement = LMS_PLACE_RESIDENT; /* needs a device */
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
+    p = lms_model_default_params();
+    p.streams = -1;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static void store_close_with_open_model_returns_ebusy(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_model *m = NULL, *m2 = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &m), 0);
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &m2), 0);
+    assert_int_equal(lms_store_close(st), LMS_EBUSY);
+    /* the store and the views still work */
+    check_bytes_equal_source(m, false);
+    lms_model_close(m);
+    assert_int_equal(lms_store_close(st), LMS_EBUSY);
+    lms_model_close(m2);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static void open_touches_no_data_page_until_populate(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_model *m = NULL;
+    seg_usage u;
+    uint64_t total = 0;
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &m), 0);
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++)
+        total += lms_model_tensor_at(m, i)->nbytes;
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
+    assert_true(u.mappings >= 1);
+    assert_true(u.size >= total);
+    /* the segment header page, plus what the kernel's fault-around maps next
+     * to it from the page cache (fault_around_bytes, 64 KiB), never the data */
+    assert_true(u.rss <= (unsigned long long)u.mappings * (64 << 10));
+    assert_true(total > 100 * (64 << 10));
+    lms_model_close(m);
+
+    lms_model_params p = lms_model_default_params();
+    p.prefetch = LMS_PREFETCH_POPULATE;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
+    assert_true(u.rss >= total);
+    assert_int_equal(u.anonymous, 0);
+    assert_int_equal(u.private_dirty, 0);
+    lms_model_close(m);
+    p.prefetch = LMS_PREFETCH_WILLNEED;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    lms_model_close(m);
+    /* after the last model closes, nothing stays mapped */
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
+    assert_int_equal(u.mappings, 0);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static void segments_are_mapped_once_per_store_and_locked_against_gc(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_model *a = NULL, *b = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &a), 0);
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &b), 0);
+    const lms_tensor *ta = lms_model_tensor(a, "lm_head.weight"), *tb = lms_model_tensor(b, "lm_head.weight");
+    assert_ptr_equal(ta->host, tb->host); /* the same mapping */
+    seg_usage u;
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
+    char seg[1100];
+    assert_int_equal(lms_store_segment_path(st, a->ti[0].segment, seg, sizeof seg), 0);
+    int segs_used = 0;
+    for (size_t i = 0; i < a->nmaps; i++)
+        segs_used++;
+    assert_int_equal(u.mappings, segs_used);
+
+    /* gc's test: LOCK_EX|LOCK_NB on the segment fails while it is mapped */
+    int fd = open(seg, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), -1);
+    assert_int_equal(errno, EWOULDBLOCK);
+    lms_model_close(a);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), -1); /* b still holds it */
+    lms_model_close(b);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    close(fd);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+typedef struct recpos {
+    const char *want;
+    uint32_t seg;
+    uint64_t off;
+} recpos;
+
+static int find_rec(void *ctx, const lms_tensor_record *r)
+{
+    recpos *p = ctx;
+    if (!strcmp(r->name, p->want)) {
+        p->seg = r->segment;
+        p->off = r->offset;
+    }
+    return 0;
+}
+
+static void verify_names_the_corrupt_tensor(void **state)
+{
+    (void)state;
+    /* a private copy of the store, so the corruption stays here */
+    char dir2[1200], src[1200];
+    snprintf(dir2, sizeof dir2, "%s/corrupt", g_dir);
+    snprintf(src, sizeof src, "%s/src", g_dir);
+    lms_store *st = NULL;
+    assert_int_equal(lms_store_open(dir2, LMS_STORE_CREATE, NULL, &st), 0);
+    lms_import_params ip = lms_import_default_params();
+    ip.name = "tiny";
+    assert_int_equal(lms_import(st, src, &ip, NULL), 0);
+    lms_model *m = NULL;
+    lms_model_params p = lms_model_default_params();
+    p.verify = true;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    lms_model_close(m);
+
+    recpos rp = {.want = "model.layers.3.mlp.down_proj.weight"};
+    assert_int_equal(lms_store_tensors(st, "tiny", find_rec, &rp), 0);
+    char seg[1300];
+    assert_int_equal(lms_store_segment_path(st, rp.seg, seg, sizeof seg), 0);
+    int fd = open(seg, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t byte;
+    assert_int_equal(pread(fd, &byte, 1, (off_t)(rp.off + 1000)), 1);
+    byte ^= 0x10;
+    assert_int_equal(pwrite(fd, &byte, 1, (off_t)(rp.off + 1000)), 1);
+    close(fd);
+
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_ECORRUPT);
+    assert_null(m);
+    assert_non_null(strstr(lms_last_error(), "model.layers.3.mlp.down_proj.weight"));
+    /* without verification the open succeeds (the bytes are read as they are) */
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &m), 0);
+    lms_model_close(m);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static void run_resident_cpu(bool staging, bool readers, lms_load_order order, int threads)
+{
+    lms_store *st = open_store();
+    lms_device *dev = NULL;
+    assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.force_staging = staging;
+    p.force_readers = readers;
+    p.order = order;
+    p.threads = threads;
+    p.streams = 3;
+    p.chunk_bytes = 1; /* rounds up to 2 MiB: the MLP matrices span chunks */
+    p.ring_slots = 2;
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    assert_int_equal(lms_model_placement(m), LMS_PLACE_RESIDENT);
+    /* layers in an arbitrary order, each wait returning only once it is there */
+    for (int l = lms_model_n_layers(m) - 1; l >= 0; l--) {
+        assert_int_equal(lms_model_wait_layer(m, l), 0);
+        assert_true(lms_model_layer_ready(m, l));
+        for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
+            const lms_tensor *t = lms_model_tensor_at(m, i);
+            if (t->layer == l)
+                assert_memory_equal(t->device, t->host, t->nbytes);
+        }
+    }
+    assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+    assert_int_equal(lms_model_wait_layer(m, 99), LMS_EINVAL);
+    check_bytes_equal_source(m, true);
+    lms_model_stats s;
+    assert_int_equal(lms_model_stats_get(m, &s), 0);
+    assert_true(s.copied_bytes >= s.tensor_bytes); /* alignment padding inside extents is copied too */
+    assert_true(s.copied_bytes <= s.tensor_bytes + (uint64_t)lms_model_tensor_count(m) * lms_store_alignment(st));
+    assert_true(s.device_bytes >= s.tensor_bytes);
+    assert_int_equal(s.staging, staging || readers);
+    assert_int_equal(s.readers, readers);
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
+        const lms_tensor *t = lms_model_tensor_at(m, i);
+        assert_true((uint8_t *)t->device != (const uint8_t *)t->host); /* a copy, not the mapping */
+    }
+    lms_model_close(m);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static void resident_on_cpu_device_direct_copies_every_byte(void **state)
+{
+    (void)state;
+    run_resident_cpu(false, false, LMS_ORDER_BLOCKS_FIRST, 2);
+    run_resident_cpu(false, false, LMS_ORDER_FILE, 1);
+}
+
+static void resident_staging_ring_copies_every_byte(void **state)
+{
+    (void)state;
+    run_resident_cpu(true, false, LMS_ORDER_BLOCKS_FIRST, 3);
+    run_resident_cpu(true, false, LMS_ORDER_FILE, 1);
+}
+
+static void resident_parallel_readers_copy_every_byte(void **state)
+{
+    (void)state;
+    run_resident_cpu(false, true, LMS_ORDER_BLOCKS_FIRST, 4);
+    run_resident_cpu(false, true, LMS_ORDER_FILE, 1);
+}
+
+static void mapped_on_cpu_device_points_at_the_mapping(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = NULL;
+    assert_int_equal(lms_device_open_name("cpu", &dev), 0);
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_MAPPED;
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++)
+        assert_ptr_equal(lms_model_tensor_at(m, i)->device, lms_model_tensor_at(m, i)->host);
+    assert_int_equal(lms_model_wait_layer(m, 0), 0);
+    assert_ptr_equal(lms_model_device(m), dev);
+    lms_model_close(m);
+    lms_device_close(dev);
+    assert_int_equal(lms_device_open_name("gpu", &dev), LMS_EINVAL);
+    assert_int_equal(lms_device_open_name("cuda:x", &dev), LMS_EINVAL);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+static void failed_opens_leave_nothing_behind(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = NULL;
+    assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    for (int variant = 0; variant < 2; variant++) {
+        lms_model_params p = lms_model_default_params();
+        if (variant == 1) {
+            p.device = dev;
+            p.placement = LMS_PLACE_RESIDENT;
+            p.force_staging = true;
+            p.sync = true;
+            p.threads = 1;
+        }
+        int failures = 0;
+        for (long n = 1; n < 400; n++) {
+            lms_model *m = NULL;
+            lms__fault_arm(LMS_FAULT_ALLOC, n, false);
+            int rc = lms_model_open(st, "tiny", &p, &m);
+            lms__fault_disarm_all();
+            if (rc == 0) {
+                lms_model_close(m);
+                break;
+            }
+            failures++;
+            assert_null(m);
+            assert_int_equal(rc, LMS_ENOMEM);
+            /* nothing stays mapped, and the store can still be closed */
+            seg_usage u;
+            assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
+            assert_int_equal(u.mappings, 0);
+            assert_int_equal(atomic_load(&st->users), 0);
+        }
+        assert_true(failures > 5);
+    }
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(views_equal_source_bytes_shapes_and_layers),
+        cmocka_unit_test(lookups_files_and_ids),
+        cmocka_unit_test(store_close_with_open_model_returns_ebusy),
+        cmocka_unit_test(open_touches_no_data_page_until_populate),
+        cmocka_unit_test(segments_are_mapped_once_per_store_and_locked_against_gc),
+        cmocka_unit_test(verify_names_the_corrupt_tensor),
+        cmocka_unit_test(resident_on_cpu_device_direct_copies_every_byte),
+        cmocka_unit_test(resident_staging_ring_copies_every_byte),
+        cmocka_unit_test(resident_parallel_readers_copy_every_byte),
+        cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
+        cmocka_unit_test(failed_opens_leave_nothing_behind),
+    };
+    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+}
