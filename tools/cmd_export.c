@@ -1,0 +1,60 @@
+/*
+ * tools/cmd_export.c - `lmstore export MODEL DIR [--max-shard-size SIZE]`:
+ * write a stored model back out as a HuggingFace folder.
+ */
+#include <stdio.h>
+
+#include "lmstore/store.h"
+#include "store/admin.h"
+#include "tools/cli.h"
+
+const char lms_cmd_export_help[] = "write a model as a HuggingFace folder: export MODEL DIR [--max-shard-size SIZE]";
+
+int lms_cmd_export(int argc, char **argv)
+{
+    const char *store_opt = NULL, *model = NULL, *dir = NULL, *shard = NULL;
+    bool quiet = false;
+    for (int i = 1; i < argc;) {
+        if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) ||
+            lms_cli_opt(argc, argv, &i, "--max-shard-size", &shard))
+            continue;
+        if (lms_cli_flag(argv, i, "--quiet") || lms_cli_flag(argv, i, "-q")) {
+            quiet = true;
+        } else if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
+            printf("usage: lmstore export MODEL DIR [--store DIR] [--max-shard-size SIZE] [--quiet]\n\n"
+                   "Writes model.safetensors (or model-0000K-of-0000N.safetensors shards of at most\n"
+                   "SIZE tensor bytes, default 5G, and model.safetensors.index.json) and the stored\n"
+                   "config, tokenizer and template files into DIR (new or empty). Tensor bytes are\n"
+                   "checked against their hashes on the way out.\n");
+            return LMS_EXIT_OK;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return lms_cli_usage("export", "unknown option %s", argv[i]);
+        } else if (!model) {
+            model = argv[i];
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            return lms_cli_usage("export", "too many arguments");
+        }
+        i++;
+    }
+    if (!model || !dir)
+        return lms_cli_usage("export", "want MODEL and DIR");
+    lms_export_params ep = lms_export_default_params();
+    ep.progress = !quiet;
+    if (shard && (!lms_cli_parse_size(shard, &ep.max_shard_size) || !ep.max_shard_size))
+        return lms_cli_usage("export", "--max-shard-size wants a size like 500M or 5G");
+    lms_store *s = NULL;
+    int rc = lms_store_open(lms_cli_store_path(store_opt), LMS_STORE_RDONLY, NULL, &s);
+    if (rc)
+        return lms_cli_fail("export", rc, "open store");
+    lms_export_stats st;
+    rc = lms_model_export(s, model, dir, &ep, &st);
+    lms_store_close(s);
+    if (rc)
+        return lms_cli_fail("export", rc, model);
+    printf("exported %s to %s: %llu tensors (%.2f GB) in %llu shard%s, %llu side files, %.2f s\n", model, dir,
+           (unsigned long long)st.tensors, (double)st.bytes / 1e9, (unsigned long long)st.shards,
+           st.shards == 1 ? "" : "s", (unsigned long long)st.files, st.seconds);
+    return LMS_EXIT_OK;
+}
