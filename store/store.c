@@ -532,7 +532,7 @@ static char *dupn(const char *p, size_t n)
 
 typedef struct model_item {
     lms_model_info info;
-    char *name, *arch, *source;
+    char *name, *arch, *source, *meta;
 } model_item;
 
 static int model_from_rec(const void *key, size_t klen, const void *val, size_t vlen, model_item *it,
@@ -546,16 +546,19 @@ static int model_from_rec(const void *key, size_t klen, const void *val, size_t 
     it->name = dupn(key, klen);
     it->arch = dupn(r.arch, r.arch_len);
     it->source = dupn(r.source, r.source_len);
-    if (!it->name || !it->arch || !it->source) {
+    it->meta = dupn(r.st_meta, r.st_meta_len);
+    if (!it->name || !it->arch || !it->source || !it->meta) {
         lms__free(it->name);
         lms__free(it->arch);
         lms__free(it->source);
+        lms__free(it->meta);
         return LMS_ENOMEM;
     }
     lms_model_info *m = &it->info;
     m->name = it->name;
     m->architecture = it->arch;
     m->source = it->source;
+    m->st_metadata = it->meta;
     memcpy(m->id, r.id, sizeof m->id);
     m->n_tensors = r.n_tensors;
     m->n_params = r.n_params;
@@ -571,6 +574,7 @@ static void free_items(model_item *v, size_t n)
         lms__free(v[i].name);
         lms__free(v[i].arch);
         lms__free(v[i].source);
+        lms__free(v[i].meta);
     }
     lms__free(v);
 }
@@ -636,6 +640,7 @@ int lms_store_model(lms_store *s, const char *model, lms_model_cb cb, void *ctx)
     lms__free(it.name);
     lms__free(it.arch);
     lms__free(it.source);
+    lms__free(it.meta);
     return rc;
 }
 

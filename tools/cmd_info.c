@@ -33,6 +33,8 @@ static int on_model(void *vctx, const lms_model_info *m)
                "tensor bytes: %llu\nsource:       %s\n",
                m->name, *m->architecture ? m->architecture : "-", id, (unsigned long long)m->n_params,
                (unsigned long long)m->n_tensors, (unsigned long long)m->tensor_bytes, m->source);
+        if (*m->st_metadata)
+            printf("metadata:     %s\n", m->st_metadata);
         return 0;
     }
     cJSON_AddStringToObject(c->root, "name", m->name);
@@ -41,6 +43,8 @@ static int on_model(void *vctx, const lms_model_info *m)
     cJSON_AddNumberToObject(c->root, "params", (double)m->n_params);
     cJSON_AddNumberToObject(c->root, "bytes", (double)m->tensor_bytes);
     cJSON_AddStringToObject(c->root, "source", m->source);
+    cJSON *meta = *m->st_metadata ? cJSON_Parse(m->st_metadata) : NULL;
+    cJSON_AddItemToObject(c->root, "safetensors_metadata", meta ? meta : cJSON_CreateNull());
     return 0;
 }
 

@@ -119,7 +119,8 @@ typedef struct lms_model_info {
     uint64_t tensor_bytes;    /* sum of tensor byte sizes */
     uint64_t created;         /* unix seconds */
     uint32_t dtype_mask;      /* bit (1 << lms_dtype) for each dtype present */
-    const char *source;       /* where it was imported from */
+    const char *source;       /* where it was imported from (absolute path) */
+    const char *st_metadata;  /* safetensors "__metadata__" as compact JSON; "" if none */
 } lms_model_info;
 
 typedef struct lms_tensor_record {
