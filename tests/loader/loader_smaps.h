@@ -6,6 +6,7 @@
 #ifndef LMS_LOADER_SMAPS_H
 #define LMS_LOADER_SMAPS_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
