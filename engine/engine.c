@@ -143,6 +143,9 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, const 
         goto fail;
     lms_kv_geometry g;
     lms_kv_get_geometry(e->kv, &g);
+    /* touch the whole arena now, so that memory stays flat while tokens flow */
+    if (e->dev->ops->memset && (rc = e->dev->ops->memset(e->dev, g.base, 0, (size_t)g.n_pages * g.page_bytes, NULL)))
+        goto fail;
     e->kvv.base = g.base;
     e->kvv.dtype = e->p.kv_dtype;
     e->kvv.page_tokens = g.page_tokens;

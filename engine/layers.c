@@ -228,6 +228,17 @@ int lms__fwd_create(const lms__hparams *hp, const lms__weights *w, const lms__ke
         return LMS_ENOMEM;
     }
     rope_freqs(hp, f->inv_freq);
+    /* touch all scratch now: no page faults (RSS growth) on the token path */
+    memset(f->x, 0, B * E * 4);
+    memset(f->xb, 0, B * E * 4);
+    memset(f->q, 0, B * f->qd * 4);
+    memset(f->kk, 0, B * f->kvd * 4);
+    memset(f->vv, 0, B * f->kvd * 4);
+    memset(f->att, 0, B * f->qd * 4);
+    memset(f->g, 0, B * hp->n_ff * 4);
+    memset(f->u, 0, B * hp->n_ff * 4);
+    memset(f->cs, 0, B * hp->head_dim * 4);
+    memset(f->scores, 0, (size_t)f->nthreads * f->G * n_ctx * 4);
     *out = f;
     return 0;
 }
