@@ -17,6 +17,17 @@
 #include "store/admin_internal.h"
 #include "store/kv_records.h"
 
+void lms__admin_hex16(const void *key, char out[33])
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *k = key;
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[k[i] >> 4];
+        out[2 * i + 1] = digits[k[i] & 15];
+    }
+    out[32] = '\0';
+}
+
 /* ---- blob table ---------------------------------------------------------------------- */
 
 int lms__blobset_load(lms_store *s, MDB_txn *txn, lms__blobset *out)
@@ -187,7 +198,7 @@ int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_pro
     for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
         lms__kvpage_rec pr;
         if (k.mv_size == 16)
-            lms__hash128_hex(lms__hash128_get(k.mv_data), hex);
+            lms__admin_hex16(k.mv_data, hex);
         else
             snprintf(hex, sizeof hex, "(key of %zu bytes)", k.mv_size);
         if (lms__kvpage_rec_decode(d.mv_data, d.mv_size, &pr)) {

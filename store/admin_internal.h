@@ -82,4 +82,8 @@ bool lms__admin_wait_readers(lms_store *s, double seconds);
  * no NUL, no control characters, no '/'. */
 int lms__admin_check_name(const char *name);
 
+/* 32 hex digits of a 16-byte key, byte by byte (as `lmstore info` prints
+ * blob hashes and page keys), NUL-terminated. */
+void lms__admin_hex16(const void *key, char out[33]);
+
 #endif

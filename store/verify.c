@@ -211,7 +211,7 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
         size_t bi;
         if (!lms__blobset_find(&v->blobs, tr.hash, &bi)) {
             char hex[33];
-            lms__hash128_hex(lms__hash128_get(tr.hash), hex);
+            lms__admin_hex16(tr.hash, hex);
             problem(v, "missing-blob", model, tname, UINT32_MAX, 0,
                     "model '%s' tensor '%s': its blob %s is not in the index", model, tname, hex);
             continue;
@@ -309,7 +309,7 @@ static void blob_checks(vstate *v)
     for (size_t i = 0; i < bs->n; i++) {
         lms__blobent *b = &bs->v[i];
         char hex[33];
-        lms__hash128_hex(lms__hash128_get(b->hash), hex);
+        lms__admin_hex16(b->hash, hex);
         bool relevant = !v->p->model || b->wanted;
         if (b->bad) {
             if (relevant)
@@ -477,7 +477,7 @@ static void report_corrupt(vstate *v)
         if (!b->corrupt)
             continue;
         char hex[33];
-        lms__hash128_hex(lms__hash128_get(b->hash), hex);
+        lms__admin_hex16(b->hash, hex);
         bool named = false;
         for (size_t t = 0; t < v->n_tensors; t++) {
             if (v->tensors[t].blob != bi)
