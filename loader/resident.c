@@ -38,6 +38,10 @@
 
 enum { MODE_DIRECT, MODE_REGISTERED, MODE_STAGING, MODE_READERS };
 
+/* Blocks are shared with mapped models of the same store (loader/maps.c),
+ * so resident loads register them mapped too. */
+#define REG_FLAGS (LMS_REG_READONLY | LMS_REG_MAPPED)
+
 typedef struct chunk {
     lms__lmap *map;
     uint64_t off, len;  /* bytes of the segment file */
@@ -295,7 +299,7 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
     *ready = 1;
     if (r->mode == MODE_REGISTERED) {
         void *dp = NULL;
-        int rc = lms__reg_acquire(c->map, r->dev, c->grid, (size_t)(c->off / c->grid), LMS_REG_READONLY, &dp);
+        int rc = lms__reg_acquire(c->map, r->dev, c->grid, (size_t)(c->off / c->grid), REG_FLAGS, &dp);
         if (rc) {
             if (!atomic_exchange(&r->warned_refusal, true)) {
                 lms__warn("model '%s': %s; copying from pageable memory", r->m->name, lms_last_error());
@@ -576,7 +580,7 @@ int lms__resident_start(lms_model *m)
         r->held = lms__calloc(r->nc, sizeof *r->held);
         if (!r->held)
             return LMS_ENOMEM;
-        if (lms__reg_acquire(c->map, d, c->grid, (size_t)(c->off / c->grid), LMS_REG_READONLY, &dp) == 0) {
+        if (lms__reg_acquire(c->map, d, c->grid, (size_t)(c->off / c->grid), REG_FLAGS, &dp) == 0) {
             r->held[0] = true;
         } else {
             lms__info("model '%s': %s; copying through a pinned staging ring", m->name, lms_last_error());

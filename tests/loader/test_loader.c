@@ -5,6 +5,9 @@
  * handle, locked against gc; verification names a corrupt tensor; the store
  * refuses to close under an open model; the resident pipeline (direct,
  * staging ring, parallel readers) run on the CPU device copies every byte;
+ * the registered paths (with a CPU device that tracks pins like CUDA) pin
+ * each block once, share blocks between models, unpin before unmapping, and
+ * fall back to the staging ring when pinning is refused;
  * failed opens (every allocation failing in turn) leave nothing behind.
  */
 #include <errno.h>
@@ -390,6 +393,170 @@ static void mapped_on_cpu_device_points_at_the_mapping(void **state)
     assert_int_equal(lms_store_close(st), 0);
 }
 
+
+/* ---- a CPU device that "pins" like CUDA does: registrations are tracked,
+ * overlapping ones are refused (cudaErrorHostMemoryAlreadyRegistered), and
+ * unregistering an unknown base fails, so the registered paths run here. */
+typedef struct pin {
+    uintptr_t base;
+    size_t len;
+} pin;
+static pin g_pins[4096];
+static int g_npins, g_pin_calls, g_unpin_calls, g_pin_errors;
+static lms_device_ops g_pin_ops;
+
+static int pin_register(lms_device *dev, void *host, size_t bytes, unsigned flags, void **dev_ptr)
+{
+    (void)dev;
+    uintptr_t a = (uintptr_t)host;
+    *dev_ptr = NULL;
+    g_pin_calls++;
+    if (!(flags & LMS_REG_READONLY))
+        return lms__err(LMS_EDEVICE, "fake pin: read-only mapping pinned without READONLY");
+    for (int i = 0; i < g_npins; i++)
+        if (a < g_pins[i].base + g_pins[i].len && g_pins[i].base < a + bytes) {
+            g_pin_errors++;
+            return lms__err(LMS_EDEVICE, "fake pin: already registered");
+        }
+    if (g_npins == (int)LMS_ARRAY_LEN(g_pins))
+        return lms__err(LMS_EDEVICE, "fake pin: table full");
+    g_pins[g_npins++] = (pin){a, bytes};
+    if (flags & LMS_REG_MAPPED)
+        *dev_ptr = host;
+    return 0;
+}
+
+static int pin_unregister(lms_device *dev, void *host)
+{
+    (void)dev;
+    g_unpin_calls++;
+    for (int i = 0; i < g_npins; i++)
+        if (g_pins[i].base == (uintptr_t)host) {
+            g_pins[i] = g_pins[--g_npins];
+            return 0;
+        }
+    g_pin_errors++;
+    return lms__err(LMS_EDEVICE, "fake pin: %p not registered", host);
+}
+
+static lms_device *open_pin_device(void)
+{
+    lms_device *dev = NULL;
+    assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    g_pin_ops = *dev->ops;
+    g_pin_ops.name = "fakepin";
+    g_pin_ops.host_register = pin_register;
+    g_pin_ops.host_unregister = pin_unregister;
+    dev->ops = &g_pin_ops;
+    g_npins = g_pin_calls = g_unpin_calls = g_pin_errors = 0;
+    return dev;
+}
+
+static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = open_pin_device();
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.chunk_bytes = 2 << 20;
+    p.no_readers = true;
+    p.placement = LMS_PLACE_MAPPED;
+    lms_model *a = NULL, *b = NULL, *c = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &a), 0);
+    int pins_a = g_npins;
+    assert_true(pins_a > 2);
+    for (size_t i = 0; i < lms_model_tensor_count(a); i++)
+        assert_ptr_equal(lms_model_tensor_at(a, i)->device, lms_model_tensor_at(a, i)->host);
+    p.chunk_bytes = 0; /* another grid asked: the first one stays in effect */
+    assert_int_equal(lms_model_open(st, "tiny", &p, &b), 0);
+    assert_int_equal(g_npins, pins_a); /* b shares a's blocks */
+    p.placement = LMS_PLACE_RESIDENT;
+    p.threads = 3;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
+    assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
+    lms_model_stats s;
+    assert_int_equal(lms_model_stats_get(c, &s), 0);
+    assert_false(s.staging);
+    check_bytes_equal_source(c, true);
+    lms_model_close(c);
+    assert_int_equal(g_npins, pins_a); /* the resident load released only its own references */
+    lms_model_close(a);
+    assert_int_equal(g_npins, pins_a);
+    lms_model_close(b);
+    assert_int_equal(g_npins, 0); /* everything unpinned when the last user went */
+    assert_int_equal(g_pin_errors, 0);
+
+    /* resident alone: pins while copying, none left once all is resident */
+    assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
+    assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
+    check_bytes_equal_source(c, true);
+    lms_model_close(c);
+    assert_int_equal(g_npins, 0);
+    assert_int_equal(g_pin_errors, 0);
+    assert_int_equal(g_pin_calls, g_unpin_calls);
+
+    /* refused registration: the staging ring takes over */
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);
+    assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_NONE);
+    assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
+    assert_int_equal(lms_model_stats_get(c, &s), 0);
+    assert_true(s.staging);
+    check_bytes_equal_source(c, true);
+    lms_model_close(c);
+    /* a real refusal from the "driver" (pinning without READONLY) */
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_DROP_READONLY);
+    assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_NONE);
+    assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
+    assert_int_equal(lms_model_stats_get(c, &s), 0);
+    assert_true(s.staging);
+    check_bytes_equal_source(c, true);
+    lms_model_close(c);
+    /* mapped placement refused: an error naming the segment, nothing held */
+    p.placement = LMS_PLACE_MAPPED;
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);
+    assert_int_equal(lms_model_open(st, "tiny", &p, &c), LMS_EDEVICE);
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_NONE);
+    assert_null(c);
+    assert_non_null(strstr(lms_last_error(), ".seg"));
+    assert_int_equal(g_npins, 0);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
+
+static void read_error_during_resident_load_is_reported_by_wait(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = NULL;
+    assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.force_readers = true;
+    p.chunk_bytes = 2 << 20;
+    p.threads = 2;
+    lms_model *m = NULL;
+    lms__fault_arm(LMS_FAULT_READ, 4, true);
+    int rc = lms_model_open(st, "tiny", &p, &m);
+    if (rc == 0) {
+        rc = lms_model_wait_layer(m, LMS_LAYER_ALL);
+        assert_int_equal(rc, LMS_EIO);
+        assert_non_null(strstr(lms_last_error(), "model 'tiny'"));
+        assert_non_null(strstr(lms_last_error(), ".seg"));
+        assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), LMS_EIO); /* and stays failed */
+        lms_model_close(m);
+    } else {
+        assert_int_equal(rc, LMS_EIO);
+    }
+    lms__fault_disarm_all();
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 static void failed_opens_leave_nothing_behind(void **state)
 {
     (void)state;
@@ -443,6 +610,8 @@ int main(void)
         cmocka_unit_test(resident_staging_ring_copies_every_byte),
         cmocka_unit_test(resident_parallel_readers_copy_every_byte),
         cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
+        cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
+        cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(failed_opens_leave_nothing_behind),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
