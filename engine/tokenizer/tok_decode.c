@@ -344,8 +344,10 @@ static int release(lms_detokenizer *d, bool final, const char **text, size_t *le
         return rc;
     if ((rc = lms__utf8_lossy(&d->out, (const uint8_t *)(d->pending.p ? d->pending.p : ""), d->pending.len, final, &used)))
         return rc;
-    memmove(d->pending.p, d->pending.p + used, d->pending.len - used);
-    d->pending.len -= used;
+    if (used) {
+        memmove(d->pending.p, d->pending.p + used, d->pending.len - used);
+        d->pending.len -= used;
+    }
     *text = d->out.p;
     *len = d->out.len;
     return 0;
