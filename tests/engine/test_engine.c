@@ -219,11 +219,12 @@ static void llama_matches_transformers(void **s) { check_family_dir("llama", fix
 static void qwen2_matches_transformers(void **s) { check_family_dir("qwen2", fixture("qwen2")); }
 static void qwen3_matches_transformers(void **s) { check_family_dir("qwen3", fixture("qwen3")); }
 
-/* The same llama model with its config in the older form: top-level
- * rope_theta and rope_scaling {"rope_type": "llama3", ...}. */
-static void llama_rope_scaling_form_matches_transformers(void **s)
+/* The same llama model with its RoPE settings written in the other form
+ * than the fixture's: rope_parameters {rope_type, rope_theta, ...} <->
+ * top-level rope_theta + rope_scaling {rope_type: "llama3", ...}. */
+static void llama_other_rope_config_form_matches_transformers(void **s)
 {
-    char *d = lms_test_tmpdir("legacy");
+    char *d = lms_test_tmpdir("otherform");
     char path[1200];
     assert_int_equal(lms_test_sh(NULL, "cp '%s'/model.safetensors '%s'/", fixture("llama"), d), 0);
     snprintf(path, sizeof path, "%s/config.json", fixture("llama"));
@@ -231,10 +232,22 @@ static void llama_rope_scaling_form_matches_transformers(void **s)
     cJSON *root = cJSON_Parse(txt);
     free(txt);
     cJSON *rp = cJSON_DetachItemFromObject(root, "rope_parameters");
-    assert_non_null(rp);
-    cJSON *theta = cJSON_DetachItemFromObject(rp, "rope_theta");
-    cJSON_AddItemToObject(root, "rope_theta", theta);
-    cJSON_AddItemToObject(root, "rope_scaling", rp);
+    if (rp) { /* new form -> old form */
+        cJSON *theta = cJSON_DetachItemFromObject(rp, "rope_theta");
+        assert_non_null(theta);
+        cJSON_AddItemToObject(root, "rope_theta", theta);
+        cJSON_AddItemToObject(root, "rope_scaling", rp);
+    } else { /* old form -> new form */
+        cJSON *rs = cJSON_DetachItemFromObject(root, "rope_scaling");
+        cJSON *theta = cJSON_DetachItemFromObject(root, "rope_theta");
+        assert_non_null(rs);
+        assert_non_null(theta);
+        cJSON_DeleteItemFromObject(rs, "type");
+        if (!cJSON_GetObjectItem(rs, "rope_type"))
+            cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddItemToObject(rs, "rope_theta", theta);
+        cJSON_AddItemToObject(root, "rope_parameters", rs);
+    }
     char *out = cJSON_Print(root);
     snprintf(path, sizeof path, "%s/config.json", d);
     FILE *f = fopen(path, "w");
@@ -630,7 +643,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(llama_matches_transformers),
         cmocka_unit_test(qwen2_matches_transformers),
         cmocka_unit_test(qwen3_matches_transformers),
-        cmocka_unit_test(llama_rope_scaling_form_matches_transformers),
+        cmocka_unit_test(llama_other_rope_config_form_matches_transformers),
         cmocka_unit_test(session_resumed_in_new_process_continues_greedy_run),
         cmocka_unit_test(resume_with_other_model_fails_and_keeps_sequence),
         cmocka_unit_test(prefix_reuse_is_reported_and_exact),
