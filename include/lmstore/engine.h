@@ -44,7 +44,8 @@ typedef struct lms_tokenizer lms_tokenizer; /* include/lmstore/tokenizer.h */
 
 typedef struct lms_engine_params {
     int threads;            /* worker threads; 0 = online CPUs */
-    uint32_t n_ctx;         /* max tokens of the sequence; 0 = min(model's max positions, 4096) */
+    uint32_t n_ctx;         /* max tokens of the sequence; 0 = min(model's max positions, 4096);
+                               larger than the model's max positions is allowed (RoPE extrapolates) */
     uint64_t kv_bytes;      /* KV cache budget in bytes; 0 = n_ctx tokens plus as many again
                                for the prefix cache */
     lms_dtype kv_dtype;     /* LMS_DTYPE_F32, _F16 or _BF16; 0 (LMS_DTYPE_BOOL) = F16 */
@@ -170,8 +171,9 @@ typedef struct lms_gen_metrics {
     double prompt_ms;        /* time to compute the non-reused prompt tokens */
     double prompt_tps;       /* (prompt_tokens - reused_tokens) / prompt seconds */
     uint32_t gen_tokens;     /* tokens generated (EOS not counted) */
-    double gen_ms;
-    double gen_tps;          /* decode tokens per second (after the first token) */
+    double gen_ms;           /* first generated token -> end */
+    double gen_tps;          /* decode tokens per second: (gen_tokens - 1) / gen_ms, the decode
+                                steps after the first token */
     uint64_t peak_rss;       /* bytes, VmHWM */
     int stop_reason;         /* lms_stop_reason */
 } lms_gen_metrics;
@@ -180,15 +182,23 @@ typedef struct lms_gen_metrics {
  * Called for each generated token with its id and its text piece (UTF-8,
  * incomplete characters held back, text of a partial stop string held back;
  * piece may be NULL without a tokenizer, len 0 when held back). Return
- * non-zero to stop. Strings are valid during the call only.
+ * non-zero to stop. At the end of a generation that did not stop on a stop
+ * string or the callback, one more call with id -1 delivers the text still
+ * held back (if any). Strings are valid during the call only.
  */
 typedef int (*lms_token_cb)(void *user, int32_t id, const char *piece, size_t len);
 
 /*
  * Generate after the prompt ids. The sequence becomes prompt + generated
  * tokens (the longest common prefix of the old sequence and the prompt is
- * kept, the rest of the old sequence dropped). metrics may be NULL.
- * Errors as lms_engine_eval; a stop is not an error.
+ * kept, the rest of the old sequence dropped; a longer prefix found in the
+ * KV cache's prefix index is attached instead of recomputed). n_prompt == 0
+ * continues the sequence as it is (e.g. after lms_engine_session_load).
+ * An EOS id that stops the generation stays at the end of the sequence (it
+ * belongs to the conversation); so does the last generated token, which is
+ * run through the model only when the sequence is used next (eval, generate,
+ * session save). metrics may be NULL. Errors as lms_engine_eval; a stop is
+ * not an error.
  */
 int lms_generate(lms_engine *eng, const lms_gen_params *gp, const int32_t *prompt, size_t n_prompt,
                  lms_token_cb cb, void *user, lms_gen_metrics *metrics);
