@@ -157,6 +157,8 @@ out_enomem:
 out:
     lms__free(hdr);
     lms__free(ids);
+    if (rc)
+        lms__segset_free(out);
     return rc;
 }
 
