@@ -1,0 +1,204 @@
+/*
+ * tools/cmd_chat.c - `lmstore chat MODEL`: an interactive chat. The
+ * conversation lives in the engine's KV cache: each turn computes only its
+ * own tokens (the closing of the previous reply, the user's message and the
+ * assistant header), never the earlier turns again. /save and /load keep
+ * conversations in the store as sessions. Reads stdin line by line, so it
+ * also works with piped input.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tools/cli.h"
+#include "tools/cli_gen.h"
+
+const char lms_cmd_chat_help[] = "interactive chat kept in the KV cache (/save, /load, /reset)";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: lmstore chat MODEL [options]\n"
+            "\n"
+            "Each line of stdin is one user message; the reply streams to stdout and a\n"
+            "metrics line goes to stderr. Commands:\n"
+            "  /save NAME   save the conversation into the store as session NAME\n"
+            "  /load NAME   continue session NAME (replaces the current conversation)\n"
+            "  /reset       start a new conversation\n"
+            "  /quit        leave (end of input does the same)\n"
+            "\n"
+            "  --resume NAME          start from a saved session\n"
+            "  --json                 one JSON object per turn instead of streamed text:\n"
+            "                         {\"turn\", \"prompt_ids\" (this turn's new ids), \"ids\", \"text\", \"metrics\"}\n"
+            "%s",
+            lms_cli_gen_opts_help);
+}
+
+static void chomp(char *s)
+{
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r'))
+        s[--n] = '\0';
+}
+
+static const char *arg_of(const char *line, const char *cmd)
+{
+    size_t n = strlen(cmd);
+    if (strncmp(line, cmd, n) != 0 || (line[n] != ' ' && line[n] != '\0'))
+        return NULL;
+    line += n;
+    while (*line == ' ')
+        line++;
+    return line;
+}
+
+int lms_cmd_chat(int argc, char **argv)
+{
+    const char *cmd = "chat";
+    lms_cli_gen_opts o;
+    lms_cli_gen_opts_init(&o);
+    const char *resume = NULL;
+    bool json = false;
+    for (int i = 1; i < argc;) {
+        const char *v;
+        int r = lms_cli_gen_opt(cmd, argc, argv, &i, &o);
+        if (r == 1)
+            continue;
+        if (r != 0)
+            return r;
+        if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
+            usage(stdout);
+            return LMS_EXIT_OK;
+        } else if (lms_cli_opt(argc, argv, &i, "--resume", &v)) {
+            resume = v;
+        } else if (lms_cli_flag(argv, i, "--json")) {
+            json = true;
+            i++;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return lms_cli_usage(cmd, "unknown option '%s'", argv[i]);
+        } else if (!o.model) {
+            o.model = argv[i++];
+        } else {
+            return lms_cli_usage(cmd, "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!o.model)
+        return lms_cli_usage(cmd, "which model? (lmstore chat MODEL)");
+
+    lms_cli_model cm;
+    if (lms_cli_model_open(cmd, &o, true, &cm) != LMS_EXIT_OK)
+        return LMS_EXIT_FAIL;
+    int status = lms_cli_model_chat_init(cmd, &o, &cm);
+    if (status != LMS_EXIT_OK)
+        goto out;
+    int rc;
+    if (resume && (rc = lms_engine_session_load(cm.eng, cm.st, resume))) {
+        status = lms_cli_fail(cmd, rc, resume);
+        goto out;
+    }
+    const bool tty = isatty(STDIN_FILENO);
+    if (tty)
+        fprintf(stderr, "chat with %s (%s format); /save NAME, /load NAME, /reset, /quit\n", o.model,
+                lms_chat_format_name(cm.fmt));
+
+    char *line = NULL;
+    size_t cap = 0;
+    int turn = 0;
+    status = LMS_EXIT_OK;
+    for (;;) {
+        if (tty) {
+            fputs("> ", stderr);
+            fflush(stderr);
+        }
+        if (getline(&line, &cap, stdin) < 0)
+            break;
+        chomp(line);
+        const char *a;
+        size_t n;
+        if (line[0] == '\0')
+            continue;
+        if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
+            break;
+        if (!strcmp(line, "/reset")) {
+            lms_engine_reset(cm.eng);
+            fprintf(stderr, "conversation reset\n");
+            continue;
+        }
+        if ((a = arg_of(line, "/save"))) {
+            if (!*a) {
+                fprintf(stderr, "usage: /save NAME\n");
+            } else if ((rc = lms_engine_session_save(cm.eng, cm.st, a))) {
+                lms_cli_fail(cmd, rc, a);
+                status = LMS_EXIT_FAIL;
+            } else {
+                (void)lms_engine_tokens(cm.eng, &n);
+                fprintf(stderr, "saved session '%s' (%zu tokens)\n", a, n);
+            }
+            continue;
+        }
+        if ((a = arg_of(line, "/load"))) {
+            if (!*a) {
+                fprintf(stderr, "usage: /load NAME\n");
+            } else if ((rc = lms_engine_session_load(cm.eng, cm.st, a))) {
+                lms_cli_fail(cmd, rc, a);
+                status = LMS_EXIT_FAIL;
+            } else {
+                (void)lms_engine_tokens(cm.eng, &n);
+                fprintf(stderr, "loaded session '%s' (%zu tokens)\n", a, n);
+            }
+            continue;
+        }
+        if (line[0] == '/' && line[1] != '/' && line[1] != ' ' && line[1]) {
+            fprintf(stderr, "unknown command '%s' (/save NAME, /load NAME, /reset, /quit; start a "
+                            "message with // to send a literal /)\n", line);
+            continue;
+        }
+        const char *msg = line[0] == '/' && line[1] == '/' ? line + 1 : line;
+
+        int32_t *ids = NULL, *prompt = NULL;
+        size_t n_ids = 0;
+        lms_cli_gen_result res = {0};
+        const int32_t *seq = lms_engine_tokens(cm.eng, &n);
+        if ((rc = lms_cli_chat_turn_ids(&cm, &o, msg, &ids, &n_ids)))
+            goto turn_fail;
+        if (!(prompt = malloc((n + n_ids + 1) * sizeof *prompt))) {
+            rc = LMS_ENOMEM;
+            goto turn_fail;
+        }
+        memcpy(prompt, seq, n * sizeof *prompt);
+        memcpy(prompt + n, ids, n_ids * sizeof *prompt);
+        if ((rc = lms_cli_generate(&cm, &o, true, prompt, n + n_ids, json ? NULL : stdout, &res)))
+            goto turn_fail;
+        turn++;
+        if (json) {
+            printf("{\"turn\": %d, \"prompt_ids\": ", turn);
+            lms_cli_json_ids(stdout, ids, n_ids);
+            fputs(", \"ids\": ", stdout);
+            lms_cli_json_ids(stdout, res.ids, res.n_ids);
+            fputs(", \"text\": ", stdout);
+            lms_cli_json_str(stdout, res.text, res.len);
+            fputs(", \"metrics\": ", stdout);
+            lms_cli_json_metrics(stdout, &res.metrics);
+            fputs("}\n", stdout);
+        } else {
+            fputc('\n', stdout);
+            lms_cli_print_metrics(stderr, &res.metrics);
+        }
+        fflush(stdout);
+        goto turn_done;
+    turn_fail:
+        if (!json)
+            fputc('\n', stdout);
+        lms_cli_fail(cmd, rc, o.model);
+        status = LMS_EXIT_FAIL;
+    turn_done:
+        lms_cli_gen_result_free(&res);
+        lms_tokenizer_buf_free(ids);
+        free(prompt);
+    }
+    free(line);
+out:
+    lms_cli_model_close(&cm);
+    return status;
+}

@@ -1,0 +1,192 @@
+/*
+ * tools/cmd_run.c - `lmstore run MODEL -p TEXT`: generate from a prompt with
+ * a model of the store, streaming the text to stdout and ending with a
+ * metrics line on stderr (or one JSON object with --json). Sessions: the
+ * sequence (prompt + reply) can be saved into the store and resumed later,
+ * by this or another process, without computing it again.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli.h"
+#include "tools/cli_gen.h"
+
+const char lms_cmd_run_help[] = "generate text from a prompt (streaming; sessions; --json)";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: lmstore run MODEL (-p TEXT | --prompt-ids 1,2,3) [options]\n"
+            "\n"
+            "Generates after the prompt and streams the text to stdout; a metrics line\n"
+            "(load, prompt and generation speed, reused tokens, peak RSS) goes to stderr.\n"
+            "\n"
+            "  -p, --prompt TEXT      the prompt (tokenized with the model's tokenizer)\n"
+            "  --prompt-ids LIST      the prompt as token ids, comma separated\n"
+            "  --chat                 wrap the prompt as a user turn in the model's chat format\n"
+            "  --save-session NAME    save the sequence (prompt + reply) into the store\n"
+            "  --resume NAME          continue a saved session: the prompt is appended to it\n"
+            "                         (with --chat, as the next user turn)\n"
+            "  --json                 print one JSON object: prompt_ids, ids, text, metrics\n"
+            "%s",
+            lms_cli_gen_opts_help);
+}
+
+static int append_ids(int32_t **dst, size_t *n, const int32_t *src, size_t k)
+{
+    int32_t *p = realloc(*dst, (*n + k + 1) * sizeof *p);
+    if (!p)
+        return LMS_ENOMEM;
+    memcpy(p + *n, src, k * sizeof *p);
+    *dst = p;
+    *n += k;
+    return 0;
+}
+
+int lms_cmd_run(int argc, char **argv)
+{
+    const char *cmd = "run";
+    lms_cli_gen_opts o;
+    lms_cli_gen_opts_init(&o);
+    const char *text = NULL, *ids_arg = NULL, *save = NULL, *resume = NULL;
+    bool chat = false, json = false;
+
+    for (int i = 1; i < argc;) {
+        const char *v;
+        int r = lms_cli_gen_opt(cmd, argc, argv, &i, &o);
+        if (r == 1)
+            continue;
+        if (r != 0)
+            return r;
+        if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
+            usage(stdout);
+            return LMS_EXIT_OK;
+        } else if (lms_cli_opt(argc, argv, &i, "-p", &v) || lms_cli_opt(argc, argv, &i, "--prompt", &v)) {
+            text = v;
+        } else if (lms_cli_opt(argc, argv, &i, "--prompt-ids", &v)) {
+            ids_arg = v;
+        } else if (lms_cli_opt(argc, argv, &i, "--save-session", &v)) {
+            save = v;
+        } else if (lms_cli_opt(argc, argv, &i, "--resume", &v)) {
+            resume = v;
+        } else if (lms_cli_flag(argv, i, "--chat")) {
+            chat = true;
+            i++;
+        } else if (lms_cli_flag(argv, i, "--json")) {
+            json = true;
+            i++;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return lms_cli_usage(cmd, "unknown option '%s'", argv[i]);
+        } else if (!o.model) {
+            o.model = argv[i++];
+        } else {
+            return lms_cli_usage(cmd, "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!o.model)
+        return lms_cli_usage(cmd, "which model? (lmstore run MODEL -p TEXT)");
+    if (text && ids_arg)
+        return lms_cli_usage(cmd, "give either -p or --prompt-ids, not both");
+    if (!text && !ids_arg && !resume)
+        return lms_cli_usage(cmd, "no prompt: give -p TEXT or --prompt-ids LIST");
+    if (chat && ids_arg)
+        return lms_cli_usage(cmd, "--chat needs -p TEXT");
+    int32_t *given = NULL;
+    size_t n_given = 0;
+    if (ids_arg && !lms_cli_parse_ids(ids_arg, &given, &n_given))
+        return lms_cli_usage(cmd, "--prompt-ids: '%s' is not a comma-separated list of ids", ids_arg);
+
+    int status = LMS_EXIT_FAIL, rc;
+    int32_t *prompt = NULL, *enc = NULL;
+    size_t n_prompt = 0, n_enc = 0;
+    lms_cli_gen_result res = {0};
+    lms_cli_model cm;
+    if (lms_cli_model_open(cmd, &o, save != NULL, &cm) != LMS_EXIT_OK) {
+        free(given);
+        return LMS_EXIT_FAIL;
+    }
+    if (chat && (status = lms_cli_model_chat_init(cmd, &o, &cm)) != LMS_EXIT_OK)
+        goto out;
+    status = LMS_EXIT_FAIL;
+
+    if (resume) {
+        if ((rc = lms_engine_session_load(cm.eng, cm.st, resume))) {
+            lms_cli_fail(cmd, rc, resume);
+            goto out;
+        }
+        size_t n;
+        const int32_t *seq = lms_engine_tokens(cm.eng, &n);
+        if ((rc = append_ids(&prompt, &n_prompt, seq, n)))
+            goto out_rc;
+    }
+    if (given) {
+        rc = append_ids(&prompt, &n_prompt, given, n_given);
+    } else if (text && chat) {
+        if (!(rc = lms_cli_chat_turn_ids(&cm, &o, text, &enc, &n_enc)))
+            rc = append_ids(&prompt, &n_prompt, enc, n_enc);
+    } else if (text) {
+        /* A fresh prompt gets what the tokenizer adds by default (BOS); a
+         * continuation of a session does not. */
+        if (!(rc = lms_cli_encode(&cm, text, !resume, &enc, &n_enc)))
+            rc = append_ids(&prompt, &n_prompt, enc, n_enc);
+    } else {
+        rc = 0;
+    }
+    if (rc)
+        goto out_rc;
+    if (n_prompt == 0) {
+        fprintf(stderr, "lmstore run: error: the prompt is empty (0 tokens)\n");
+        goto out;
+    }
+
+    if ((rc = lms_cli_generate(&cm, &o, chat, prompt, n_prompt, json ? NULL : stdout, &res))) {
+        if (!json)
+            fputc('\n', stdout);
+        lms_cli_fail(cmd, rc, o.model);
+        goto out;
+    }
+    if (save) {
+        if ((rc = lms_engine_session_save(cm.eng, cm.st, save))) {
+            if (!json)
+                fputc('\n', stdout);
+            lms_cli_fail(cmd, rc, save);
+            goto out;
+        }
+    }
+    if (json) {
+        fputs("{\"prompt_ids\": ", stdout);
+        lms_cli_json_ids(stdout, prompt, n_prompt);
+        fputs(", \"ids\": ", stdout);
+        lms_cli_json_ids(stdout, res.ids, res.n_ids);
+        fputs(", \"text\": ", stdout);
+        lms_cli_json_str(stdout, res.text, res.len);
+        fputs(", \"metrics\": ", stdout);
+        lms_cli_json_metrics(stdout, &res.metrics);
+        if (save) {
+            fputs(", \"session\": ", stdout);
+            lms_cli_json_str(stdout, save, strlen(save));
+        }
+        fputs("}\n", stdout);
+    } else {
+        fputc('\n', stdout);
+        fflush(stdout);
+        lms_cli_print_metrics(stderr, &res.metrics);
+        if (save) {
+            size_t n;
+            (void)lms_engine_tokens(cm.eng, &n);
+            fprintf(stderr, "saved session '%s' (%zu tokens)\n", save, n);
+        }
+    }
+    status = LMS_EXIT_OK;
+    goto out;
+out_rc:
+    lms_cli_fail(cmd, rc, o.model);
+out:
+    lms_cli_gen_result_free(&res);
+    lms_tokenizer_buf_free(enc);
+    free(prompt);
+    free(given);
+    lms_cli_model_close(&cm);
+    return status;
+}
