@@ -94,6 +94,7 @@ struct lms__resident {
     int err;
     char msg[512];
     atomic_uint_least64_t copied;
+    atomic_uint_least64_t registered; /* bytes of chunks copied out of registered memory */
     atomic_bool direct_io;
     atomic_bool warned_refusal;
 };
@@ -308,6 +309,7 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
             return 0;
         }
         r->held[ci] = true;
+        atomic_fetch_add(&r->registered, c->len);
         return 0;
     }
     uint8_t *slot = r->slot[ci % (size_t)r->nslots];
@@ -582,6 +584,7 @@ int lms__resident_start(lms_model *m)
             return LMS_ENOMEM;
         if (lms__reg_acquire(c->map, d, c->grid, (size_t)(c->off / c->grid), REG_FLAGS, &dp) == 0) {
             r->held[0] = true;
+            atomic_fetch_add(&r->registered, c->len);
         } else {
             lms__info("model '%s': %s; copying through a pinned staging ring", m->name, lms_last_error());
             r->mode = MODE_STAGING;
@@ -693,6 +696,7 @@ int lms_model_stats_get(lms_model *m, lms_model_stats *out)
         pthread_mutex_lock(&r->mu);
         *out = m->stats;
         out->copied_bytes = atomic_load(&r->copied);
+        out->registered_bytes = atomic_load(&r->registered);
         if (r->last[r->first_slot] && r->ldone[r->first_slot])
             out->first_layer_s = r->ldone[r->first_slot];
         out->direct_io = atomic_load(&r->direct_io);

@@ -162,7 +162,8 @@ int lms_bench_load(int argc, char **argv)
     read_mem(&ms);
     double gbs = t_all > 0 ? (double)s.tensor_bytes / t_all / 1e9 : 0;
     const char *path = s.placement == LMS_PLACE_RESIDENT
-                           ? (s.readers ? (s.direct_io ? "readers-odirect" : "readers") : s.staging ? "staging" : "registered")
+                           ? (s.readers ? (s.direct_io ? "readers-odirect" : "readers")
+                              : s.staging ? "staging" : s.registered_bytes ? "registered" : "direct")
                            : place_name(s.placement);
     if (json) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"placement\": \"%s\", \"path\": \"%s\", "

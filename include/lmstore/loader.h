@@ -194,7 +194,8 @@ typedef struct lms_model_stats {
     uint64_t tensor_bytes;     /* sum of the tensors' sizes */
     uint64_t device_bytes;     /* size of the device arena (RESIDENT) */
     uint64_t copied_bytes;     /* bytes moved to the device so far */
-    uint64_t registered_bytes; /* host bytes registered with the device (peak) */
+    uint64_t registered_bytes; /* MAPPED: host bytes registered with the device; RESIDENT: bytes
+                                * copied straight out of registered (pinned in place) mappings */
     double open_s;             /* lms_model_open returned */
     double first_layer_s;      /* first layer in copy order on the device */
     double all_s;              /* every weight on the device */
