@@ -93,7 +93,14 @@ typedef struct imp {
     char *source;       /* absolute path of the source */
     lms__appender *app;
     copy_job *jobs;
-    size_t njobs;
+    size_t njobs, cap_jobs;
+    struct task *tasks;
+    size_t ntasks, cap_tasks;
+    uint64_t batch;     /* bytes per pipeline batch */
+    size_t *slots;      /* open-addressing table: blob hash -> index into blobs */
+    size_t cap_slots;   /* power of two */
+    lms__segmap map;    /* the segment last compared against */
+    bool mapped;
     lms_progress *prog;
     uint8_t id[16];
     /* worker errors */
@@ -208,16 +215,6 @@ static int cmp_name(const void *a, const void *b)
 {
     const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
     return strcmp(x->st->name, y->st->name);
-}
-
-static int cmp_hash(const void *a, const void *b)
-{
-    const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
-    if (x->hash.hi != y->hash.hi)
-        return x->hash.hi < y->hash.hi ? -1 : 1;
-    if (x->hash.lo != y->hash.lo)
-        return x->hash.lo < y->hash.lo ? -1 : 1;
-    return *(const size_t *)a < *(const size_t *)b ? -1 : 1;
 }
 
 static void sort_idx(imp *m, size_t *idx, size_t n, int (*cmp)(const void *, const void *))
@@ -371,15 +368,250 @@ static int map_shards(imp *m)
     return 0;
 }
 
-/* ---- hashing ---------------------------------------------------------------------- */
+/* ---- dedup and copy, pipelined ----------------------------------------------------
+ * Tensors are taken in storage order, in batches of about BATCH bytes. While
+ * batch b is copied, batch b+1 is hashed (one pool run does both); between
+ * runs the calling thread decides, for each tensor of the hashed batch, in
+ * storage order, whether its bytes are already stored (store lookup + byte
+ * comparison), equal to an earlier tensor of this model (table lookup + byte
+ * comparison), or new (reserve an aligned range, queue copy jobs). */
 
-static void hash_one(void *arg, size_t i, int worker)
+#define BATCH (256ull << 20)
+#define EMPTY SIZE_MAX
+
+struct task {
+    int kind; /* 0: hash tensor i, 1: copy job i */
+    size_t i;
+};
+typedef struct task task;
+
+static void hash_one(imp *m, size_t i)
 {
-    (void)worker;
-    imp *m = arg;
     itensor *t = &m->t[i];
     t->hash = lms__hash128(t->src, (size_t)t->st->nbytes);
     lms__progress_add(m->prog, t->st->nbytes);
+}
+
+static void copy_one(imp *m, size_t i)
+{
+    if (m->wrc)
+        return;
+    const copy_job *j = &m->jobs[i];
+    const ublob *b = &m->blobs[j->blob];
+    const itensor *t = &m->t[b->first];
+    const lms__st_file *f = m->src->shards[t->shard];
+    int fd;
+    const char *path;
+    int rc = lms__append_fd(m->app, b->segment, &fd, &path);
+    if (!rc)
+        rc = lms__copy_range(m->maps[t->shard].fd, f->data_off + t->st->begin + j->off, fd, b->offset + j->off,
+                             j->len, f->path, path);
+    /* Start writeback now so the disk works while we copy the next chunks
+     * and the final fsync only waits for the tail. A hint: errors surface in
+     * that fsync (lms__append_sync). */
+    if (!rc)
+        (void)sync_file_range(fd, (off64_t)(b->offset + j->off), (off64_t)j->len, SYNC_FILE_RANGE_WRITE);
+    if (rc)
+        worker_fail(m, rc);
+    lms__progress_add(m->prog, j->len);
+}
+
+static void run_task(void *arg, size_t i, int worker)
+{
+    (void)worker;
+    imp *m = arg;
+    const task *tk = &m->tasks[i];
+    if (tk->kind == 0)
+        hash_one(m, tk->i);
+    else
+        copy_one(m, tk->i);
+}
+
+static int add_task(imp *m, int kind, size_t i)
+{
+    if (m->ntasks == m->cap_tasks) {
+        size_t cap = m->cap_tasks ? m->cap_tasks * 2 : 256;
+        task *nv = lms__realloc(m->tasks, cap * sizeof *nv);
+        if (!nv)
+            return LMS_ENOMEM;
+        m->tasks = nv;
+        m->cap_tasks = cap;
+    }
+    m->tasks[m->ntasks++] = (task){kind, i};
+    return 0;
+}
+
+static int queue_copies(imp *m, size_t blob)
+{
+    ublob *b = &m->blobs[blob];
+    size_t cap = m->cap_jobs;
+    for (uint64_t off = 0; off < b->size; off += COPY_CHUNK) {
+        if (m->njobs == cap) {
+            cap = cap ? cap * 2 : 256;
+            copy_job *nv = lms__realloc(m->jobs, cap * sizeof *nv);
+            if (!nv)
+                return LMS_ENOMEM;
+            m->jobs = nv;
+            m->cap_jobs = cap;
+        }
+        m->jobs[m->njobs++] = (copy_job){blob, off, LMS_MIN(COPY_CHUNK, b->size - off)};
+    }
+    return 0;
+}
+
+/* The store must not hold the name yet (unless replacing); checked again at commit. */
+static int check_absent(imp *m)
+{
+    MDB_txn *txn;
+    MDB_val v;
+    int rc = lms__txn_read(m->s, &txn);
+    if (rc)
+        return rc;
+    rc = lms__db_get(m->s, txn, LMS__DB_MODELS, m->name, strlen(m->name), &v);
+    lms__txn_end(m->s, txn);
+    if (rc == 0 && !m->p.replace)
+        return lms__err(LMS_EEXIST, "model '%s' already exists in %s (use --replace)", m->name, m->s->path);
+    return rc == LMS_ENOENT ? 0 : rc;
+}
+
+/* Decide storage for tensors order[from, to); caller holds the append lock. */
+static int decide(imp *m, size_t from, size_t to, uint64_t *bytes_new)
+{
+    lms_store *s = m->s;
+    MDB_txn *txn;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    for (size_t k = from; k < to && !rc; k++) {
+        size_t ti = m->order[k];
+        itensor *t = &m->t[ti];
+        uint8_t key[16];
+        lms__hash128_put(key, t->hash);
+        size_t h = (size_t)(t->hash.lo ^ t->hash.hi) & (m->cap_slots - 1);
+        bool found = false;
+        while (m->slots[h] != EMPTY) {
+            ublob *b = &m->blobs[m->slots[h]];
+            if (!memcmp(b->key, key, 16)) {
+                const itensor *f = &m->t[b->first];
+                if (f->st->nbytes != t->st->nbytes || memcmp(f->src, t->src, (size_t)t->st->nbytes) != 0) {
+                    rc = lms__err(LMS_ECORRUPT, "tensors '%s' and '%s' differ but have the same XXH3-128 hash",
+                                  f->st->name, t->st->name);
+                    break;
+                }
+                b->count++;
+                t->blob = m->slots[h];
+                lms__progress_add(m->prog, t->st->nbytes);
+                found = true;
+                break;
+            }
+            h = (h + 1) & (m->cap_slots - 1);
+        }
+        if (rc || found)
+            continue;
+        ublob *b = &m->blobs[m->nb];
+        memcpy(b->key, key, 16);
+        b->size = t->st->nbytes;
+        b->count = 1;
+        b->first = ti;
+        lms__blob_rec r;
+        int grc = lms__blob_get(s, txn, key, &r);
+        if (grc == LMS_ENOENT) {
+            b->status = BLOB_NEW;
+            if ((rc = lms__append_reserve(m->app, b->size, &b->segment, &b->offset)) ||
+                (rc = queue_copies(m, m->nb)))
+                break;
+            *bytes_new += b->size;
+        } else if (grc) {
+            rc = grc;
+            break;
+        } else {
+            if (r.size != b->size) {
+                rc = lms__err(LMS_ECORRUPT, "tensor '%s' has the hash of a stored blob of another size", t->st->name);
+                break;
+            }
+            if (!m->mapped || m->map.id != r.segment) {
+                lms__segment_unmap(&m->map);
+                m->mapped = false;
+                if ((rc = lms__segment_map(s, r.segment, &m->map)))
+                    break;
+                m->mapped = true;
+            }
+            uint64_t end;
+            if (lms__add_overflow(r.offset, r.size, &end) || end > m->map.size) {
+                rc = lms__err(LMS_ECORRUPT, "%s: blob of tensor '%s' lies past the end of the segment", m->map.path,
+                              t->st->name);
+                break;
+            }
+            if (memcmp(m->map.base + r.offset, t->src, (size_t)r.size) != 0) {
+                rc = lms__err(LMS_ECORRUPT,
+                              "tensor '%s' has the XXH3-128 hash of a stored blob with other bytes (collision); "
+                              "not importing",
+                              t->st->name);
+                break;
+            }
+            b->status = BLOB_STORED;
+            b->segment = r.segment;
+            b->offset = r.offset;
+            lms__progress_add(m->prog, t->st->nbytes);
+        }
+        m->slots[h] = m->nb;
+        t->blob = m->nb++;
+    }
+    lms__txn_end(s, txn);
+    return rc;
+}
+
+/* End of the batch starting at order[from]: about BATCH bytes, at least one tensor. */
+static size_t batch_end(const imp *m, size_t from)
+{
+    uint64_t bytes = 0;
+    size_t k = from;
+    while (k < m->nt && (k == from || bytes + m->t[m->order[k]].st->nbytes <= m->batch))
+        bytes += m->t[m->order[k++]].st->nbytes;
+    return k;
+}
+
+static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
+{
+    size_t cap = 16;
+    while (cap < 2 * m->nt)
+        cap *= 2;
+    m->cap_slots = cap;
+    /* LMSTORE_IMPORT_BATCH_BYTES exists for tests of the batch boundaries. */
+    const char *eb = getenv("LMSTORE_IMPORT_BATCH_BYTES");
+    m->batch = eb && *eb ? strtoull(eb, NULL, 10) : BATCH;
+    m->slots = lms__malloc(cap * sizeof *m->slots);
+    m->blobs = lms__calloc(m->nt ? m->nt : 1, sizeof *m->blobs);
+    if (!m->slots || !m->blobs)
+        return LMS_ENOMEM;
+    for (size_t i = 0; i < cap; i++)
+        m->slots[i] = EMPTY;
+    *bytes_new = 0;
+    int rc = 0;
+    size_t from = 0, to = batch_end(m, 0);
+    m->ntasks = 0;
+    for (size_t k = from; k < to; k++)
+        if ((rc = add_task(m, 0, m->order[k])))
+            return rc;
+    lms__pool_run(pool, m->ntasks, run_task, m);
+    while (from < m->nt) {
+        size_t jobs0 = m->njobs, next = batch_end(m, to);
+        if ((rc = decide(m, from, to, bytes_new)))
+            return rc;
+        m->ntasks = 0;
+        for (size_t j = jobs0; j < m->njobs; j++)
+            if ((rc = add_task(m, 1, j)))
+                return rc;
+        for (size_t k = to; k < next; k++)
+            if ((rc = add_task(m, 0, m->order[k])))
+                return rc;
+        lms__pool_run(pool, m->ntasks, run_task, m);
+        if ((rc = worker_rc(m)))
+            return rc;
+        from = to;
+        to = next;
+    }
+    return 0;
 }
 
 static int model_id(imp *m, size_t *by_name)
@@ -413,164 +645,6 @@ static int model_id(imp *m, size_t *by_name)
     }
     lms__hash128_put(m->id, lms__hasher_digest(h));
     lms__hasher_free(h);
-    return 0;
-}
-
-/* ---- dedup ------------------------------------------------------------------------ */
-
-static int build_blobs(imp *m)
-{
-    size_t *idx = lms__malloc(m->nt * sizeof *idx);
-    m->blobs = lms__calloc(m->nt, sizeof *m->blobs);
-    if (!idx || !m->blobs) {
-        lms__free(idx);
-        return LMS_ENOMEM;
-    }
-    for (size_t i = 0; i < m->nt; i++)
-        idx[i] = i;
-    sort_idx(m, idx, m->nt, cmp_hash);
-    int rc = 0;
-    for (size_t k = 0; k < m->nt; k++) {
-        itensor *t = &m->t[idx[k]];
-        if (k > 0 && lms__hash128_eq(t->hash, m->t[idx[k - 1]].hash)) {
-            ublob *b = &m->blobs[m->nb - 1];
-            const itensor *f = &m->t[b->first];
-            if (f->st->nbytes != t->st->nbytes || memcmp(f->src, t->src, (size_t)t->st->nbytes) != 0) {
-                rc = lms__err(LMS_ECORRUPT, "tensors '%s' and '%s' differ but have the same XXH3-128 hash",
-                              f->st->name, t->st->name);
-                break;
-            }
-            b->count++;
-            t->blob = m->nb - 1;
-            continue;
-        }
-        ublob *b = &m->blobs[m->nb++];
-        lms__hash128_put(b->key, t->hash);
-        b->size = t->st->nbytes;
-        b->status = BLOB_NEW;
-        b->count = 1;
-        b->first = idx[k];
-        t->blob = m->nb - 1;
-    }
-    lms__free(idx);
-    return rc;
-}
-
-/* With the append lock held: mark blobs the store already has (bytes compared). */
-static int find_stored(imp *m)
-{
-    lms_store *s = m->s;
-    MDB_txn *txn;
-    int rc = lms__txn_read(s, &txn);
-    if (rc)
-        return rc;
-    MDB_val v;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), &v);
-    if (rc == 0 && !m->p.replace) {
-        lms__txn_end(s, txn);
-        return lms__err(LMS_EEXIST, "model '%s' already exists in %s (use --replace)", m->name, s->path);
-    }
-    if (rc != 0 && rc != LMS_ENOENT) {
-        lms__txn_end(s, txn);
-        return rc;
-    }
-    rc = 0;
-    lms__segmap map;
-    memset(&map, 0, sizeof map);
-    map.fd = -1;
-    bool mapped = false;
-    for (size_t i = 0; i < m->nb && !rc; i++) {
-        ublob *b = &m->blobs[i];
-        lms__blob_rec r;
-        int grc = lms__blob_get(s, txn, b->key, &r);
-        if (grc == LMS_ENOENT)
-            continue;
-        if (grc) {
-            rc = grc;
-            break;
-        }
-        const itensor *t = &m->t[b->first];
-        if (r.size != b->size) {
-            rc = lms__err(LMS_ECORRUPT, "tensor '%s' has the hash of a stored blob of another size", t->st->name);
-            break;
-        }
-        if (!mapped || map.id != r.segment) {
-            lms__segment_unmap(&map);
-            mapped = false;
-            if ((rc = lms__segment_map(s, r.segment, &map)))
-                break;
-            mapped = true;
-        }
-        uint64_t end;
-        if (lms__add_overflow(r.offset, r.size, &end) || end > map.size) {
-            rc = lms__err(LMS_ECORRUPT, "%s: blob of tensor '%s' lies past the end of the segment", map.path,
-                          t->st->name);
-            break;
-        }
-        if (memcmp(map.base + r.offset, t->src, (size_t)r.size) != 0) {
-            rc = lms__err(LMS_ECORRUPT,
-                          "tensor '%s' has the XXH3-128 hash of a stored blob with other bytes (collision); not "
-                          "importing",
-                          t->st->name);
-            break;
-        }
-        b->status = BLOB_STORED;
-        b->segment = r.segment;
-        b->offset = r.offset;
-    }
-    lms__segment_unmap(&map);
-    lms__txn_end(s, txn);
-    return rc;
-}
-
-/* ---- copying ---------------------------------------------------------------------- */
-
-static void copy_one(void *arg, size_t i, int worker)
-{
-    (void)worker;
-    imp *m = arg;
-    if (m->wrc)
-        return;
-    const copy_job *j = &m->jobs[i];
-    const ublob *b = &m->blobs[j->blob];
-    const itensor *t = &m->t[b->first];
-    const lms__st_file *f = m->src->shards[t->shard];
-    int fd;
-    const char *path;
-    int rc = lms__append_fd(m->app, b->segment, &fd, &path);
-    if (!rc)
-        rc = lms__copy_range(m->maps[t->shard].fd, f->data_off + t->st->begin + j->off, fd, b->offset + j->off,
-                             j->len, f->path, path);
-    if (rc)
-        worker_fail(m, rc);
-    lms__progress_add(m->prog, j->len);
-}
-
-static int plan_copies(imp *m, uint64_t *bytes_new)
-{
-    size_t cap = 0;
-    *bytes_new = 0;
-    /* reserve in storage order so a block's new blobs are contiguous */
-    for (size_t k = 0; k < m->nt; k++) {
-        itensor *t = &m->t[m->order[k]];
-        ublob *b = &m->blobs[t->blob];
-        if (b->status != BLOB_NEW || b->first != m->order[k])
-            continue;
-        int rc = lms__append_reserve(m->app, b->size, &b->segment, &b->offset);
-        if (rc)
-            return rc;
-        *bytes_new += b->size;
-        for (uint64_t off = 0; off < b->size; off += COPY_CHUNK) {
-            if (m->njobs == cap) {
-                cap = cap ? cap * 2 : 256;
-                copy_job *nv = lms__realloc(m->jobs, cap * sizeof *nv);
-                if (!nv)
-                    return LMS_ENOMEM;
-                m->jobs = nv;
-            }
-            m->jobs[m->njobs++] = (copy_job){t->blob, off, LMS_MIN(COPY_CHUNK, b->size - off)};
-        }
-    }
     return 0;
 }
 
@@ -777,32 +851,28 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         }
     }
 
-    /* 2. order and hash */
+    /* 2. storage order */
     sort_idx(&m, m.order, m.nt, cmp_storage);
     sort_idx(&m, by_name, m.nt, cmp_name);
     if ((rc = lms__pool_create(m.p.threads, &pool)))
         goto out;
     if (m.p.progress)
         m.prog = lms__progress_start("import", bytes_total * 2, "B");
-    lms__pool_run(pool, m.nt, hash_one, &m);
-    if ((rc = model_id(&m, by_name)) || (rc = build_blobs(&m)))
-        goto out;
 
-    /* 3. dedup against the store, under the append lock */
-    if ((rc = lms__append_begin(s, &m.app)))
+    /* 3-4. under the append lock: hash, dedup, append (pipelined), sync */
+    if ((rc = lms__append_begin(s, &m.app)) || (rc = check_absent(&m)))
         goto out;
-    if ((rc = find_stored(&m)))
+    double t_copy = lms__now();
+    if ((rc = store_tensors(&m, pool, &bytes_new)))
         goto out;
-
-    /* 4. append and sync */
-    if ((rc = plan_copies(&m, &bytes_new)))
+    lms__debug("import: hashed %llu bytes and copied %llu in %.3f s", (unsigned long long)bytes_total,
+               (unsigned long long)bytes_new, lms__now() - t_copy);
+    if ((rc = model_id(&m, by_name)))
         goto out;
-    lms__progress_add(m.prog, bytes_total - bytes_new);
-    lms__pool_run(pool, m.njobs, copy_one, &m);
-    if ((rc = worker_rc(&m)))
-        goto out;
+    double t_sync = lms__now();
     if ((rc = lms__append_sync(m.app)))
         goto out;
+    lms__debug("import: fsync in %.3f s", lms__now() - t_sync);
 
     /* 5. one transaction makes it visible */
     if ((rc = lms__txn_write(s, commit_fn, &m)))
@@ -837,6 +907,9 @@ out:
     }
     lms__free(m.files);
     lms__free(m.jobs);
+    lms__free(m.tasks);
+    lms__free(m.slots);
+    lms__segment_unmap(&m.map);
     lms__free(m.blobs);
     lms__free(m.t);
     lms__free(m.order);

@@ -182,10 +182,12 @@ void lms__segment_unmap(lms__segmap *m)
 {
     if (!m)
         return;
-    if (m->base)
+    /* only a successful lms__segment_map leaves base set; a failed one has
+     * already closed its fd, so a zeroed struct is safe here too */
+    if (m->base) {
         munmap((void *)m->base, (size_t)m->size);
-    if (m->fd >= 0)
         close(m->fd);
+    }
     m->base = NULL;
     m->fd = -1;
 }

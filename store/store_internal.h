@@ -242,7 +242,7 @@ typedef struct lms__segmap {
     char path[4096];
 } lms__segmap;
 int lms__segment_map(lms_store *s, uint32_t id, lms__segmap *m);
-void lms__segment_unmap(lms__segmap *m); /* safe on a zeroed or failed map */
+void lms__segment_unmap(lms__segmap *m); /* safe on a zeroed struct or after a failed map */
 
 /* The append session (see the state diagram above). */
 typedef struct lms__appender lms__appender;

@@ -94,7 +94,11 @@ def test_forward_pass_order_and_layers():
 def test_import_twice_under_two_names_adds_no_tensor_bytes():
     src = gen_model(os.path.join(D, "twice"), "--arch", "qwen3", "--shard-size", "16K", "--seed", "5")
     store = os.path.join(D, "s_twice")
-    _, out1, _ = lms("import", src, "--store", store, "-q", check=0)
+    os.environ["LMSTORE_IMPORT_BATCH_BYTES"] = "1"  # one tensor per pipeline batch: exercise the boundaries
+    try:
+        _, out1, _ = lms("import", src, "--store", store, "-q", check=0)
+    finally:
+        del os.environ["LMSTORE_IMPORT_BATCH_BYTES"]
     size1 = segments_size(store)
     _, out2, _ = lms("import", src, "--store", store, "--name", "again", "-q", check=0)
     assert segments_size(store) == size1
@@ -114,7 +118,11 @@ def test_identical_tensors_within_a_model_stored_once():
     p = os.path.join(D, "same.safetensors")
     write(p, st_bytes(h, data + data + data[::-1]))
     store = os.path.join(D, "s_same")
-    _, out, _ = lms("import", p, "--store", store, "-q", check=0)
+    os.environ["LMSTORE_IMPORT_BATCH_BYTES"] = "1"  # the duplicate is decided in a later batch
+    try:
+        _, out, _ = lms("import", p, "--store", store, "-q", check=0)
+    finally:
+        del os.environ["LMSTORE_IMPORT_BATCH_BYTES"]
     ts = {t["name"]: t for t in info(store, "same")["tensors"]}
     assert (ts["x.weight"]["segment"], ts["x.weight"]["offset"]) == (ts["y.weight"]["segment"], ts["y.weight"]["offset"])
     assert ts["z.weight"]["offset"] != ts["x.weight"]["offset"]

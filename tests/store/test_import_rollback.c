@@ -128,7 +128,9 @@ static void fail_every_nth(int kind, long max_n, long stride)
 static void failed_write_leaves_store_unchanged(void **state)
 {
     (void)state;
+    setenv("LMSTORE_IMPORT_BATCH_BYTES", "8192", 1); /* failures land mid-pipeline, between batches */
     fail_every_nth(LMS_FAULT_WRITE, 400, 1);
+    unsetenv("LMSTORE_IMPORT_BATCH_BYTES");
 }
 
 static void failed_fsync_leaves_store_unchanged(void **state)
