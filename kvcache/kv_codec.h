@@ -17,6 +17,7 @@
 typedef struct lms__kv_codec_ctx {
     void *cctx; /* ZSTD_CCtx */
     void *dctx; /* ZSTD_DCtx */
+    void *hstate; /* XXH3_state_t */
     uint8_t *scratch;
 } lms__kv_codec_ctx;
 
@@ -29,9 +30,10 @@ size_t lms__kv_encode_bound(size_t raw_len);
 int lms__kv_encode(lms__kv_codec_ctx *c, int codec, int level, const uint8_t *raw, size_t n, size_t es,
                    uint8_t *out, size_t cap, size_t *out_len);
 /* Decode exactly n bytes; LMS_ECORRUPT (no detail set) when the input does
- * not decode to n bytes, LMS_ENOMEM. */
+ * not decode to n bytes, LMS_ENOMEM. With hash non-NULL, also XXH3-64
+ * (seed 0) of the decoded bytes, computed while they are in cache. */
 int lms__kv_decode(lms__kv_codec_ctx *c, int codec, const uint8_t *in, size_t in_len, uint8_t *out, size_t n,
-                   size_t es);
+                   size_t es, uint64_t *hash);
 void lms__kv_codec_ctx_free(lms__kv_codec_ctx *c);
 
 #endif

@@ -298,7 +298,7 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
     if (c.params.codec > LMS_KV_CODEC_SHUFFLE_ZSTD)
         return lms__err(LMS_EINVAL, "KV save '%s': unknown codec %d", name, (int)c.params.codec);
     if (c.params.level == 0)
-        c.params.level = 3;
+        c.params.level = 1;
     c.n_tokens = seq->committed;
     c.n_pages = (c.n_tokens + kv->P - 1) / kv->P;
     c.created = lms__unix_time();
@@ -494,6 +494,7 @@ typedef struct res_ctx {
     int n_maps;
     lms__kv_codec_ctx *codec;
     uint8_t **unpack; /* per worker: raw page for partial pages */
+    uint8_t **inbuf;  /* per worker: stored bytes of one page */
 } res_ctx;
 
 static void res_decode_one(void *arg, size_t i, int worker)
@@ -503,24 +504,31 @@ static void res_decode_one(void *arg, size_t i, int worker)
     lms_kv *kv = c->kv;
     if (rp->cached != KV_NONE)
         return;
-    const uint8_t *src = c->maps[rp->seg].base + rp->blob.offset;
-    uint8_t bh[16];
-    lms__hash128_put(bh, lms__hash128(src, rp->blob.size));
-    if (memcmp(bh, rp->rec.blob, 16)) {
-        rp->rc = LMS_ECORRUPT;
-        return;
-    }
+    const lms__segmap *m = &c->maps[rp->seg];
     size_t n = (size_t)rp->rec.raw_size;
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
     bool full = rp->n_tokens == kv->P;
     uint8_t *out = full ? rp->dst : c->unpack[worker];
-    int rc = lms__kv_decode(&c->codec[worker], rp->rec.codec, src, rp->blob.size, out, n, rp->rec.elem_size);
+    int rc;
+    /* pread from the page cache rather than faulting the mapping in page
+     * by page; a raw page reads straight into its destination. */
+    uint64_t h = 0;
+    if (rp->rec.codec == LMS__KV_CODEC_RAW) {
+        rc = lms__pread_all(m->fd, out, n, rp->blob.offset, m->path);
+        h = lms__hash64(out, n, 0);
+    } else {
+        uint8_t *in = c->inbuf[worker];
+        rc = lms__pread_all(m->fd, in, rp->blob.size, rp->blob.offset, m->path);
+        if (!rc)
+            rc = lms__kv_decode(&c->codec[worker], rp->rec.codec, in, rp->blob.size, out, n, rp->rec.elem_size, &h);
+    }
     if (rc) {
         rp->rc = rc;
         return;
     }
-    if (lms__hash64(out, n, 0) != rp->rec.raw_hash) {
+    /* The checksum of the decoded bytes covers the stored bytes and the codec. */
+    if (h != rp->rec.raw_hash) {
         rp->rc = LMS_ECORRUPT;
         return;
     }
@@ -664,6 +672,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     }
 
     /* ---- 3. page and blob records, segment ranges */
+    size_t max_stored = 1;
     for (uint32_t i = 0; i < c.n_pages; i++) {
         res_page *rp = &c.pages[i];
         if (rp->cached != KV_NONE)
@@ -695,7 +704,8 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
             lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
             goto out;
         }
-        if (rp->blob.kind != LMS__BLOB_KVPAGE || rp->blob.size != rp->rec.stored_size) {
+        if (rp->blob.kind != LMS__BLOB_KVPAGE || rp->blob.size != rp->rec.stored_size ||
+            rp->blob.size > lms__kv_encode_bound(kv->page_bytes)) {
             rc = lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: blob record disagrees with the page record",
                           name, i);
             goto out;
@@ -712,6 +722,8 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
             c.n_maps++;
         }
         rp->seg = m;
+        if (rp->blob.size > max_stored)
+            max_stored = (size_t)rp->blob.size;
         if (rp->blob.offset > c.maps[m].size || rp->blob.size > c.maps[m].size - rp->blob.offset) {
             rc = lms__err(LMS_EFORMAT,
                           "KV session '%s': page %u: truncated KV segment %s: the page needs bytes [%llu, %llu) but "
@@ -784,10 +796,12 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     threads = lms__pool_threads(pool);
     rc = LMS_ENOMEM;
     if (!(c.codec = lms__calloc((size_t)threads, sizeof *c.codec)) ||
-        !(c.unpack = lms__calloc((size_t)threads, sizeof *c.unpack)))
+        !(c.unpack = lms__calloc((size_t)threads, sizeof *c.unpack)) ||
+        !(c.inbuf = lms__calloc((size_t)threads, sizeof *c.inbuf)))
         goto out;
     for (int w = 0; w < threads; w++)
-        if (!(c.codec[w].scratch = lms__malloc(kv->page_bytes)) || !(c.unpack[w] = lms__malloc(kv->page_bytes)))
+        if (!(c.codec[w].scratch = lms__malloc(kv->page_bytes)) || !(c.unpack[w] = lms__malloc(kv->page_bytes)) ||
+            !(c.inbuf[w] = lms__malloc(max_stored)))
             goto out;
     lms__pool_run(pool, c.n_pages, res_decode_one, &c);
     for (uint32_t i = 0; i < c.n_pages; i++) {
@@ -897,9 +911,12 @@ out:
             lms__kv_codec_ctx_free(&c.codec[w]);
         if (c.unpack)
             lms__free(c.unpack[w]);
+        if (c.inbuf)
+            lms__free(c.inbuf[w]);
     }
     lms__free(c.codec);
     lms__free(c.unpack);
+    lms__free(c.inbuf);
     if (c.maps)
         for (int m = 0; m < c.n_maps; m++)
             lms__segment_unmap(&c.maps[m]);

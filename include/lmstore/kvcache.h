@@ -267,7 +267,7 @@ int lms_kv_codec_from_name(const char *name, lms_kv_codec *out); /* LMS_EINVAL i
 
 typedef struct lms_kv_save_params {
     lms_kv_codec codec;  /* default LMS_KV_CODEC_SHUFFLE_ZSTD */
-    int level;           /* zstd level; 0 = 3 */
+    int level;           /* zstd level; 0 = 1 (on bf16 K/V level 1 compresses as well as 3 and decodes faster) */
     int threads;         /* compression threads; 0 = online CPUs */
     bool no_replace;     /* fail with LMS_EEXIST if the session exists (default: replace) */
 } lms_kv_save_params;

@@ -18,7 +18,7 @@
 #include "store/store_internal.h"
 #include "testutil.h"
 
-static lms_device *kvt_cpu(void)
+static __attribute__((unused)) lms_device *kvt_cpu(void)
 {
     static lms_device *dev;
     if (!dev)
@@ -29,13 +29,13 @@ static lms_device *kvt_cpu(void)
 static const lms_kv_layout KVT_LAYOUT = {
     .n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .dtype = LMS_DTYPE_BF16, .page_tokens = 4};
 
-static void kvt_model_id(uint8_t id[16], int which)
+static __attribute__((unused)) void kvt_model_id(uint8_t id[16], int which)
 {
     for (int i = 0; i < 16; i++)
         id[i] = (uint8_t)(0x40 + which * 16 + i);
 }
 
-static lms_kv *kvt_make(const lms_kv_layout *L, uint32_t pages, int model)
+static __attribute__((unused)) lms_kv *kvt_make(const lms_kv_layout *L, uint32_t pages, int model)
 {
     lms_kv_params p = lms_kv_default_params();
     p.budget_pages = pages;
@@ -48,7 +48,7 @@ static lms_kv *kvt_make(const lms_kv_layout *L, uint32_t pages, int model)
 
 /* A bf16-looking value for (seed, position, layer, K/V, head, dim): smooth
  * magnitudes with a noisy mantissa, like real activations. */
-static uint16_t kvt_val(uint32_t seed, uint32_t pos, uint32_t l, uint32_t c, uint32_t h, uint32_t d)
+static __attribute__((unused)) uint16_t kvt_val(uint32_t seed, uint32_t pos, uint32_t l, uint32_t c, uint32_t h, uint32_t d)
 {
     uint64_t x = ((uint64_t)seed << 40) ^ ((uint64_t)pos << 20) ^ (l << 12) ^ (c << 11) ^ (h << 8) ^ d;
     uint64_t r = lms__hash64(&x, sizeof x, 7);
@@ -57,7 +57,7 @@ static uint16_t kvt_val(uint32_t seed, uint32_t pos, uint32_t l, uint32_t c, uin
 }
 
 /* Tokens of a test sequence: `shared` first tokens common to every seed. */
-static int32_t kvt_token(uint32_t seed, uint32_t pos, uint32_t shared)
+static __attribute__((unused)) int32_t kvt_token(uint32_t seed, uint32_t pos, uint32_t shared)
 {
     return pos < shared ? (int32_t)(1000 + pos) : (int32_t)(seed * 7919u + pos) % 50000;
 }
@@ -65,7 +65,7 @@ static int32_t kvt_token(uint32_t seed, uint32_t pos, uint32_t shared)
 /* Append n tokens to seq, write their K/V and commit. Values depend on
  * (seed, pos) past `shared`, on pos only before it (a shared prefix has
  * the same K/V in every sequence, as in a real model). */
-static void kvt_fill(lms_kv *kv, lms_kv_seq *s, uint32_t seed, uint32_t n, uint32_t shared)
+static __attribute__((unused)) void kvt_fill(lms_kv *kv, lms_kv_seq *s, uint32_t seed, uint32_t n, uint32_t shared)
 {
     uint32_t from = lms_kv_seq_len(s);
     int32_t *toks = malloc(n * sizeof *toks);
@@ -90,7 +90,7 @@ static void kvt_fill(lms_kv *kv, lms_kv_seq *s, uint32_t seed, uint32_t n, uint3
 }
 
 /* Number of positions of s whose tokens and K/V differ from kvt_fill's (0 = exact). */
-static uint32_t kvt_diff(lms_kv *kv, const lms_kv_seq *s, uint32_t seed, uint32_t n, uint32_t shared)
+static __attribute__((unused)) uint32_t kvt_diff(lms_kv *kv, const lms_kv_seq *s, uint32_t seed, uint32_t n, uint32_t shared)
 {
     lms_kv_layout L;
     lms_kv_get_layout(kv, &L);
@@ -122,14 +122,14 @@ typedef struct kvt_snap {
     size_t len;
 } kvt_snap;
 
-static void snap_put(kvt_snap *s, const void *p, size_t n)
+static __attribute__((unused)) void snap_put(kvt_snap *s, const void *p, size_t n)
 {
     s->buf = realloc(s->buf, s->len + n);
     memcpy(s->buf + s->len, p, n);
     s->len += n;
 }
 
-static kvt_snap kvt_snapshot(const lms_kv *kv)
+static __attribute__((unused)) kvt_snap kvt_snapshot(const lms_kv *kv)
 {
     kvt_snap s = {NULL, 0};
     uint32_t n = kv->n_pages;
@@ -160,13 +160,13 @@ static kvt_snap kvt_snapshot(const lms_kv *kv)
     return s;
 }
 
-static void kvt_assert_same(const kvt_snap *a, const kvt_snap *b)
+static __attribute__((unused)) void kvt_assert_same(const kvt_snap *a, const kvt_snap *b)
 {
     assert_int_equal(a->len, b->len);
     assert_memory_equal(a->buf, b->buf, a->len);
 }
 
-static uint64_t kvt_segment_bytes(const char *store_dir)
+static __attribute__((unused)) uint64_t kvt_segment_bytes(const char *store_dir)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/segments", store_dir);
@@ -190,7 +190,7 @@ static uint64_t kvt_segment_bytes(const char *store_dir)
  * and blob exist, blobs lie inside their segments and their bytes hash to
  * the blob key, blob reference counts equal the kvpages records naming
  * them. Returns the number of sessions; fails the test on a problem. */
-static int kvt_check_store(lms_store *st)
+static __attribute__((unused)) int kvt_check_store(lms_store *st)
 {
     MDB_txn *txn;
     MDB_cursor *cur;

@@ -391,6 +391,7 @@ static int child_save(int argc, char **argv)
     }
     lms_kv_seq_free(kv, s);
     lms_kv_destroy(kv);
+    lms_device_close(dev);
     lms_store_close(st);
     return 0;
 }
