@@ -335,6 +335,53 @@ bool lms__admin_wait_readers(lms_store *s, double seconds)
     }
 }
 
+static char *barrier_path(lms_store *s) { return lms__asprintf("%s/readers.lock", s->path); }
+
+void lms__read_barrier_enter(lms_store *s, int *fd)
+{
+    *fd = -1;
+    char *path = barrier_path(s);
+    if (!path)
+        return;
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0)
+        f = open(path, O_RDONLY | O_CLOEXEC);
+    lms__free(path);
+    if (f < 0)
+        return;
+    while (flock(f, LOCK_SH)) {
+        if (errno != EINTR) {
+            close(f);
+            return;
+        }
+    }
+    *fd = f;
+}
+
+void lms__read_barrier_leave(int fd)
+{
+    if (fd >= 0)
+        close(fd);
+}
+
+bool lms__read_barrier_wait(lms_store *s, double seconds)
+{
+    char *path = barrier_path(s);
+    if (!path)
+        return false;
+    int f = lms__open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    lms__free(path);
+    if (f < 0)
+        return false;
+    double t0 = lms__now();
+    bool ok;
+    while (!(ok = flock(f, LOCK_EX | LOCK_NB) == 0) && (errno == EWOULDBLOCK || errno == EINTR) &&
+           lms__now() - t0 < seconds)
+        usleep(5000);
+    close(f);
+    return ok;
+}
+
 int lms__admin_check_name(const char *name)
 {
     size_t n = name ? strlen(name) : 0;

@@ -17,6 +17,8 @@
  *     shrinks or unlinks segment files only
  *       - after every LMDB reader that began before its last commit has
  *         ended (so no snapshot can still lead a reader to the old bytes),
+ *         and every reader inside the read barrier (admin_internal.h:
+ *         records read, segments not yet locked) has left it,
  *       - under the append lock (no import is appending), and
  *       - when flock(LOCK_EX|LOCK_NB) on the segment succeeds (no process
  *         has it mapped); busy segments are skipped and reported.

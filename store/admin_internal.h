@@ -78,6 +78,27 @@ void lms__admin_unlock(int fd);
  * when that happened within `seconds`. */
 bool lms__admin_wait_readers(lms_store *s, double seconds);
 
+/*
+ * The read barrier (STORE/readers.lock) closes the window between a reader
+ * reading records in a snapshot and holding the shared lock on the segments
+ * they point into, for readers that end their snapshot before mapping (the
+ * loader): such a reader holds the barrier shared from before it reads the
+ * records until its segments are mapped and locked; gc, after committing and
+ * before shrinking or unlinking anything, takes the barrier exclusively once
+ * (and lets it go at once): every reader that read the old records has then
+ * locked its segments, and every later one reads the new records.
+ *
+ *   int fd; lms__read_barrier_enter(s, &fd);   read records; map segments;
+ *   lms__read_barrier_leave(fd);
+ *
+ * enter never fails a reader: when the lock file cannot be opened (a
+ * read-only folder, where no gc can run either) *fd is -1.
+ */
+void lms__read_barrier_enter(lms_store *s, int *fd);
+void lms__read_barrier_leave(int fd);
+/* gc's side: true when every reader inside the barrier left within `seconds`. */
+bool lms__read_barrier_wait(lms_store *s, double seconds);
+
 /* A model name users may give: 1..LMS__MODEL_NAME_MAX bytes of valid UTF-8,
  * no NUL, no control characters, no '/'. */
 int lms__admin_check_name(const char *name);

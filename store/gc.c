@@ -401,8 +401,10 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
         return rc;
     remove_tmp_segments(s);
     /* no blob record can disappear while we hold the lock; wait out readers
-     * whose snapshots still reach bytes earlier commits released */
-    bool quiet = lms__admin_wait_readers(s, p->grace_seconds > 0 ? p->grace_seconds : 5.0);
+     * whose snapshots still reach bytes earlier commits released, and
+     * readers between reading records and locking their segments */
+    double grace = p->grace_seconds > 0 ? p->grace_seconds : 5.0;
+    bool quiet = lms__admin_wait_readers(s, grace) && lms__read_barrier_wait(s, grace);
     if ((rc = lms__txn_read(s, &txn)))
         goto out;
     rc = lms__blobset_load(s, txn, &bs);
