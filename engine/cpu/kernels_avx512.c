@@ -16,6 +16,10 @@
 
 #define T __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
+/* software prefetch distance (elements) in the one-token path: decode streams
+ * four weight rows at once, a pattern the hardware prefetcher follows late */
+#define PF 512
+
 /* ---- loads of 16 weights widened to f32 (masked for the tail) -------------------- */
 
 static inline T __m512 ld_f32(const void *p, size_t i) { return _mm512_loadu_ps((const float *)p + i); }
@@ -98,6 +102,10 @@ static inline void store_out(float *y, float v, bool acc) { *y = acc ? *y + v : 
                 __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0;                                            \
                 int k = 0;                                                                            \
                 for (; k + 32 <= kf; k += 32) {                                                       \
+                    _mm_prefetch((const char *)w0 + (size_t)(k + PF) * ESZ, _MM_HINT_T0);               \
+                    _mm_prefetch((const char *)w1 + (size_t)(k + PF) * ESZ, _MM_HINT_T0);               \
+                    _mm_prefetch((const char *)w2 + (size_t)(k + PF) * ESZ, _MM_HINT_T0);               \
+                    _mm_prefetch((const char *)w3 + (size_t)(k + PF) * ESZ, _MM_HINT_T0);               \
                     __m512 xv = _mm512_loadu_ps(xb + k), xw = _mm512_loadu_ps(xb + k + 16);           \
                     a0 = _mm512_fmadd_ps(LD(w0, k), xv, a0); a1 = _mm512_fmadd_ps(LD(w1, k), xv, a1); \
                     a2 = _mm512_fmadd_ps(LD(w2, k), xv, a2); a3 = _mm512_fmadd_ps(LD(w3, k), xv, a3); \
