@@ -80,6 +80,10 @@ int lms_cmd_import(int argc, char **argv)
     if (segmax && !lms_cli_parse_size(segmax, &sp.segment_max))
         return lms_cli_usage("import", "--segment-max wants a size");
 
+    if (access(src, R_OK) != 0) { /* before creating a store for nothing */
+        fprintf(stderr, "lmstore import: error: %s: no such file or folder (or not readable)\n", src);
+        return LMS_EXIT_FAIL;
+    }
     const char *path = lms_cli_store_path(store_opt);
     lms_store *st;
     int rc = lms_store_open(path, LMS_STORE_CREATE, &sp, &st);

@@ -4,6 +4,7 @@
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lmstore/store.h"
@@ -35,7 +36,48 @@ static void params_str(uint64_t p, char *out, size_t n)
 typedef struct ls_ctx {
     bool json;
     cJSON *arr;
+    lms_store *st;
 } ls_ctx;
+
+/* Bytes the model's distinct blobs occupy in segments (identical tensors
+ * count once; blobs shared with other models count in each). */
+typedef struct disk_ctx {
+    struct blob { uint8_t h[16]; uint64_t n; } *v;
+    size_t n, cap;
+} disk_ctx;
+
+static int on_tensor(void *vctx, const lms_tensor_record *t)
+{
+    disk_ctx *d = vctx;
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 256;
+        void *nv = realloc(d->v, cap * sizeof *d->v);
+        if (!nv)
+            return -2;
+        d->v = nv;
+        d->cap = cap;
+    }
+    memcpy(d->v[d->n].h, t->hash, 16);
+    d->v[d->n++].n = t->nbytes;
+    return 0;
+}
+
+static int cmp_blob(const void *a, const void *b) { return memcmp(a, b, 16); }
+
+static int disk_bytes(lms_store *st, const char *model, uint64_t *out)
+{
+    disk_ctx d = {0};
+    int rc = lms_store_tensors(st, model, on_tensor, &d);
+    *out = 0;
+    if (!rc && d.n) {
+        qsort(d.v, d.n, sizeof *d.v, cmp_blob);
+        for (size_t i = 0; i < d.n; i++)
+            if (i == 0 || memcmp(d.v[i].h, d.v[i - 1].h, 16))
+                *out += d.v[i].n;
+    }
+    free(d.v);
+    return rc;
+}
 
 static int one(void *vctx, const lms_model_info *m)
 {
@@ -44,10 +86,14 @@ static int one(void *vctx, const lms_model_info *m)
     dtypes_str(m->dtype_mask, dt, sizeof dt);
     for (int i = 0; i < LMS_MODEL_ID_LEN; i++)
         snprintf(id + 2 * i, 3, "%02x", m->id[i]);
+    uint64_t disk;
+    int rc = disk_bytes(c->st, m->name, &disk);
+    if (rc)
+        return rc;
     if (!c->json) {
         params_str(m->n_params, ps, sizeof ps);
-        printf("%-32s %-28s %9s %-12s %12.2f MB  %s\n", m->name, *m->architecture ? m->architecture : "-", ps, dt,
-               (double)m->tensor_bytes / 1e6, id);
+        printf("%-32s %-20s %8s %-10s %10.2f MB %10.2f MB  %s\n", m->name, *m->architecture ? m->architecture : "-",
+               ps, dt, (double)m->tensor_bytes / 1e6, (double)disk / 1e6, id);
         return 0;
     }
     cJSON *o = cJSON_CreateObject();
@@ -61,6 +107,7 @@ static int one(void *vctx, const lms_model_info *m)
         if (m->dtype_mask & (1u << t))
             cJSON_AddItemToArray(d, cJSON_CreateString(lms_dtype_name((lms_dtype)t)));
     cJSON_AddNumberToObject(o, "bytes", (double)m->tensor_bytes);
+    cJSON_AddNumberToObject(o, "disk_bytes", (double)disk);
     cJSON_AddNumberToObject(o, "created", (double)m->created);
     cJSON_AddStringToObject(o, "source", m->source);
     cJSON_AddItemToArray(c->arr, o);
@@ -90,7 +137,9 @@ int lms_cmd_ls(int argc, char **argv)
     if (c.json)
         c.arr = cJSON_CreateArray();
     else
-        printf("%-32s %-28s %9s %-12s %15s  %s\n", "NAME", "ARCHITECTURE", "PARAMS", "DTYPES", "TENSOR BYTES", "ID");
+        printf("%-32s %-20s %8s %-10s %13s %13s  %s\n", "NAME", "ARCHITECTURE", "PARAMS", "DTYPES", "TENSORS",
+               "ON DISK", "ID");
+    c.st = st;
     rc = lms_store_models(st, one, &c);
     lms_store_close(st);
     if (rc) {

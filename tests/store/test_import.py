@@ -128,6 +128,9 @@ def test_identical_tensors_within_a_model_stored_once():
     assert ts["z.weight"]["offset"] != ts["x.weight"]["offset"]
     assert "4.10 KB deduplicated" in out, out
     assert segment_bytes(store, ts["z.weight"]["segment"], ts["z.weight"]["offset"], 4096) == data[::-1]
+    _, out, _ = lms("ls", "--store", store, "--json", check=0)
+    m = json.loads(out)[0]
+    assert (m["bytes"], m["disk_bytes"]) == (3 * 4096, 2 * 4096), m
 
 
 def test_side_files_round_trip_and_metadata_kept():
@@ -199,6 +202,25 @@ def test_model_id_depends_on_content_not_name_or_sharding():
         lms("import", src, "--store", store, "-q", check=0)
     ids = [info(store, n)["id"] for n in ("ida", "idb", "idc")]
     assert ids[0] == ids[1] and ids[0] != ids[2], ids
+
+
+def test_zero_size_and_scalar_tensors():
+    from storeutil import st_bytes, write
+    h = {"a": {"dtype": "F32", "shape": [0, 4], "data_offsets": [0, 0]},
+         "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+         "c": {"dtype": "BF16", "shape": [0], "data_offsets": [8, 8]},
+         "d": {"dtype": "U8", "shape": [], "data_offsets": [8, 9]}}
+    p = os.path.join(D, "zero.safetensors")
+    write(p, st_bytes(h, b"\x01" * 8 + b"\x07"))
+    store = os.path.join(D, "s_zero")
+    lms("import", p, "--store", store, "-q", check=0)
+    inf = info(store, "zero")
+    ts = {t["name"]: t for t in inf["tensors"]}
+    assert inf["params"] == 3
+    assert ts["a"]["nbytes"] == 0 and ts["a"]["shape"] == [0, 4]
+    assert ts["d"]["shape"] == [] and segment_bytes(store, ts["d"]["segment"], ts["d"]["offset"], 1) == b"\x07"
+    for t in ts.values():
+        assert t["offset"] % 4096 == 0
 
 
 def test_usage_errors_exit_2():
