@@ -102,7 +102,11 @@ def campaign(name, template, args_for, ref, size_with, size_without, present_aft
     t0 = time.monotonic()
     run(args_for(clone(template, name + "-probe")))
     dur = time.monotonic() - t0
-    points = [("at", n) for n in range(1, k + 1)][:TRIALS]
+    # every crash point, or a seeded sample of them (first and last included) when there are more
+    ats = list(range(1, k + 1))
+    if k > TRIALS:
+        ats = sorted({1, k, *RNG.sample(range(2, k), TRIALS - 2)})
+    points = [("at", n) for n in ats]
     while len(points) < TRIALS:
         points.append(("time", RNG.uniform(0.0, dur * 1.1)))
     killed = present = 0
