@@ -180,6 +180,41 @@ int lms_cli_model_chat_init(const char *cmd, const lms_cli_gen_opts *o, lms_cli_
     return LMS_EXIT_OK;
 }
 
+char *lms_cli_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - 1 - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        free(buf);
+        errno = err ? EIO : ENOMEM;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 /* ---- ids and text ---------------------------------------------------------------------- */
 
 bool lms_cli_parse_ids(const char *s, int32_t **ids, size_t *n)
@@ -318,6 +353,8 @@ static bool is_eos(const lms_cli_model *cm, int32_t id)
     return false;
 }
 
+volatile sig_atomic_t lms_cli_interrupted;
+
 static int on_token(void *user, int32_t id, const char *piece, size_t len)
 {
     gen_ctx *g = user;
@@ -359,7 +396,8 @@ static int on_token(void *user, int32_t id, const char *piece, size_t len)
             fflush(g->out);
         }
     }
-    return 0;
+    /* The token is in the sequence already: keep it in the output too. */
+    return lms_cli_interrupted ? 1 : 0;
 }
 
 int lms_cli_generate(lms_cli_model *cm, const lms_cli_gen_opts *o, bool chat, const int32_t *prompt,
@@ -374,6 +412,7 @@ int lms_cli_generate(lms_cli_model *cm, const lms_cli_gen_opts *o, bool chat, co
     gp.stop = o->n_stop ? o->stops : NULL;
     gp.n_stop = o->n_stop;
     gen_ctx g = {.cm = cm, .chat = chat, .out = out, .res = res};
+    lms_cli_interrupted = 0;
     int rc = lms_generate(cm->eng, &gp, prompt, n_prompt, on_token, &g, &res->metrics);
     if (rc)
         return rc;

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 
 #include "lmstore/engine.h"
@@ -82,6 +83,9 @@ int lms_cli_chat_turn_ids(lms_cli_model *cm, const lms_cli_gen_opts *o, const ch
 /* Encode plain text (add_special as HF's default add_special_tokens). */
 int lms_cli_encode(lms_cli_model *cm, const char *text, bool add_special, int32_t **ids, size_t *n);
 
+/* Read a whole file, NUL-terminated (free()); NULL with errno set. */
+char *lms_cli_read_file(const char *path, size_t *len);
+
 /* Parse "1,2,3" into a new array (free()). false on junk, empty or overflow. */
 bool lms_cli_parse_ids(const char *s, int32_t **ids, size_t *n);
 
@@ -104,6 +108,10 @@ typedef struct lms_cli_gen_result {
 int lms_cli_generate(lms_cli_model *cm, const lms_cli_gen_opts *o, bool chat, const int32_t *prompt,
                      size_t n_prompt, FILE *out, lms_cli_gen_result *res);
 void lms_cli_gen_result_free(lms_cli_gen_result *res);
+
+/* Set (e.g. by a SIGINT handler) to stop the generation in progress after
+ * the current token; lms_cli_generate clears it when it starts. */
+extern volatile sig_atomic_t lms_cli_interrupted;
 
 /* The metrics line (one line, to f). */
 void lms_cli_print_metrics(FILE *f, const lms_gen_metrics *mt);

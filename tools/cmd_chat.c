@@ -6,6 +6,7 @@
  * conversations in the store as sessions. Reads stdin line by line, so it
  * also works with piped input.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,12 @@ static void usage(FILE *f)
             "                         {\"turn\", \"prompt_ids\" (this turn's new ids), \"ids\", \"text\", \"metrics\"}\n"
             "%s",
             lms_cli_gen_opts_help);
+}
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    lms_cli_interrupted = 1;
 }
 
 static void chomp(char *s)
@@ -168,7 +175,15 @@ int lms_cmd_chat(int argc, char **argv)
         }
         memcpy(prompt, seq, n * sizeof *prompt);
         memcpy(prompt + n, ids, n_ids * sizeof *prompt);
-        if ((rc = lms_cli_generate(&cm, &o, true, prompt, n + n_ids, json ? NULL : stdout, &res)))
+        /* Ctrl-C during a reply stops the reply (the conversation keeps what
+         * was generated); at the prompt it ends the program as usual. */
+        struct sigaction sa = {0}, old_sa;
+        sa.sa_handler = on_sigint;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, &old_sa);
+        rc = lms_cli_generate(&cm, &o, true, prompt, n + n_ids, json ? NULL : stdout, &res);
+        sigaction(SIGINT, &old_sa, NULL);
+        if (rc)
             goto turn_fail;
         turn++;
         if (json) {

@@ -36,41 +36,6 @@ static void usage(FILE *f)
             "  --threads N, --store DIR\n");
 }
 
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf || err) {
-        free(buf);
-        errno = err ? EIO : ENOMEM;
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 int lms_cmd_perplexity(int argc, char **argv)
 {
     const char *cmd = "perplexity";
@@ -117,7 +82,7 @@ int lms_cmd_perplexity(int argc, char **argv)
     size_t text_len = 0;
     if (ids_arg && !lms_cli_parse_ids(ids_arg, &ids, &n_ids))
         return lms_cli_usage(cmd, "--prompt-ids: '%s' is not a comma-separated list of ids", ids_arg);
-    if (file && !(text = read_text(file, &text_len))) {
+    if (file && !(text = lms_cli_read_file(file, &text_len))) {
         fprintf(stderr, "lmstore perplexity: error: %s: %s\n", file, strerror(errno));
         return LMS_EXIT_FAIL;
     }

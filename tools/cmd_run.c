@@ -5,6 +5,7 @@
  * sequence (prompt + reply) can be saved into the store and resumed later,
  * by this or another process, without computing it again.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ static void usage(FILE *f)
             "(load, prompt and generation speed, reused tokens, peak RSS) goes to stderr.\n"
             "\n"
             "  -p, --prompt TEXT      the prompt (tokenized with the model's tokenizer)\n"
+            "  -f, --prompt-file F    the prompt is the text of file F\n"
             "  --prompt-ids LIST      the prompt as token ids, comma separated\n"
             "  --chat                 wrap the prompt as a user turn in the model's chat format\n"
             "  --save-session NAME    save the sequence (prompt + reply) into the store\n"
@@ -49,7 +51,7 @@ int lms_cmd_run(int argc, char **argv)
     const char *cmd = "run";
     lms_cli_gen_opts o;
     lms_cli_gen_opts_init(&o);
-    const char *text = NULL, *ids_arg = NULL, *save = NULL, *resume = NULL;
+    const char *text = NULL, *ids_arg = NULL, *save = NULL, *resume = NULL, *prompt_file = NULL;
     bool chat = false, json = false;
 
     for (int i = 1; i < argc;) {
@@ -64,6 +66,8 @@ int lms_cmd_run(int argc, char **argv)
             return LMS_EXIT_OK;
         } else if (lms_cli_opt(argc, argv, &i, "-p", &v) || lms_cli_opt(argc, argv, &i, "--prompt", &v)) {
             text = v;
+        } else if (lms_cli_opt(argc, argv, &i, "-f", &v) || lms_cli_opt(argc, argv, &i, "--prompt-file", &v)) {
+            prompt_file = v;
         } else if (lms_cli_opt(argc, argv, &i, "--prompt-ids", &v)) {
             ids_arg = v;
         } else if (lms_cli_opt(argc, argv, &i, "--save-session", &v)) {
@@ -86,8 +90,22 @@ int lms_cmd_run(int argc, char **argv)
     }
     if (!o.model)
         return lms_cli_usage(cmd, "which model? (lmstore run MODEL -p TEXT)");
-    if (text && ids_arg)
-        return lms_cli_usage(cmd, "give either -p or --prompt-ids, not both");
+    if ((text != NULL) + (ids_arg != NULL) + (prompt_file != NULL) > 1)
+        return lms_cli_usage(cmd, "give one of -p, --prompt-file and --prompt-ids");
+    char *file_text = NULL;
+    if (prompt_file) {
+        size_t len;
+        if (!(file_text = lms_cli_read_file(prompt_file, &len))) {
+            fprintf(stderr, "lmstore run: error: %s: %s\n", prompt_file, strerror(errno));
+            return LMS_EXIT_FAIL;
+        }
+        if (strlen(file_text) != len) {
+            free(file_text);
+            fprintf(stderr, "lmstore run: error: %s: the prompt contains a NUL byte\n", prompt_file);
+            return LMS_EXIT_FAIL;
+        }
+        text = file_text;
+    }
     if (!text && !ids_arg && !resume)
         return lms_cli_usage(cmd, "no prompt: give -p TEXT or --prompt-ids LIST");
     if (chat && ids_arg)
@@ -104,6 +122,7 @@ int lms_cmd_run(int argc, char **argv)
     lms_cli_model cm;
     if (lms_cli_model_open(cmd, &o, save != NULL, &cm) != LMS_EXIT_OK) {
         free(given);
+        free(file_text);
         return LMS_EXIT_FAIL;
     }
     if (chat && (status = lms_cli_model_chat_init(cmd, &o, &cm)) != LMS_EXIT_OK)
@@ -187,6 +206,7 @@ out:
     lms_tokenizer_buf_free(enc);
     free(prompt);
     free(given);
+    free(file_text);
     lms_cli_model_close(&cm);
     return status;
 }

@@ -6,7 +6,9 @@ converts it (models/smollm2-135m-instruct in the source tree). References
 from tests/reference/make_smollm2_reference.py (transformers, float32 over
 the bf16 weights): prompt tokenization and chat rendering, greedy
 continuations, the last position's top-10 logits, and the perplexity of a
-paragraph. Skipped (77) when the model has not been fetched.
+paragraph. Skipped (77) when the model has not been fetched. In a
+sanitizer build (slow kernels) only a subset runs: two cases, 8 greedy
+tokens each, and the perplexity.
 """
 
 import json
@@ -21,6 +23,16 @@ import tinymodel as tm  # noqa: E402
 
 MODEL_DIR = os.path.join(tm.SRC, "models", "smollm2-135m-instruct")
 REF_PATH = os.path.join(tm.SRC, "tests", "fixtures", "smollm2", "reference.json")
+
+
+def sanitized_build():
+    cache = os.path.join(os.environ.get("LMS_BUILD_DIR", ""), "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            return any(line.startswith("LMS_SANITIZE:") and line.split("=", 1)[1].strip()
+                       for line in f)
+    except OSError:
+        return False
 
 
 def main():
@@ -42,8 +54,10 @@ def main():
         print(("ok   " if cond else "FAIL ") + what)
         failures += 0 if cond else 1
 
-    for c in ref["cases"]:
-        want = c["greedy_ids"]
+    quick = sanitized_build()
+    cases = [ref["cases"][0], ref["cases"][3]] if quick else ref["cases"]
+    for c in cases:
+        want = c["greedy_ids"][:8] if quick else c["greedy_ids"]
         ended = bool(want) and want[-1] == eos
         want_ids = want[:-1] if ended else want
         ids = ",".join(map(str, c["prompt_ids"]))
@@ -62,6 +76,8 @@ def main():
                               store=store).stdout)
         check(r["prompt_ids"] == c["prompt_ids"], f"{c['name']}: prompt ids equal transformers'"
               + ("" if r["prompt_ids"] == c["prompt_ids"] else f"\n  got  {r['prompt_ids']}\n  want {c['prompt_ids']}"))
+        if quick:
+            continue
         out = os.path.join(base, "logits.f32")
         tm.lms("logits", "smollm2", "--prompt-ids", ids, "--out", out, store=store)
         x = np.fromfile(out, dtype="<f4")
