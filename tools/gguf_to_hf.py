@@ -43,11 +43,19 @@ import sys
 
 import numpy as np
 
-try:
-    import gguf
-    from gguf import quants as gguf_quants
-except ImportError:  # pragma: no cover - reported to the user
-    sys.exit("gguf_to_hf.py: the Python package 'gguf' is required (pip install gguf)")
+gguf = None  # the `gguf` package, imported on first use (tests import this file without it)
+
+
+def need_gguf():
+    global gguf
+    if gguf is None:
+        try:
+            import gguf as mod
+            import gguf.quants  # noqa: F401
+        except ImportError:
+            sys.exit("gguf_to_hf.py: the Python package 'gguf' is required (pip install gguf)")
+        gguf = mod
+    return gguf
 
 
 # GPT-2 / ByteLevel pre-tokenizer regex, as used by HF tokenizers' ByteLevel
@@ -103,6 +111,7 @@ def unpermute_rotary(w, n_heads):
 
 def tensor_f32(t):
     """Dequantize one GGUF tensor into a float32 array in row-major HF shape."""
+    need_gguf()
     qtype = gguf.GGMLQuantizationType(t.tensor_type)
     shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml ne is reversed
     if qtype == gguf.GGMLQuantizationType.F32:
@@ -114,7 +123,7 @@ def tensor_f32(t):
         a = raw.view(np.float32)
     else:
         try:
-            a = gguf_quants.dequantize(np.asarray(t.data), qtype)
+            a = gguf.quants.dequantize(np.asarray(t.data), qtype)
         except NotImplementedError as e:
             raise ConvertError(f"tensor '{t.name}': quant type {qtype.name} cannot be dequantized: {e}")
     a = np.asarray(a, dtype=np.float32)
@@ -231,7 +240,7 @@ def build_tokenizer(reader):
 
 
 def convert(gguf_path, out_dir):
-    reader = gguf.GGUFReader(gguf_path)
+    reader = need_gguf().GGUFReader(gguf_path)
     arch = field(reader, "general.architecture")
     if arch != "llama":
         raise ConvertError(f"architecture '{arch}' is not supported (only 'llama')")
