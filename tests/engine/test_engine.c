@@ -24,6 +24,7 @@
 #include "engine/internal.h"
 #include "lmstore/engine.h"
 #include "lmstore/loader.h"
+#include "lmstore/tokenizer.h"
 #include "testutil.h"
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
@@ -568,6 +569,104 @@ static void anonymous_memory_does_not_grow_with_model_size(void **s)
     free(md);
 }
 
+
+/* ---- text: streaming pieces and stop strings ------------------------------------------------------- */
+
+typedef struct textcol {
+    char text[8192];
+    size_t len;
+    int32_t ids[256];
+    int n;
+} textcol;
+
+static int on_text(void *user, int32_t id, const char *piece, size_t len)
+{
+    textcol *t = user;
+    if (id >= 0)
+        t->ids[t->n++] = id;
+    assert_true(t->len + len < sizeof t->text);
+    if (len) {
+        assert_non_null(piece);
+        memcpy(t->text + t->len, piece, len);
+    }
+    t->len += len;
+    t->text[t->len] = 0;
+    return 0;
+}
+
+static void streamed_text_equals_decode_and_stop_strings_cut_it(void **s)
+{
+    char *sd = lms_test_tmpdir("text");
+    char *md = lms_test_tmpdir("textmodel");
+    /* a small random qwen3 model whose ids (< 4096) are ordinary tokens of the real Qwen3 tokenizer */
+    assert_int_equal(lms_test_sh(NULL,
+                                 "python3 '%s/tests/gen_model.py' '%s/m' --arch qwen3 --hidden 64 --intermediate 128 "
+                                 "--layers 2 --heads 4 --kv-heads 2 --vocab 4096 --std 0.5 --seed 3 --single-file "
+                                 "--tokenizer '%s/../shared/tokenizers/qwen3'",
+                                 lms_test_src(), md, lms_test_src()),
+                     0);
+    char mdir[1100];
+    snprintf(mdir, sizeof mdir, "%s/m", md);
+    lms_store *st;
+    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
+    import(st, mdir, "t");
+    assert_int_equal(lms_store_close(st), 0);
+    rig g;
+    rig_open(&g, sd, "t", LMS_DTYPE_F32, 0);
+    lms_tokenizer *tok = lms_engine_tokenizer(g.eng);
+    assert_non_null(tok);
+    int32_t p[4] = {785, 3974, 13, 1207}; /* ids below the model's 4096 */
+    size_t np = 4;
+
+    /* 1. the streamed pieces (and the final id -1 flush) are exactly the decode of the ids */
+    textcol *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    lms_gen_params gp = greedy(40);
+    lms_gen_metrics m;
+    assert_int_equal(lms_generate(g.eng, &gp, p, np, on_text, a, &m), 0);
+    assert_int_equal(a->n, 40);
+    char *dec = NULL;
+    size_t dl = 0;
+    assert_int_equal(lms_tokenizer_decode(tok, a->ids, a->n, true, &dec, &dl), 0);
+    printf("generated: \"%s\"\n", a->text);
+    assert_true(lms__utf8_valid(dec, dl)); /* this seed's output is valid UTF-8: then the stream must equal it */
+    assert_int_equal(a->len, dl);
+    assert_memory_equal(a->text, dec, dl);
+
+    /* 2. a stop string from the middle of that text: the output ends just before its first occurrence */
+    char stop[16];
+    size_t mid = dl / 2;
+    while (mid < dl && ((unsigned char)dec[mid] & 0xC0) == 0x80) mid++;
+    size_t sl = 0;
+    while (sl < 4 && mid + sl < dl) {
+        sl++;
+        while (mid + sl < dl && ((unsigned char)dec[mid + sl] & 0xC0) == 0x80) sl++;
+    }
+    memcpy(stop, dec + mid, sl);
+    stop[sl] = 0;
+    const char *first = strstr(dec, stop);
+    assert_non_null(first);
+    const char *stops[1] = {stop};
+    gp.stop = stops;
+    gp.n_stop = 1;
+    lms_engine_reset(g.eng);
+    assert_int_equal(lms_generate(g.eng, &gp, p, np, on_text, b, &m), 0);
+    printf("stop \"%s\": \"%s\"\n", stop, b->text);
+    assert_int_equal(m.stop_reason, LMS_STOP_STRING);
+    assert_int_equal(b->len, (size_t)(first - dec));
+    assert_memory_equal(b->text, dec, b->len);
+    assert_true(b->n < a->n);
+    assert_memory_equal(b->ids, a->ids, b->n * sizeof(int32_t));
+
+    lms_tokenizer_buf_free(dec);
+    free(a);
+    free(b);
+    rig_close(&g);
+    lms_test_rmrf(sd);
+    lms_test_rmrf(md);
+    free(sd);
+    free(md);
+}
+
 /* ---- load-time errors ------------------------------------------------------------------------------------ */
 
 static void unsupported_settings_fail_at_load_naming_them(void **s)
@@ -656,6 +755,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(prefix_reuse_is_reported_and_exact),
         cmocka_unit_test(rss_flat_during_1000_token_generation),
         cmocka_unit_test(anonymous_memory_does_not_grow_with_model_size),
+        cmocka_unit_test(streamed_text_equals_decode_and_stop_strings_cut_it),
         cmocka_unit_test(unsupported_settings_fail_at_load_naming_them),
         cmocka_unit_test(missing_or_misshapen_tensor_is_named),
     };
