@@ -366,6 +366,81 @@ static void sessions_are_listed_described_replaced_and_removed(void **st_)
     free(dir);
 }
 
+/* Fail the Nth allocation / read of a resume for every N: each run either
+ * succeeds exactly or fails leaving the cache unchanged; and fail the Nth
+ * allocation / write / fsync of a save: it fails cleanly and no session of
+ * that name appears (an older one stays as it was). */
+static void injected_faults_leave_cache_and_store_consistent(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-faults");
+    lms_store *st = open_store(dir);
+    save_seq(st, "s", 31, 26, 0, LMS_KV_CODEC_SHUFFLE_ZSTD, NULL);
+    const int kinds[] = {LMS_FAULT_ALLOC, LMS_FAULT_READ, LMS_FAULT_OPEN};
+    for (int k = 0; k < 3; k++) {
+        int ok = 0, failed = 0;
+        for (long n = 1; n < 400 && ok == 0; n++) {
+            lms_kv_seq *live, *s = NULL;
+            lms_kv *kv = busy_cache(NULL, 0, &live);
+            kvt_snap before = kvt_snapshot(kv);
+            lms__fault_arm(kinds[k], n, false);
+            int rc = lms_kv_resume(kv, st, "s", &s);
+            lms__fault_disarm_all();
+            if (rc == 0) {
+                assert_int_equal(kvt_diff(kv, s, 31, 26, 0), 0);
+                lms_kv_seq_free(kv, s);
+                ok++;
+            } else {
+                assert_null(s);
+                kvt_snap after = kvt_snapshot(kv);
+                kvt_assert_same(&before, &after);
+                free(after.buf);
+                failed++;
+            }
+            free(before.buf);
+            assert_int_equal(lms__kv_check(kv), 0);
+            lms_kv_seq_free(kv, live);
+            assert_int_equal(lms_kv_destroy(kv), 0);
+        }
+        assert_int_equal(ok, 1);
+        if (kinds[k] != LMS_FAULT_OPEN)
+            assert_true(failed > 0);
+    }
+    const int skinds[] = {LMS_FAULT_ALLOC, LMS_FAULT_WRITE, LMS_FAULT_FSYNC};
+    for (int k = 0; k < 3; k++) {
+        int ok = 0, failed = 0;
+        for (long n = 1; n < 400 && ok == 0; n++) {
+            lms_kv *kv = kvt_make(NULL, 32, 0);
+            lms_kv_seq *s;
+            assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+            kvt_fill(kv, s, 40 + k, 30, 0);
+            lms__fault_arm(skinds[k], n, false);
+            int rc = lms_kv_save(kv, s, st, "s");
+            lms__fault_disarm_all();
+            lms_kv_seq_free(kv, s);
+            lms_kv_seq *r;
+            assert_int_equal(lms_kv_resume(kv, st, "s", &r), 0);
+            if (rc == 0) {
+                assert_int_equal(kvt_diff(kv, r, 40 + k, 30, 0), 0);
+                ok++;
+            } else {
+                /* the session is still the previous one, whole */
+                uint32_t seed = k == 0 ? 31 : 40 + k - 1, len = k == 0 ? 26 : 30;
+                assert_int_equal(kvt_diff(kv, r, seed, len, 0), 0);
+                failed++;
+            }
+            lms_kv_seq_free(kv, r);
+            assert_int_equal(lms_kv_destroy(kv), 0);
+        }
+        assert_int_equal(ok, 1);
+        assert_true(failed > 0);
+    }
+    kvt_check_store(st);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
 static int child_save(int argc, char **argv)
 {
     if (argc != 6)
@@ -409,6 +484,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged),
         cmocka_unit_test(two_sessions_sharing_a_prefix_store_the_shared_pages_once),
         cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
+        cmocka_unit_test(injected_faults_leave_cache_and_store_consistent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
