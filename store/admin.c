@@ -422,8 +422,16 @@ static int unref_tensors(lms_store *s, MDB_txn *txn, const char *model, int64_t 
         if ((rc = lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr)))
             rc = lms__err_prefix(rc, "model '%s' tensor '%.*s': ", model, (int)(k.mv_size - plen),
                                  (const char *)k.mv_data + plen);
-        if (!rc)
+        if (!rc) {
             rc = lms__blob_ref(s, txn, tr.hash, delta, NULL);
+            if ((rc == LMS_ENOENT || rc == LMS_ECORRUPT) && delta < 0) {
+                /* a damaged store (verify reports it): removing the model
+                 * must still work; there is no count to drop */
+                lms__warn("rm '%s' tensor '%.*s': %s", model, (int)(k.mv_size - plen),
+                          (const char *)k.mv_data + plen, lms_last_error());
+                rc = 0;
+            }
+        }
         if (rc)
             break;
         (*count)++;

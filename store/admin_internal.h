@@ -40,6 +40,7 @@ typedef struct lms__segent {
     bool header_ok;
     char header_err[512];
     bool has_blobs;      /* some blob record points into it */
+    bool wanted;         /* holds a blob of the model verify was asked about */
     uint64_t live_end;   /* end of the last blob in it */
     uint64_t live_bytes;
     lms__segmap map;     /* verify's mapping (fd -1 when unmapped) */

@@ -331,6 +331,7 @@ static void blob_checks(vstate *v)
             continue;
         }
         g->has_blobs = true;
+        g->wanted |= relevant;
         uint64_t end = b->rec.offset + b->rec.size; /* no overflow: the decoder checked */
         if (b->rec.offset % s->alignment || b->rec.offset < LMS__SEG_HEADER_SIZE || end > g->size) {
             if (relevant)
@@ -370,7 +371,7 @@ static void blob_checks(vstate *v)
                 v->rep->garbage_bytes += g->size;
             continue;
         }
-        if (!g->header_ok && !v->p->model)
+        if (!g->header_ok && g->wanted)
             problem(v, "segment-header", NULL, NULL, g->id, 0, "%s", g->header_err);
         if (!v->p->model && g->size > lms__align_up(g->live_end, s->alignment))
             v->rep->garbage_bytes += g->size - lms__align_up(g->live_end, s->alignment);
