@@ -4,14 +4,15 @@
  * (splitmix64 -> xoshiro256**). Definitions and order: engine/sampler.h.
  *
  * Finding the kept set without sorting the whole vocabulary: every filter
- * keeps a prefix of the order (probability desc, id asc), so the sampler
- * gathers the ids whose probability is at least a threshold (a prefix of that
- * order), sorts only those, and checks whether the prefix decides the answer;
- * if not, it lowers the threshold (x 2^-10) and gathers again, ending with the
- * whole vocabulary. The kept set is then "every id at or before the boundary
- * id in that order", tested in O(1) per id, and the draw walks ids in
- * ascending order, so the result does not depend on how many candidates were
- * sorted.
+ * keeps a prefix of the order (probability desc, id asc). One pass files the
+ * ids into 64 buckets by the binary exponent of their probability (relative
+ * to the largest, so bucket b holds [2^-b, 2^-b+1), the last one everything
+ * smaller); buckets are then sorted one at a time, most probable first, and
+ * appended to a prefix that is therefore exactly sorted, until the prefix
+ * decides the answer. Only the buckets up to the boundary are ever sorted.
+ * The kept set is then "every id at or before the boundary id in that
+ * order", tested in O(1) per id, and the draw walks ids in ascending order.
+ * Greedy sampling is one pass over the logits.
  */
 #include "engine/sampler.h"
 
@@ -186,6 +187,27 @@ static int cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* Mark the distinct ids of the penalty window with a fresh stamp; false
+ * when the penalty is off. */
+static int mark_history(lms__sampler *s)
+{
+    if (s->penalty == 1.0f || s->penalty == 0.0f || s->hist_n == 0)
+        return 0;
+    if (++s->stamp_gen == 0) { /* wrapped: clear marks once every 2^32 calls */
+        memset(s->stamp, 0, s->n_vocab * sizeof *s->stamp);
+        s->stamp_gen = 1;
+    }
+    for (uint32_t k = 0; k < s->hist_n; k++)
+        s->stamp[s->hist[k]] = s->stamp_gen;
+    return 1;
+}
+
+/* The penalty is applied in float, as HF does on float32 scores. */
+static inline float penalized(const lms__sampler *s, float v)
+{
+    return v < 0.0f ? v * s->penalty : v / s->penalty;
+}
+
 /* Step 1: x = logits with the repetition penalty; NaN -> -inf. */
 static void penalize(lms__sampler *s, const float *logits)
 {
@@ -193,32 +215,32 @@ static void penalize(lms__sampler *s, const float *logits)
         float v = logits[i];
         s->x[i] = isnan(v) ? -INFINITY : (double)v;
     }
-    if (s->penalty == 1.0f || s->penalty == 0.0f || s->hist_n == 0)
+    if (!mark_history(s))
         return;
-    if (++s->stamp_gen == 0) { /* wrapped: clear marks once every 2^32 calls */
-        memset(s->stamp, 0, s->n_vocab * sizeof *s->stamp);
-        s->stamp_gen = 1;
-    }
-    /* The penalty is applied in float, as HF does on float32 scores. */
     for (uint32_t k = 0; k < s->hist_n; k++) {
         int32_t id = s->hist[k];
-        if (s->stamp[id] == s->stamp_gen)
-            continue;
-        s->stamp[id] = s->stamp_gen;
         float v = logits[id];
-        if (isnan(v))
-            continue;
-        v = v < 0.0f ? v * s->penalty : v / s->penalty;
-        s->x[id] = (double)v;
+        if (!isnan(v))
+            s->x[id] = (double)penalized(s, v);
     }
 }
 
-static int32_t argmax(const lms__sampler *s)
+/* Greedy: the arg max of the penalized logits (lowest id on ties; NaN never
+ * wins; 0 when nothing is finite), in one pass. */
+static int32_t greedy_pick(lms__sampler *s, const float *logits)
 {
+    const int pen = mark_history(s);
     int32_t best = 0;
-    for (uint32_t i = 1; i < s->n_vocab; i++)
-        if (s->x[i] > s->x[best])
+    float bv = -INFINITY;
+    for (uint32_t i = 0; i < s->n_vocab; i++) {
+        float v = logits[i];
+        if (pen && s->stamp[i] == s->stamp_gen)
+            v = penalized(s, v);
+        if (v > bv) { /* false for NaN */
+            bv = v;
             best = (int32_t)i;
+        }
+    }
     return best;
 }
 
@@ -228,31 +250,59 @@ static inline int is_kept(const lms__sampler *s, uint32_t i)
     return p > s->bound_p || (p == s->bound_p && (int32_t)i <= s->bound_id);
 }
 
+enum { NBUCKET = 64 };
+
+/* Bucket of a probability in (0, 1]: 1023 - binary exponent, clamped. */
+static inline unsigned bucket_of(double p)
+{
+    uint64_t u;
+    memcpy(&u, &p, sizeof u);
+    int e = (int)((u >> 52) & 0x7ff);
+    int b = 1023 - e;
+    return b < 0 ? 0 : (b >= NBUCKET - 1 ? NBUCKET - 1 : (unsigned)b);
+}
+
 /*
  * Steps 4-6: find the boundary of the kept prefix. Returns its length L and
- * sets bound_p / bound_id. p[] holds unnormalized probabilities, z their sum.
+ * sets bound_p / bound_id. p[] holds probabilities relative to the largest
+ * (which is 1), z their sum.
  */
-static size_t find_kept(lms__sampler *s, double pmax, double z)
+static size_t find_kept(lms__sampler *s, double z)
 {
     const uint32_t V = s->n_vocab;
     const size_t k_eff = (s->top_k > 0 && (uint32_t)s->top_k < V) ? (size_t)s->top_k : V;
     const int k_on = k_eff < V;
     const int p_on = s->top_p > 0.0f && s->top_p < 1.0f;
     const int m_on = s->min_p > 0.0f;
-    const double m_thr = m_on ? (double)s->min_p * pmax : 0.0;
+    const double m_thr = m_on ? (double)s->min_p : 0.0;
 
-    double thr = m_on ? m_thr : pmax * 0x1.0p-10;
-    for (;;) {
-        size_t n = 0;
-        for (uint32_t i = 0; i < V; i++)
-            if (s->p[i] >= thr && s->p[i] > 0.0) {
-                s->c[n].p = s->p[i];
-                s->c[n].id = (int32_t)i;
-                n++;
-            }
-        int full = thr <= 0.0;
-        int m_cover = m_on && thr <= m_thr;
-        qsort(s->c, n, sizeof *s->c, cand_cmp);
+    /* Counting sort by bucket: c[] in bucket order, ids ascending inside. */
+    size_t start[NBUCKET + 1] = {0};
+    for (uint32_t i = 0; i < V; i++)
+        if (s->p[i] > 0.0)
+            start[bucket_of(s->p[i]) + 1]++;
+    for (int b = 0; b < NBUCKET; b++)
+        start[b + 1] += start[b];
+    size_t fill[NBUCKET];
+    memcpy(fill, start, sizeof fill);
+    for (uint32_t i = 0; i < V; i++)
+        if (s->p[i] > 0.0) {
+            cand *c = &s->c[fill[bucket_of(s->p[i])]++];
+            c->p = s->p[i];
+            c->id = (int32_t)i;
+        }
+
+    double zk = k_on ? -1.0 : z; /* mass of the top-k set, once known */
+    double acc = 0.0;            /* mass of c[0 .. scanned) */
+    size_t scanned = 0;          /* prefix already summed for top-p */
+    size_t Lp_found = 0;
+    for (int b = 0; b < NBUCKET; b++) {
+        size_t n = start[b + 1]; /* prefix = buckets 0..b: every id with p >= thr */
+        if (start[b + 1] - start[b] > 1)
+            qsort(s->c + start[b], start[b + 1] - start[b], sizeof *s->c, cand_cmp);
+        const int full = b == NBUCKET - 1;
+        const double thr = full ? 0.0 : ldexp(1.0, -b);
+        const int m_cover = m_on && thr <= m_thr;
 
         /* Prefix lengths each filter keeps, as far as this prefix tells:
          * BIG = "more than n" (cannot be the minimum yet), UNK = unknown. */
@@ -266,26 +316,20 @@ static size_t find_kept(lms__sampler *s, double pmax, double z)
         }
         size_t Lp = BIG;
         if (p_on) {
-            /* Mass of the top-k set: known if k is off (z) or all k ids are here. */
-            double zk = -1.0;
-            if (!k_on)
-                zk = z;
-            else if (Lk != BIG) {
+            if (zk < 0.0 && Lk != BIG) {
                 zk = 0.0;
                 for (size_t j = 0; j < Lk; j++)
                     zk += s->c[j].p;
             }
             Lp = UNK;
             if (zk >= 0.0) {
-                double target = (double)s->top_p * zk, acc = 0.0;
-                size_t lim = Lk != BIG ? Lk : n;
-                Lp = BIG;
-                for (size_t j = 0; j < lim; j++) {
-                    acc += s->c[j].p;
-                    if (acc >= target) {
-                        Lp = j + 1;
-                        break;
-                    }
+                const double target = (double)s->top_p * zk;
+                const size_t lim = Lk != BIG ? Lk : n;
+                Lp = Lp_found ? Lp_found : BIG;
+                while (!Lp_found && scanned < lim) {
+                    acc += s->c[scanned++].p;
+                    if (acc >= target)
+                        Lp = Lp_found = scanned;
                 }
                 if (Lp == BIG && (full || Lk != BIG))
                     Lp = lim; /* rounding: the whole set */
@@ -294,38 +338,41 @@ static size_t find_kept(lms__sampler *s, double pmax, double z)
         size_t L = Lk < Lm ? Lk : Lm;
         if (Lp < L)
             L = Lp;
-        if (Lp != UNK && L <= n) {
+        if (Lp != UNK && L <= n && n > 0) {
             if (L == 0)
                 L = 1; /* always keep the most probable id */
             s->bound_p = s->c[L - 1].p;
             s->bound_id = s->c[L - 1].id;
             return L;
         }
-        /* Undecided: widen. */
-        thr = thr * 0x1.0p-10;
-        if (thr < pmax * 0x1.0p-60)
-            thr = 0.0;
     }
+    /* Not reached: the last bucket is "full" and decides. */
+    s->bound_p = s->c[0].p;
+    s->bound_id = s->c[0].id;
+    return 1;
 }
 
 int32_t lms__sampler_sample_u(lms__sampler *s, const float *logits, double u)
 {
     const uint32_t V = s->n_vocab;
-    penalize(s, logits);
     if (lms__sampler_is_greedy(s)) {
-        s->last = argmax(s);
+        s->last = greedy_pick(s, logits);
         s->last_greedy = 1;
         s->kept = 1;
         return s->last;
     }
     s->last_greedy = 0;
+    penalize(s, logits);
 
     const double inv_t = 1.0 / (double)s->temperature;
     double m = -INFINITY;
+    int32_t imax = 0;
     for (uint32_t i = 0; i < V; i++) {
         s->x[i] *= inv_t;
-        if (s->x[i] > m)
+        if (s->x[i] > m) {
             m = s->x[i];
+            imax = (int32_t)i;
+        }
     }
     if (m == -INFINITY) { /* nothing finite: the lowest id */
         memset(s->p, 0, V * sizeof *s->p);
@@ -346,7 +393,7 @@ int32_t lms__sampler_sample_u(lms__sampler *s, const float *logits, double u)
     const int filters = (s->top_k > 0 && (uint32_t)s->top_k < V) ||
                         (s->top_p > 0.0f && s->top_p < 1.0f) || s->min_p > 0.0f;
     if (filters) {
-        s->kept = find_kept(s, 1.0, z);
+        s->kept = find_kept(s, z);
     } else {
         s->bound_p = 0.0; /* every id, also those of probability 0 */
         s->bound_id = (int32_t)V;
@@ -374,7 +421,7 @@ int32_t lms__sampler_sample_u(lms__sampler *s, const float *logits, double u)
         if (acc > target)
             break;
     }
-    s->last = pick < 0 ? argmax(s) : pick;
+    s->last = pick < 0 ? imax : pick; /* pick < 0 only through rounding */
     return s->last;
 }
 
