@@ -30,6 +30,7 @@ ST="$W/store"
 PY=${PYTHON:-python3}
 DEV=${LMS_BENCH_DEVICE:-cuda}
 export PYTHONUNBUFFERED=1
+export LMSTORE_LOG=${LMSTORE_LOG:-info}
 
 say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 ms() { date +%s%N; }
@@ -112,22 +113,29 @@ cat $SEGS $SHARDS >/dev/null # both in the page cache
 pyload h2d warm h2d
 seqread seqread_segments warm $SEGS
 seqread seqread_shards warm $SHARDS
-lmsload lmstore_resident warm --place resident
-lmsload lmstore_resident warm --place resident
-lmsload lmstore_resident_t8 warm --place resident --threads 8
-lmsload lmstore_resident_t8_c256 warm --place resident --threads 8 --chunk 256M --streams 2
-lmsload lmstore_resident_t2_c16 warm --place resident --threads 2 --chunk 16M
-lmsload lmstore_resident_fileorder warm --place resident --order file
-lmsload lmstore_resident_staging warm --place resident --staging --threads 8
+lmsload lmstore_resident_auto warm --place resident
+lmsload lmstore_resident_auto warm --place resident
+lmsload lmstore_register_t4 warm --place resident --copy register
+lmsload lmstore_register_t8_populate warm --place resident --copy register --threads 8 --prefetch populate
+lmsload lmstore_stage_map_t8 warm --place resident --copy stage-map --threads 8
+lmsload lmstore_stage_read_t4 warm --place resident --copy stage-read --threads 4
+lmsload lmstore_stage_read_t8 warm --place resident --copy stage-read --threads 8
+lmsload lmstore_stage_read_t12 warm --place resident --copy stage-read --threads 12
+lmsload lmstore_stage_read_t8_c64 warm --place resident --copy stage-read --threads 8 --chunk 64M
+lmsload lmstore_stage_read_t8_c8 warm --place resident --copy stage-read --threads 8 --chunk 8M --slots 32
+lmsload lmstore_stage_read_t8_file warm --place resident --copy stage-read --threads 8 --order file
 lmsload lmstore_mapped warm --place mapped
 pyload safetensors warm st "$HF"
 pyload transformers warm tf "$HF"
-lmsload lmstore_resident warm --place resident
+lmsload lmstore_resident_auto warm --place resident
+lmsload lmstore_stage_read_t8 warm --place resident --copy stage-read --threads 8
 
 say "4. cold (drop_caches before each)"
 drop; seqread seqread_segments "$C" $SEGS
-drop; lmsload lmstore_resident_auto "$C" --place resident --threads 8
-drop; lmsload lmstore_resident_registered "$C" --place resident --no-readers
+drop; lmsload lmstore_resident_auto "$C" --place resident
+drop; lmsload lmstore_stage_direct_t8 "$C" --place resident --copy stage-direct --threads 8
+drop; lmsload lmstore_stage_read_t8 "$C" --place resident --copy stage-read --threads 8
+drop; lmsload lmstore_register_t4 "$C" --place resident --copy register
 drop; seqread seqread_shards "$C" $SHARDS
 drop; pyload safetensors "$C" st "$HF"
 drop; pyload transformers "$C" tf "$HF"

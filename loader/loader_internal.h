@@ -36,6 +36,7 @@
 
 #define LMS__PAGE 4096u
 #define LMS__DEFAULT_CHUNK (64ull << 20)
+#define LMS__DEFAULT_RING_CHUNK (16ull << 20)
 #define LMS__CHUNK_ALIGN (2ull << 20)
 
 typedef struct lms__regblock {
@@ -108,7 +109,8 @@ struct lms_model {
     lms_store *store;
     char *name;
     uint8_t id[LMS_MODEL_ID_LEN];
-    lms_model_params params;
+    lms_model_params params;  /* with defaults filled in */
+    bool chunk_given;         /* params.chunk_bytes was set by the caller */
     lms_device *dev;          /* params.device or NULL */
     lms_placement placement;
     size_t n;

@@ -505,8 +505,8 @@ static bool records_moved(const lms_model *m, const reclist *l)
 static int check_params(const lms_model_params *p)
 {
     if ((unsigned)p->placement > LMS_PLACE_RESIDENT || (unsigned)p->prefetch > LMS_PREFETCH_POPULATE ||
-        (unsigned)p->order > LMS_ORDER_FILE)
-        return lms__err(LMS_EINVAL, "model params: placement, prefetch or order out of range");
+        (unsigned)p->order > LMS_ORDER_FILE || (unsigned)p->copy > LMS_COPY_STAGE_DIRECT)
+        return lms__err(LMS_EINVAL, "model params: placement, prefetch, order or copy out of range");
     if (p->streams < 0 || p->streams > 64 || p->threads < 0 || p->threads > 256 || p->ring_slots < 0 ||
         p->ring_slots > 1024)
         return lms__err(LMS_EINVAL, "model params: streams (0..64), threads (0..256) or ring_slots (0..1024) "
@@ -536,6 +536,7 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
         p.streams = 4;
     if (p.threads == 0)
         p.threads = 4;
+    bool chunk_given = p.chunk_bytes != 0;
     if (p.chunk_bytes == 0)
         p.chunk_bytes = LMS__DEFAULT_CHUNK;
     p.chunk_bytes = lms__align_up(p.chunk_bytes, LMS__CHUNK_ALIGN);
@@ -548,6 +549,7 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
     m->t0 = t0;
     m->store = store;
     m->params = p;
+    m->chunk_given = chunk_given;
     m->dev = p.device;
     lms__store_ref(store);
     if (!(m->name = lms__strdup(name))) {

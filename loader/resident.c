@@ -11,17 +11,19 @@
  * lms_model_wait_layer(l) waits for exactly the copies that layer needs.
  * Worker threads prepare chunks ahead of the issuing thread:
  *
- *   mode        chunk source                       prepared by
- *   REGISTERED  the mapping, pinned in place       lms__reg_acquire (cudaHostRegister)
- *   STAGING     a pinned ring slot                 memcpy from the mapping
- *   READERS     a pinned ring slot                 pread (O_DIRECT where aligned) from the file
- *   DIRECT      the mapping as it is               nothing (devices that read host memory: CPU)
+ *   mode          chunk source                       prepared by
+ *   REGISTERED    the mapping, pinned in place       lms__reg_acquire (cudaHostRegister)
+ *   STAGE_MAP     a pinned ring slot                 memcpy from the mapping
+ *   STAGE_READ    a pinned ring slot                 pread from the file (page cache)
+ *   STAGE_DIRECT  a pinned ring slot                 pread with O_DIRECT where aligned
+ *   DIRECT        the mapping as it is               nothing (devices that read host memory: CPU)
  *
- * REGISTERED is the default. STAGING is taken when registration is refused
- * (or forced); READERS when most of the model is not in the page cache
- * (mincore), where parallel large reads keep the disk busy ahead of the
- * copies (or forced). A ring slot is refilled only after the event recorded
- * behind its last copy completed.
+ * lms_copy_source picks one; AUTO takes STAGE_DIRECT when most of the model
+ * is not in the page cache (mincore sample: parallel large reads keep the
+ * disk busy ahead of the copies) and AUTO_WARM_MODE otherwise. A refused
+ * registration falls back to STAGE_READ. Ring slots are pinned on first
+ * use, and refilled only after the event recorded behind their last copy
+ * completed.
  *
  * States of the loader thread (r->mu guards issued/ready/failed/done):
  *   started --each chunk: wait ready[c], copy, record events--> issuing
@@ -36,7 +38,12 @@
 
 #include "loader/loader_internal.h"
 
-enum { MODE_DIRECT, MODE_REGISTERED, MODE_STAGING, MODE_READERS };
+enum { MODE_DIRECT, MODE_REGISTERED, MODE_STAGE_MAP, MODE_STAGE_READ, MODE_STAGE_DIRECT };
+
+static bool ring_mode(int mode) { return mode >= MODE_STAGE_MAP; }
+
+/* AUTO with the page cache warm (chosen by measurement, bench/RESULTS.md) */
+#define AUTO_WARM_MODE MODE_STAGE_READ
 
 /* Blocks are shared with mapped models of the same store (loader/maps.c),
  * so resident loads register them mapped too. */
@@ -62,6 +69,7 @@ struct lms__resident {
     uint8_t *arena;
     uint64_t arena_bytes;
     int mode;
+    uint64_t chunk;   /* bytes per chunk in effect */
     chunk *c;
     size_t nc;
     extent *e;
@@ -182,7 +190,7 @@ static int plan(lms__resident *r)
     r->arena_bytes = arena;
 
     /* chunks */
-    uint64_t cb = p->chunk_bytes;
+    uint64_t cb = r->chunk;
     size_t capc = 0;
     for (size_t k = 0; k < r->ne; k++)
         capc += (size_t)((r->e[k].end - r->e[k].start) / cb) + 2;
@@ -265,30 +273,29 @@ out:
     return rc;
 }
 
-/* Fraction of the model's pages in the page cache (mincore), 0..1. */
-static double cached_fraction(lms__resident *r)
+/* Fraction of the model's pages in the page cache (mincore), 0..1, from
+ * about 8192 sampled pages spread over the unique tensors (checking every
+ * page of 16 GB costs ~100 ms; a sample, a few). */
+static double cached_fraction(const lms_model *m)
 {
-    uint64_t pages = 0, in = 0;
-    size_t vcap = 1u << 18;
-    unsigned char *v = lms__malloc(vcap);
-    if (!v)
-        return 1.0;
-    for (size_t k = 0; k < r->ne; k++) {
-        extent *x = &r->e[k];
-        uintptr_t a = ((uintptr_t)x->map->sm.base + x->start) & ~(uintptr_t)(LMS__PAGE - 1);
-        uintptr_t e = (uintptr_t)x->map->sm.base + x->end;
-        while (a < e) {
-            size_t np = LMS_MIN(vcap, (size_t)((e - a + LMS__PAGE - 1) / LMS__PAGE));
-            if (mincore((void *)a, np * LMS__PAGE, v) == 0)
-                for (size_t i = 0; i < np; i++)
-                    in += v[i] & 1;
-            else
-                in += np; /* unknown: assume cached */
-            pages += np;
-            a += np * LMS__PAGE;
+    uint64_t total = 0, in = 0, pages = 0;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->ti[i].canon == i)
+            total += m->t[i].nbytes;
+    uint64_t stride = lms__align_up(LMS_MAX(total / 8192, (uint64_t)LMS__PAGE), LMS__PAGE);
+    for (size_t i = 0; i < m->n; i++) {
+        if (m->ti[i].canon != i || m->t[i].nbytes == 0)
+            continue;
+        uintptr_t a = (uintptr_t)m->t[i].host & ~(uintptr_t)(LMS__PAGE - 1);
+        uintptr_t e = (uintptr_t)m->t[i].host + m->t[i].nbytes;
+        for (; a < e; a += stride) {
+            unsigned char v = 1;
+            if (mincore((void *)a, LMS__PAGE, &v) != 0)
+                v = 1; /* unknown: assume cached */
+            in += v & 1;
+            pages++;
         }
     }
-    lms__free(v);
     return pages ? (double)in / (double)pages : 1.0;
 }
 
@@ -312,27 +319,37 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
         atomic_fetch_add(&r->registered, c->len);
         return 0;
     }
-    uint8_t *slot = r->slot[ci % (size_t)r->nslots];
-    if (r->mode == MODE_STAGING) {
+    size_t si = ci % (size_t)r->nslots;
+    if (!r->slot[si]) { /* ring slots are pinned on first use, by the worker that fills them */
+        void *raw = NULL;
+        int rc = r->dev->ops->alloc_host(r->dev, (size_t)(r->slot_bytes + LMS__PAGE), &raw);
+        if (rc)
+            return lms__err_prefix(rc, "staging ring slot of %llu bytes: ", (unsigned long long)r->slot_bytes);
+        r->slot_raw[si] = raw;
+        r->slot[si] = (uint8_t *)lms__align_up((uintptr_t)raw, LMS__PAGE); /* O_DIRECT wants it aligned */
+    }
+    uint8_t *slot = r->slot[si];
+    if (r->mode == MODE_STAGE_MAP) {
         memcpy(slot, c->map->sm.base + c->off, (size_t)c->len);
         c->srcoff = 0;
         return 0;
     }
-    /* READERS */
-    bool direct = false;
-    int fd = lms__lmap_fd_direct(c->map, &direct);
-    uint64_t ro = c->off & ~(uint64_t)(LMS__PAGE - 1);
-    uint64_t re = lms__align_up(c->off + c->len, LMS__PAGE);
-    if (direct && re <= c->map->sm.size) {
-        c->srcoff = c->off - ro;
-        int rc = lms__pread_all(fd, slot, (size_t)(re - ro), ro, c->map->sm.path);
-        if (rc == 0) {
-            atomic_store(&r->direct_io, true);
-            return 0;
+    if (r->mode == MODE_STAGE_DIRECT) {
+        bool direct = false;
+        int fd = lms__lmap_fd_direct(c->map, &direct);
+        uint64_t ro = c->off & ~(uint64_t)(LMS__PAGE - 1);
+        uint64_t re = lms__align_up(c->off + c->len, LMS__PAGE);
+        if (direct && re <= c->map->sm.size) {
+            c->srcoff = c->off - ro;
+            int rc = lms__pread_all(fd, slot, (size_t)(re - ro), ro, c->map->sm.path);
+            if (rc == 0) {
+                atomic_store(&r->direct_io, true);
+                return 0;
+            }
+            if (rc != LMS_EIO) /* truncated: a real problem */
+                return rc;
+            /* some file systems accept O_DIRECT at open and refuse the read: read buffered */
         }
-        if (rc != LMS_EIO) /* truncated: a real problem */
-            return rc;
-        /* some file systems accept O_DIRECT at open and refuse the read: read buffered */
     }
     c->srcoff = 0;
     return lms__pread_all(c->map->sm.fd, slot, (size_t)c->len, c->off, c->map->sm.path);
@@ -353,7 +370,7 @@ static void *worker_main(void *arg)
             break;
         pthread_mutex_unlock(&r->mu);
         int rc = 0;
-        if (r->mode == MODE_STAGING || r->mode == MODE_READERS) /* the slot's last copy must be done */
+        if (ring_mode(r->mode)) /* the slot's last copy must be done */
             rc = r->dev->ops->event_sync(r->dev, r->sev[ci % (size_t)r->nslots]);
         uint8_t ready = 0;
         if (!rc)
@@ -423,7 +440,7 @@ static void *loader_main(void *arg)
         chunk *c = &r->c[ci];
         lms_stream *s = r->st[ci % (size_t)r->ns];
         const uint8_t *src = c->map->sm.base + c->off;
-        bool ring = (r->mode == MODE_STAGING || r->mode == MODE_READERS) && ready == 1;
+        bool ring = ring_mode(r->mode) && ready == 1;
         if (ring)
             src = r->slot[ci % (size_t)r->nslots] + c->srcoff;
         rc = d->ops->copy_h2d(d, r->arena + c->dst, src, (size_t)c->len, s);
@@ -482,21 +499,17 @@ static int alloc_ring(lms__resident *r)
 {
     lms_device *d = r->dev;
     r->nslots = r->m->params.ring_slots;
-    r->slot_bytes = r->m->params.chunk_bytes + 2 * LMS__PAGE;
+    r->slot_bytes = r->chunk + 2 * LMS__PAGE;
     r->slot_raw = lms__calloc((size_t)r->nslots, sizeof *r->slot_raw);
     r->slot = lms__calloc((size_t)r->nslots, sizeof *r->slot);
     r->sev = lms__calloc((size_t)r->nslots, sizeof *r->sev);
     if (!r->slot_raw || !r->slot || !r->sev)
         return LMS_ENOMEM;
-    for (int i = 0; i < r->nslots; i++) {
-        void *p = NULL;
-        int rc = d->ops->alloc_host ? d->ops->alloc_host(d, (size_t)r->slot_bytes + LMS__PAGE, &p) : LMS_EUNSUPPORTED;
+    if (!d->ops->alloc_host)
+        return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory for a staging ring", d->ops->name);
+    for (int i = 0; i < r->nslots; i++) { /* the slots themselves are pinned on first use */
+        int rc = d->ops->event_create(d, &r->sev[i]);
         if (rc)
-            return lms__err_prefix(rc, "staging ring (%d x %llu bytes): ", r->nslots,
-                                   (unsigned long long)r->slot_bytes);
-        r->slot_raw[i] = p;
-        r->slot[i] = (uint8_t *)lms__align_up((uintptr_t)p, LMS__PAGE); /* O_DIRECT needs aligned buffers */
-        if ((rc = d->ops->event_create(d, &r->sev[i])))
             return rc;
     }
     r->m->stats.staging = true;
@@ -561,20 +574,27 @@ int lms__resident_start(lms_model *m)
     r->ns = p->streams;
     m->res = r;
 
-    if (p->force_readers)
-        r->mode = MODE_READERS;
-    else if (p->force_staging)
-        r->mode = MODE_STAGING;
-    else if (!d->ops->host_register)
-        r->mode = MODE_DIRECT;
-    else
-        r->mode = MODE_REGISTERED;
+    /* the copy source (see the table at the top) */
+    lms_copy_source want = p->force_readers ? LMS_COPY_STAGE_DIRECT : p->force_staging ? LMS_COPY_STAGE_MAP : p->copy;
+    switch (want) {
+    case LMS_COPY_REGISTER: r->mode = MODE_REGISTERED; break;
+    case LMS_COPY_STAGE_MAP: r->mode = MODE_STAGE_MAP; break;
+    case LMS_COPY_STAGE_READ: r->mode = MODE_STAGE_READ; break;
+    case LMS_COPY_STAGE_DIRECT: r->mode = MODE_STAGE_DIRECT; break;
+    default:
+        if (!d->ops->host_register) {
+            r->mode = MODE_DIRECT; /* the device reads host memory as it is (CPU) */
+        } else if (!p->no_readers && cached_fraction(m) < 0.5) {
+            lms__info("model '%s': mostly not in the page cache: parallel O_DIRECT readers", m->name);
+            r->mode = MODE_STAGE_DIRECT;
+        } else {
+            r->mode = AUTO_WARM_MODE;
+        }
+    }
+    r->chunk = m->chunk_given || r->mode == MODE_REGISTERED || r->mode == MODE_DIRECT ? p->chunk_bytes
+                                                                                      : LMS__DEFAULT_RING_CHUNK;
     if ((rc = plan(r)))
         return rc;
-    if (r->mode == MODE_REGISTERED && !p->no_readers && r->nc && cached_fraction(r) < 0.5) {
-        lms__info("model '%s': mostly not in the page cache: parallel readers", m->name);
-        r->mode = MODE_READERS;
-    }
     if (r->mode == MODE_REGISTERED && r->nc) {
         /* probe: register the first chunk's block; refused -> staging ring */
         void *dp = NULL;
@@ -587,7 +607,7 @@ int lms__resident_start(lms_model *m)
             atomic_fetch_add(&r->registered, c->len);
         } else {
             lms__info("model '%s': %s; copying through a pinned staging ring", m->name, lms_last_error());
-            r->mode = MODE_STAGING;
+            r->mode = MODE_STAGE_READ;
         }
     }
     if (!r->held && !(r->held = lms__calloc(r->nc + 1, sizeof *r->held)))
@@ -598,10 +618,10 @@ int lms__resident_start(lms_model *m)
         r->ready[0] = 1;
         r->next_take = 1; /* the probe prepared chunk 0 */
     }
-    if (r->mode == MODE_STAGING || r->mode == MODE_READERS) {
+    if (ring_mode(r->mode)) {
         if ((rc = alloc_ring(r)))
             return rc;
-        m->stats.readers = r->mode == MODE_READERS;
+        m->stats.readers = r->mode != MODE_STAGE_MAP;
     }
     if (r->mode == MODE_DIRECT)
         for (size_t ci = 0; ci < r->nc; ci++)

@@ -23,6 +23,7 @@
 static const char usage[] =
     "usage: lmstore bench load MODEL [--store DIR] [--device cpu|cuda|cuda:N] [--place host|mapped|resident]\n"
     "           [--prefetch none|willneed|populate] [--staging] [--readers] [--no-readers]\n"
+    "           [--copy auto|register|stage-map|stage-read|stage-direct]\n"
     "           [--streams N] [--threads N] [--chunk SIZE] [--slots N] [--order blocks|file] [--verify]\n"
     "           [--json]\n";
 
@@ -86,6 +87,13 @@ int lms_bench_load(int argc, char **argv)
             if (!lms_cli_parse_size(v, &sz) || sz == 0)
                 return lms_cli_usage("bench", "--chunk wants a size such as 64M");
             p.chunk_bytes = sz;
+        } else if (lms_cli_opt(argc, argv, &i, "--copy", &v)) {
+            if (!strcmp(v, "auto")) p.copy = LMS_COPY_AUTO;
+            else if (!strcmp(v, "register")) p.copy = LMS_COPY_REGISTER;
+            else if (!strcmp(v, "stage-map")) p.copy = LMS_COPY_STAGE_MAP;
+            else if (!strcmp(v, "stage-read")) p.copy = LMS_COPY_STAGE_READ;
+            else if (!strcmp(v, "stage-direct")) p.copy = LMS_COPY_STAGE_DIRECT;
+            else return lms_cli_usage("bench", "--copy wants auto, register, stage-map, stage-read or stage-direct");
         } else if (lms_cli_opt(argc, argv, &i, "--order", &v)) {
             if (!strcmp(v, "blocks")) p.order = LMS_ORDER_BLOCKS_FIRST;
             else if (!strcmp(v, "file")) p.order = LMS_ORDER_FILE;

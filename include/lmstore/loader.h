@@ -81,6 +81,15 @@ typedef enum lms_load_order {
     LMS_ORDER_FILE, /* strict storage (file) order: embedding, layers, norm, head */
 } lms_load_order;
 
+/* Where resident copies read the weights from (the fallbacks stay automatic). */
+typedef enum lms_copy_source {
+    LMS_COPY_AUTO = 0,     /* page cache warm: LMS_COPY_STAGE_READ; cold: LMS_COPY_STAGE_DIRECT */
+    LMS_COPY_REGISTER,     /* pin the mapping in place (cudaHostRegister) and DMA from it */
+    LMS_COPY_STAGE_MAP,    /* memcpy from the mapping into a pinned ring, DMA from the ring */
+    LMS_COPY_STAGE_READ,   /* parallel pread (page cache) into a pinned ring */
+    LMS_COPY_STAGE_DIRECT, /* parallel pread with O_DIRECT (where aligned) into a pinned ring */
+} lms_copy_source;
+
 /* Layer indices of lms_tensor.layer and lms_model_wait_layer. */
 #define LMS_LAYER_PRE (-1)           /* tensors before the blocks (embedding) */
 #define LMS_LAYER_POST INT32_MAX     /* tensors after the blocks (final norm, LM head) */
@@ -100,12 +109,16 @@ typedef struct lms_model_params {
     bool no_readers;         /* resident: never take the readers path automatically */
     int streams;             /* copy streams; 0 = 4 */
     int threads;             /* register / reader / verify threads; 0 = 4 */
-    uint64_t chunk_bytes;    /* register and copy granularity; 0 = 64 MiB (rounded up to 2 MiB) */
+    uint64_t chunk_bytes;    /* register and copy granularity, rounded up to 2 MiB; 0 = 64 MiB
+                              * when registering, 16 MiB through the staging ring */
     int ring_slots;          /* staging ring buffers of chunk_bytes each; 0 = 2 x threads */
     lms_load_order order;    /* resident copy order; 0 = BLOCKS_FIRST */
     bool sync;               /* resident: return from open only when every weight is resident
                               * (default false: open returns once the copies are queued and
                               * lms_model_wait_layer waits for each layer) */
+    lms_copy_source copy;    /* resident: 0 = AUTO. force_staging / force_readers, when set,
+                              * mean STAGE_MAP / STAGE_DIRECT. A refused registration falls
+                              * back to STAGE_READ */
 } lms_model_params;
 
 lms_model_params lms_model_default_params(void);

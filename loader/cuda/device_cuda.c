@@ -173,7 +173,8 @@ static int cuda_copy_d2h(lms_device *dev, void *dst, const void *src, size_t n, 
 }
 static int cuda_copy_d2d(lms_device *dev, void *dst, const void *src, size_t n, lms_stream *s)
 {
-    return copy(dev, dst, src, n, s, cudaMemcpyDeviceToDevice, "copy device to device");
+    /* Default: either side may also be the device address of registered host memory */
+    return copy(dev, dst, src, n, s, cudaMemcpyDefault, "copy device to device");
 }
 
 static int cuda_memset(lms_device *dev, void *dst, int byte, size_t n, lms_stream *s)

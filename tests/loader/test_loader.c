@@ -472,6 +472,7 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_int_equal(lms_model_open(st, "tiny", &p, &b), 0);
     assert_int_equal(g_npins, pins_a); /* b shares a's blocks */
     p.placement = LMS_PLACE_RESIDENT;
+    p.copy = LMS_COPY_REGISTER;
     p.threads = 3;
     assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
@@ -503,6 +504,7 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
     assert_int_equal(lms_model_stats_get(c, &s), 0);
     assert_true(s.staging);
+    assert_int_equal(s.registered_bytes, 0);
     check_bytes_equal_source(c, true);
     lms_model_close(c);
     /* a real refusal from the "driver" (pinning without READONLY) */
@@ -514,6 +516,28 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_true(s.staging);
     check_bytes_equal_source(c, true);
     lms_model_close(c);
+    /* AUTO on a device that pins, page cache warm: the staging ring filled by reads */
+    p.copy = LMS_COPY_AUTO;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
+    assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
+    assert_int_equal(lms_model_stats_get(c, &s), 0);
+    assert_true(s.staging && s.readers && !s.direct_io);
+    check_bytes_equal_source(c, true);
+    lms_model_close(c);
+    /* every copy source asked for explicitly */
+    for (int src = LMS_COPY_REGISTER; src <= LMS_COPY_STAGE_DIRECT; src++) {
+        p.copy = (lms_copy_source)src;
+        p.chunk_bytes = 0;
+        assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
+        assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
+        assert_int_equal(lms_model_stats_get(c, &s), 0);
+        assert_int_equal(s.staging, src != LMS_COPY_REGISTER);
+        assert_int_equal(s.readers, src == LMS_COPY_STAGE_READ || src == LMS_COPY_STAGE_DIRECT);
+        assert_int_equal(s.registered_bytes != 0, src == LMS_COPY_REGISTER);
+        check_bytes_equal_source(c, true);
+        lms_model_close(c);
+    }
+    assert_int_equal(g_npins, 0);
     /* mapped placement refused: an error naming the segment, nothing held */
     p.placement = LMS_PLACE_MAPPED;
     atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);

@@ -78,15 +78,13 @@ static int check_device_bytes(lms_model *m)
     return bad;
 }
 
-static lms_model *open_with(lms_store *st, lms_placement pl, bool staging, bool readers, uint64_t chunk,
+static lms_model *open_with(lms_store *st, lms_placement pl, lms_copy_source copy, uint64_t chunk,
                             lms_load_order order)
 {
     lms_model_params p = lms_model_default_params();
     p.device = g_dev;
     p.placement = pl;
-    p.force_staging = staging;
-    p.force_readers = readers;
-    p.no_readers = !readers; /* the page cache is warm here; keep the path asked for */
+    p.copy = copy;
     p.chunk_bytes = chunk;
     p.order = order;
     lms_model *m = NULL;
@@ -96,13 +94,20 @@ static lms_model *open_with(lms_store *st, lms_placement pl, bool staging, bool 
     return m;
 }
 
-static void run_resident(bool staging, bool readers, int refuse, lms_load_order order, uint64_t chunk,
-                         bool expect_staging)
+static const char *path_of(const lms_model_stats *s)
+{
+    return s->readers ? (s->direct_io ? "readers-odirect" : "readers")
+                      : s->staging ? "staging" : s->registered_bytes ? "registered" : "direct";
+}
+
+/* Load resident through `copy` (with a registration refusal mode) and
+ * check the path taken is `want` and every byte arrived. */
+static void run_resident(lms_copy_source copy, int refuse, lms_load_order order, uint64_t chunk, const char *want)
 {
     lms_store *st = NULL;
     assert_int_equal(lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st), 0);
     atomic_store(&lms__loader_test_refuse, refuse);
-    lms_model *m = open_with(st, LMS_PLACE_RESIDENT, staging, readers, chunk, order);
+    lms_model *m = open_with(st, LMS_PLACE_RESIDENT, copy, chunk, order);
     atomic_store(&lms__loader_test_refuse, LMS__REFUSE_NONE);
     assert_int_equal(lms_model_placement(m), LMS_PLACE_RESIDENT);
     /* wait layer by layer from the last: each wait covers exactly its layer */
@@ -113,16 +118,10 @@ static void run_resident(bool staging, bool readers, int refuse, lms_load_order 
     assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
     lms_model_stats s;
     assert_int_equal(lms_model_stats_get(m, &s), 0);
-    print_message("resident staging=%d readers=%d refuse=%d order=%d chunk=%llu: path %s, %.1f ms, first layer "
-                  "%.1f ms\n",
-                  staging, readers, refuse, (int)order, (unsigned long long)chunk,
-                  s.readers ? (s.direct_io ? "readers-odirect" : "readers") : s.staging ? "staging" : "registered",
-                  s.all_s * 1e3, s.first_layer_s * 1e3);
-    if (expect_staging)
-        assert_true(s.staging);
-    else if (refuse == LMS__REFUSE_NONE)
-        assert_false(s.staging);
-    assert_int_equal(s.readers, readers);
+    print_message("resident copy=%d refuse=%d order=%d chunk=%llu: path %s, all %.1f ms, first layer %.1f ms\n",
+                  (int)copy, refuse, (int)order, (unsigned long long)chunk, path_of(&s), s.all_s * 1e3,
+                  s.first_layer_s * 1e3);
+    assert_string_equal(path_of(&s), want);
     assert_true(s.copied_bytes >= s.tensor_bytes);
     assert_int_equal(check_device_bytes(m), 0);
     lms_model_close(m);
@@ -132,30 +131,32 @@ static void run_resident(bool staging, bool readers, int refuse, lms_load_order 
 static void resident_registered_device_bytes_equal_host(void **state)
 {
     (void)state;
-    run_resident(false, false, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 0, false);
-    run_resident(false, false, LMS__REFUSE_NONE, LMS_ORDER_FILE, 2 << 20, false);
+    run_resident(LMS_COPY_REGISTER, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 0, "registered");
+    run_resident(LMS_COPY_REGISTER, LMS__REFUSE_NONE, LMS_ORDER_FILE, 2 << 20, "registered");
 }
 
 static void resident_staging_ring_device_bytes_equal_host(void **state)
 {
     (void)state;
-    run_resident(true, false, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, true);
+    run_resident(LMS_COPY_STAGE_MAP, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "staging");
+    run_resident(LMS_COPY_STAGE_READ, LMS__REFUSE_NONE, LMS_ORDER_FILE, 0, "readers");
+    run_resident(LMS_COPY_AUTO, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 0, "readers"); /* warm cache */
 }
 
 static void resident_parallel_readers_device_bytes_equal_host(void **state)
 {
     (void)state;
-    run_resident(false, true, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, true);
-    run_resident(false, true, LMS__REFUSE_NONE, LMS_ORDER_FILE, 0, true);
+    run_resident(LMS_COPY_STAGE_DIRECT, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "readers-odirect");
+    run_resident(LMS_COPY_STAGE_DIRECT, LMS__REFUSE_NONE, LMS_ORDER_FILE, 0, "readers-odirect");
 }
 
 static void refused_registration_falls_back_to_staging(void **state)
 {
     (void)state;
-    run_resident(false, false, LMS__REFUSE_SIMULATED, LMS_ORDER_BLOCKS_FIRST, 2 << 20, true);
-    /* a real refusal from the driver: pinning a read-only mapping without the
-     * read-only flag; whatever the driver does, the bytes must arrive */
-    run_resident(false, false, LMS__REFUSE_DROP_READONLY, LMS_ORDER_BLOCKS_FIRST, 2 << 20, false);
+    run_resident(LMS_COPY_REGISTER, LMS__REFUSE_SIMULATED, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "readers");
+    /* a real refusal from the driver: pinning a read-only mapping without
+     * the read-only flag (cudaErrorInvalidValue) */
+    run_resident(LMS_COPY_REGISTER, LMS__REFUSE_DROP_READONLY, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "readers");
 }
 
 static void mapped_device_reads_the_mapping_in_place(void **state)
@@ -163,10 +164,10 @@ static void mapped_device_reads_the_mapping_in_place(void **state)
     (void)state;
     lms_store *st = NULL;
     assert_int_equal(lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st), 0);
-    lms_model *a = open_with(st, LMS_PLACE_MAPPED, false, false, 2 << 20, LMS_ORDER_BLOCKS_FIRST);
+    lms_model *a = open_with(st, LMS_PLACE_MAPPED, LMS_COPY_AUTO, 2 << 20, LMS_ORDER_BLOCKS_FIRST);
     /* a second mapped model and a resident one share the registered blocks */
-    lms_model *b = open_with(st, LMS_PLACE_MAPPED, false, false, 0, LMS_ORDER_BLOCKS_FIRST);
-    lms_model *c = open_with(st, LMS_PLACE_RESIDENT, false, false, 0, LMS_ORDER_BLOCKS_FIRST);
+    lms_model *b = open_with(st, LMS_PLACE_MAPPED, LMS_COPY_AUTO, 0, LMS_ORDER_BLOCKS_FIRST);
+    lms_model *c = open_with(st, LMS_PLACE_RESIDENT, LMS_COPY_REGISTER, 0, LMS_ORDER_BLOCKS_FIRST);
     assert_int_equal(lms_model_placement(a), LMS_PLACE_MAPPED);
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
     lms_model_stats s;
@@ -175,6 +176,8 @@ static void mapped_device_reads_the_mapping_in_place(void **state)
     assert_int_equal(check_device_bytes(a), 0);
     assert_int_equal(check_device_bytes(b), 0);
     assert_int_equal(check_device_bytes(c), 0);
+    assert_int_equal(lms_model_stats_get(c, &s), 0);
+    assert_string_equal(path_of(&s), "registered");
     lms_model_close(a);
     assert_int_equal(check_device_bytes(b), 0); /* b's registrations outlive a */
     lms_model_close(c);
