@@ -267,10 +267,26 @@ int lms__tok_piece(const lms_tokenizer *t, int32_t id, bool first, tok_buf *out)
     }
     if ((rc = lms__tb_add(&a, s, n)))
         goto out;
+    /* After a Fuse the later steps see one string, the whole text: only its
+     * start is "first" (Strip's start, Metaspace's prefix) and Metaspace
+     * treats all of it as the first token. A Strip stop after a Fuse would
+     * need the end of the stream and is not applied while streaming. */
+    bool fused = false;
     for (size_t di = 0; di < t->n_decs && !rc; di++) {
         const tok_dec *d = &t->decs[di];
         b.len = 0;
         int byte;
+        if (fused && d->type == DEC_STRIP) {
+            tok_dec st = *d;
+            st.start = first ? d->start : 0;
+            st.stop = 0;
+            rc = strip_token(&b, &st, a.p, a.len);
+            goto next;
+        }
+        if (fused && d->type == DEC_METASPACE) {
+            rc = metaspace_token(&b, d, a.p, a.len, true);
+            goto next;
+        }
         switch (d->type) {
         case DEC_BYTELEVEL: rc = bytelevel_bytes(&b, a.p, a.len); break;
         case DEC_BYTEFALLBACK:
@@ -281,11 +297,15 @@ int lms__tok_piece(const lms_tokenizer *t, int32_t id, bool first, tok_buf *out)
             } else
                 rc = lms__tb_add(&b, a.p, a.len);
             break;
-        case DEC_FUSE: rc = lms__tb_add(&b, a.p, a.len); break;
+        case DEC_FUSE:
+            fused = true;
+            rc = lms__tb_add(&b, a.p, a.len);
+            break;
         case DEC_REPLACE: rc = replace_all(&b, a.p, a.len, d->pat, d->pat_len, d->content, d->content_len); break;
         case DEC_STRIP: rc = strip_token(&b, d, a.p, a.len); break;
         default: rc = metaspace_token(&b, d, a.p, a.len, first); break;
         }
+    next:;
         tok_buf tmp = a;
         a = b;
         b = tmp;

@@ -282,13 +282,16 @@ static size_t ws_run_at_end(const char *s, size_t n)
     return i;
 }
 
+/* HF checks single_word with the regex crate's Unicode \w: letters, marks,
+ * decimal and letter numbers, connector punctuation, ZWNJ/ZWJ. */
 static bool is_word_char(uint32_t cp)
 {
-    if (cp == '_')
+    if (cp == 0x200C || cp == 0x200D)
         return true;
     utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
     return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
-           (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
+           (cat >= UTF8PROC_CATEGORY_MN && cat <= UTF8PROC_CATEGORY_ME) || cat == UTF8PROC_CATEGORY_ND ||
+           cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_PC;
 }
 
 /* Leftmost-longest added token at or after `from`; false when none. */

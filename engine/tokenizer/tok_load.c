@@ -36,31 +36,184 @@ static bool jbool(const cJSON *o, const char *k, bool def)
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
-/* A JSON string's bytes; cJSON strings are NUL-terminated, so "\u0000"
- * inside a token cannot be represented: refuse it rather than truncate. */
+/*
+ * NULs. cJSON strings are NUL-terminated, yet vocabularies may hold "\u0000".
+ * Before parsing, every \u0000 escape is replaced by the escape of a
+ * private-use character that occurs nowhere in the file (the marker); string
+ * reads turn the marker back into NUL bytes. State of the load in progress on
+ * this thread.
+ */
+static _Thread_local struct {
+    char mark[4];
+    size_t len;
+    tok_buf ring[4]; /* a few strings may be in use at once (merge a, b) */
+    unsigned next;
+} nul;
+
+static int unmark(const char *s, const char **out, size_t *n)
+{
+    size_t len = strlen(s);
+    *out = s;
+    *n = len;
+    if (!nul.len || !memmem(s, len, nul.mark, nul.len))
+        return 0;
+    tok_buf *b = &nul.ring[nul.next++ & 3];
+    int rc;
+    b->len = 0;
+    for (size_t i = 0; i < len;) {
+        if (len - i >= nul.len && !memcmp(s + i, nul.mark, nul.len)) {
+            if ((rc = lms__tb_add(b, "", 1)))
+                return rc;
+            i += nul.len;
+        } else if ((rc = lms__tb_add(b, s + i++, 1)))
+            return rc;
+    }
+    *out = b->p;
+    *n = b->len;
+    return 0;
+}
+
+/* JSON text with \u0000 escapes replaced (see above); *out NULL when none. */
+static int mark_nuls(const char *json, size_t len, char **out, size_t *out_len)
+{
+    size_t count = 0;
+    *out = NULL;
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (json[i] != '\\')
+            continue;
+        if (json[i + 1] == 'u' && len - i >= 6 && !memcmp(json + i + 2, "0000", 4))
+            count++;
+        i++;
+    }
+    if (!count)
+        return 0;
+    char esc[2][16], raw[4];
+    uint32_t cp;
+    for (cp = 0x10FFFD; cp > 0x10FE00; cp--) {
+        uint32_t v = cp - 0x10000, hi = 0xD800 + (v >> 10), lo = 0xDC00 + (v & 0x3FF);
+        raw[0] = (char)(0xF0 | cp >> 18);
+        raw[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        raw[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        raw[3] = (char)(0x80 | (cp & 0x3F));
+        snprintf(esc[0], sizeof esc[0], "\\u%04x\\u%04x", hi, lo);
+        snprintf(esc[1], sizeof esc[1], "\\u%04X\\u%04X", hi, lo);
+        if (!memmem(json, len, raw, 4) && !memmem(json, len, esc[0], 12) && !memmem(json, len, esc[1], 12))
+            break;
+    }
+    if (cp == 0x10FE00)
+        return lms__err(LMS_EUNSUPPORTED, "tokenizer.json: NUL characters in strings cannot be represented");
+    char *o = lms__malloc(len + count * 6 + 1);
+    if (!o)
+        return LMS_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (json[i] == '\\' && i + 1 < len) {
+            if (json[i + 1] == 'u' && len - i >= 6 && !memcmp(json + i + 2, "0000", 4)) {
+                memcpy(o + k, esc[0], 12);
+                k += 12;
+                i += 5;
+            } else {
+                o[k++] = json[i++];
+                o[k++] = json[i];
+            }
+        } else
+            o[k++] = json[i];
+    }
+    o[k] = '\0';
+    memcpy(nul.mark, raw, 4);
+    nul.len = 4;
+    *out = o;
+    *out_len = k;
+    return 0;
+}
+
+static void nul_reset(void)
+{
+    for (int i = 0; i < 4; i++)
+        lms__tb_free(&nul.ring[i]);
+    nul.len = 0;
+    nul.next = 0;
+}
+
+/* A JSON string's bytes (NULs restored). */
 static int jstring_bytes(const cJSON *v, const char *what, const char **s, size_t *n)
 {
     *s = "";
     *n = 0;
     if (!cJSON_IsString(v) || !v->valuestring)
         return lms__err(LMS_EFORMAT, "tokenizer.json: %s is not a string", what);
-    *s = v->valuestring;
-    *n = strlen(v->valuestring);
-    return 0;
+    return unmark(v->valuestring, s, n);
 }
 
 /* ---- patterns -------------------------------------------------------------------- */
+
+/*
+ * HF runs these regexes with Oniguruma, whose Unicode \s is the White_Space
+ * property and \w is letters, marks, decimal digits and connector
+ * punctuation. PCRE2's UCP classes differ at the edges (its \s also matches
+ * U+180E MONGOLIAN VOWEL SEPARATOR), so those four escapes are spelled out
+ * explicitly; everything else is compiled exactly as written.
+ */
+#define WS_SET "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+#define WORD_SET "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
+
+static int translate_regex(const char *src, size_t n, tok_buf *out)
+{
+    bool in_class = false;
+    size_t class_start = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        char c = src[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = src[i + 1];
+            const char *rep = NULL;
+            if (e == 's') rep = in_class ? WS_SET : "[" WS_SET "]";
+            else if (e == 'w') rep = in_class ? WORD_SET : "[" WORD_SET "]";
+            else if (e == 'S' && !in_class) rep = "[^" WS_SET "]";
+            else if (e == 'W' && !in_class) rep = "[^" WORD_SET "]";
+            rc = rep ? lms__tb_add(out, rep, strlen(rep)) : lms__tb_add(out, src + i, 2);
+            i++;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = true;
+            class_start = i + 1;
+            if (i + 1 < n && src[i + 1] == '^') {
+                rc = lms__tb_add(out, src + i, 2);
+                i++;
+                class_start = i + 1;
+                continue;
+            }
+        } else if (in_class && c == '[' && i + 1 < n && src[i + 1] == ':') {
+            const char *end = memmem(src + i, n - i, ":]", 2); /* POSIX class [:alpha:] */
+            if (end) {
+                size_t k = (size_t)(end - (src + i)) + 2;
+                rc = lms__tb_add(out, src + i, k);
+                i += k - 1;
+                continue;
+            }
+        } else if (in_class && c == ']' && i != class_start)
+            in_class = false;
+        rc = lms__tb_add(out, &c, 1);
+    }
+    return rc;
+}
 
 int lms__tok_compile_regex(const char *src, size_t n, const char *where, pcre2_code **out)
 {
     int errcode;
     PCRE2_SIZE erroff;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)src, n, PCRE2_UTF | PCRE2_UCP, &errcode, &erroff, NULL);
+    tok_buf tr = {0};
+    int rc = translate_regex(src, n, &tr);
+    if (rc)
+        return rc;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(tr.p ? tr.p : ""), tr.len, PCRE2_UTF | PCRE2_UCP, &errcode, &erroff, NULL);
+    lms__tb_free(&tr);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(errcode, msg, sizeof msg);
-        return lms__err(LMS_EFORMAT, "tokenizer.json: %s: regex does not compile at offset %zu: %s", where,
-                        (size_t)erroff, (const char *)msg);
+        return lms__err(LMS_EFORMAT, "tokenizer.json: %s: regex '%.*s' does not compile: %s", where,
+                        (int)LMS_MIN(n, 200), src, (const char *)msg);
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter when JIT is unavailable */
     *out = re;
@@ -450,8 +603,10 @@ static int load_model(lms_tokenizer *t, const cJSON *model, const cJSON *added, 
     cJSON_ArrayForEach(it, vocab)
     {
         int32_t id = (int32_t)it->valuedouble;
-        const char *s = it->string;
-        size_t n = strlen(s);
+        const char *s;
+        size_t n;
+        if ((rc = unmark(it->string, &s, &n)))
+            goto out;
         if (t->tok_len[id] != UINT32_MAX) {
             rc = lms__err(LMS_EFORMAT, "tokenizer.json: vocab id %d is used twice", id);
             goto out;
@@ -482,21 +637,22 @@ static int load_model(lms_tokenizer *t, const cJSON *model, const cJSON *added, 
         size_t an, bn;
         char *sp = NULL;
         if (cJSON_IsString(it)) {
-            a = it->valuestring;
-            sp = strchr(a, ' ');
+            size_t wn;
+            if ((rc = unmark(it->valuestring, &a, &wn)))
+                goto out_cat;
+            sp = memchr(a, ' ', wn);
             if (!sp) {
                 rc = lms__err(LMS_EFORMAT, "tokenizer.json: merge %u '%.64s' is not \"a b\"", rank, a);
                 goto out_cat;
             }
             an = (size_t)(sp - a);
             b = sp + 1;
-            bn = strlen(b);
+            bn = wn - an - 1;
         } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
                    cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            a = cJSON_GetArrayItem(it, 0)->valuestring;
-            b = cJSON_GetArrayItem(it, 1)->valuestring;
-            an = strlen(a);
-            bn = strlen(b);
+            if ((rc = unmark(cJSON_GetArrayItem(it, 0)->valuestring, &a, &an)) ||
+                (rc = unmark(cJSON_GetArrayItem(it, 1)->valuestring, &b, &bn)))
+                goto out_cat;
         } else {
             rc = lms__err(LMS_EFORMAT, "tokenizer.json: merge %u is neither \"a b\" nor [\"a\", \"b\"]", rank);
             goto out_cat;
@@ -523,7 +679,10 @@ static int load_model(lms_tokenizer *t, const cJSON *model, const cJSON *added, 
     const char *unk = jstr(model, "unk_token");
     t->unk_id = -1;
     if (unk) {
-        t->unk_id = lms__sm_get(&t->vocab, unk, strlen(unk));
+        size_t un;
+        if ((rc = unmark(unk, &unk, &un)))
+            goto out_cat;
+        t->unk_id = lms__sm_get(&t->vocab, unk, un);
         if (t->unk_id < 0) {
             rc = lms__err(LMS_EFORMAT, "tokenizer.json: unk_token '%.64s' is not in the vocabulary", unk);
             goto out_cat;
@@ -616,8 +775,17 @@ static int load_added(lms_tokenizer *t, const cJSON *added, tok_buf *arena)
             return LMS_ENOMEM;
         a->len = cn;
         t->n_added++;
-        /* the added token's string wins over the model's for id -> token */
-        if ((rc = set_token(t, arena, a->id, c, cn)))
+        /* the added token's string wins over the model's for id -> token; a
+         * normalized token reads back normalized, as in HF */
+        if (a->normalized && t->n_norms) {
+            tok_buf nb = {0};
+            rc = lms__tok_normalize(t, c, cn, &nb);
+            if (!rc)
+                rc = set_token(t, arena, a->id, nb.p ? nb.p : "", nb.len);
+            lms__tb_free(&nb);
+        } else
+            rc = set_token(t, arena, a->id, c, cn);
+        if (rc)
             return rc;
         t->tok_flags[a->id] |= TOKF_ADDED | (a->special ? TOKF_SPECIAL : 0);
     }
@@ -728,13 +896,17 @@ int lms_tokenizer_load(const char *json, size_t len, const char *config, lms_tok
     lms_tokenizer *t = NULL;
     cJSON *root = NULL;
     tok_buf arena = {0};
+    char *marked = NULL;
     int rc;
     if (!out || (!json && len))
         return lms__err(LMS_EINVAL, "lms_tokenizer_load: NULL argument");
     *out = NULL;
     if (len > MAX_TOKENIZER_JSON)
         return lms__err(LMS_ERANGE, "tokenizer.json: %zu bytes is larger than the 1 GiB limit", len);
-    root = cJSON_ParseWithLength(json ? json : "", len);
+    nul_reset();
+    if ((rc = mark_nuls(json ? json : "", len, &marked, &len)))
+        return rc;
+    root = cJSON_ParseWithLength(marked ? marked : json ? json : "", len);
     if (!root || !cJSON_IsObject(root)) {
         const char *at = cJSON_GetErrorPtr();
         rc = lms__err(LMS_EFORMAT, "tokenizer.json: not valid JSON%s%.32s%s", at ? " near '" : "", at ? at : "",
@@ -791,11 +963,15 @@ int lms_tokenizer_load(const char *json, size_t len, const char *config, lms_tok
     if (t->bos_id < 0 && t->n_post_prefix)
         t->bos_id = t->post_prefix[0];
     cJSON_Delete(root);
+    lms__free(marked);
+    nul_reset();
     *out = t;
     return 0;
 fail:
     lms__tb_free(&arena);
     cJSON_Delete(root);
+    lms__free(marked);
+    nul_reset();
     lms_tokenizer_free(t);
     return rc;
 }
