@@ -61,21 +61,20 @@ def main():
         ended = bool(want) and want[-1] == eos
         want_ids = want[:-1] if ended else want
         ids = ",".join(map(str, c["prompt_ids"]))
-        r = json.loads(tm.lms("run", "smollm2", "--prompt-ids", ids, "--temp", "0", "--max-tokens",
-                              str(len(want)), "--json", store=store).stdout)
-        check(r["ids"] == want_ids, f"{c['name']}: greedy ids equal transformers' ({len(want_ids)} tokens)"
-              + ("" if r["ids"] == want_ids else f"\n  got  {r['ids']}\n  want {want_ids}"))
-        if ended:
-            check(r["metrics"]["stop"] == "eos", f"{c['name']}: stops on EOS like transformers")
-        # tokenization (and for chat cases the ChatML rendering) of the prompt text
+        # the prompt as text: tokenization (and for chat cases the ChatML
+        # rendering) must give transformers' prompt ids, then the greedy ids
         if c["chat"]:
             args = ["--chat", "--system", c["system"], "-p", c["prompt"]]
         else:
             args = ["-p", c["prompt"]]
-        r = json.loads(tm.lms("run", "smollm2", *args, "--temp", "0", "--max-tokens", "1", "--json",
-                              store=store).stdout)
+        r = json.loads(tm.lms("run", "smollm2", *args, "--temp", "0", "--max-tokens", str(len(want)),
+                              "--json", store=store).stdout)
         check(r["prompt_ids"] == c["prompt_ids"], f"{c['name']}: prompt ids equal transformers'"
               + ("" if r["prompt_ids"] == c["prompt_ids"] else f"\n  got  {r['prompt_ids']}\n  want {c['prompt_ids']}"))
+        check(r["ids"] == want_ids, f"{c['name']}: greedy ids equal transformers' ({len(want_ids)} tokens)"
+              + ("" if r["ids"] == want_ids else f"\n  got  {r['ids']}\n  want {want_ids}"))
+        if ended:
+            check(r["metrics"]["stop"] == "eos", f"{c['name']}: stops on EOS like transformers")
         if quick:
             continue
         out = os.path.join(base, "logits.f32")
