@@ -101,6 +101,7 @@ typedef struct save_page {
     uint32_t segment;
     uint64_t offset;
     int rc;
+    char err[200]; /* the failing worker's detail */
 } save_page;
 
 typedef struct save_ctx {
@@ -118,6 +119,13 @@ typedef struct save_ctx {
     uint64_t created;
     int rc;
 } save_ctx;
+
+/* Keep a worker's error detail with its page: lms_last_error() is per thread. */
+static void keep_detail(char *dst, size_t n, int rc)
+{
+    const char *d = lms_last_error();
+    snprintf(dst, n, "%s", d && *d ? d : lms_strerror(rc));
+}
 
 static void save_encode_one(void *arg, size_t i, int worker)
 {
@@ -143,6 +151,7 @@ static void save_encode_one(void *arg, size_t i, int worker)
         uint8_t *img = buf + kv->page_bytes;
         rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_page_ptr(kv, sp->page), kv->page_bytes, NULL);
         if (rc) {
+            keep_detail(sp->err, sizeof sp->err, rc);
             sp->rc = rc;
             return;
         }
@@ -152,12 +161,14 @@ static void save_encode_one(void *arg, size_t i, int worker)
     size_t cap = lms__kv_encode_bound(n);
     sp->data = lms__malloc(cap);
     if (!sp->data) {
+        keep_detail(sp->err, sizeof sp->err, LMS_ENOMEM);
         sp->rc = LMS_ENOMEM;
         return;
     }
     size_t len;
     rc = lms__kv_encode(&c->codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, sp->data, cap, &len);
     if (rc) {
+        keep_detail(sp->err, sizeof sp->err, rc);
         sp->rc = rc;
         return;
     }
@@ -185,6 +196,8 @@ static void save_write_one(void *arg, size_t i, int worker)
     if (sp->stored || sp->dup || sp->blob_exists)
         return;
     sp->rc = lms__append_write(c->app, sp->segment, sp->offset, sp->data, sp->rec.stored_size);
+    if (sp->rc)
+        keep_detail(sp->err, sizeof sp->err, sp->rc);
 }
 
 /* Does the stored blob `b` hold exactly `data`? (dedup by hash AND bytes) */
@@ -369,7 +382,7 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
     lms__pool_run(pool, c.n_pages, save_encode_one, &c);
     for (uint32_t i = 0; i < c.n_pages; i++)
         if ((rc = c.pages[i].rc)) {
-            lms__err_prefix(rc, "KV save '%s': page %u: ", name, i);
+            lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
             goto out;
         }
 
@@ -416,8 +429,10 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
     lms__crashpoint("kv-save:before-write");
     lms__pool_run(pool, c.n_pages, save_write_one, &c);
     for (uint32_t i = 0; i < c.n_pages; i++)
-        if ((rc = c.pages[i].rc))
+        if ((rc = c.pages[i].rc)) {
+            lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
             goto out;
+        }
     lms__crashpoint("kv-save:before-sync");
     if ((rc = lms__append_sync(c.app)))
         goto out;
@@ -483,6 +498,7 @@ typedef struct res_page {
     lms__blob_rec blob;
     int seg;               /* index into maps */
     int rc;
+    char err[200];         /* the failing worker's detail (thread-local there) */
 } res_page;
 
 typedef struct res_ctx {
@@ -524,6 +540,8 @@ static void res_decode_one(void *arg, size_t i, int worker)
             rc = lms__kv_decode(&c->codec[worker], rp->rec.codec, in, rp->blob.size, out, n, rp->rec.elem_size, &h);
     }
     if (rc) {
+        if (rc != LMS_ECORRUPT)
+            keep_detail(rp->err, sizeof rp->err, rc);
         rp->rc = rc;
         return;
     }
@@ -813,7 +831,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
             goto out;
         }
         if (rc) {
-            lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
+            lms__err(rc, "KV session '%s': page %u: %s", name, i, c.pages[i].err);
             goto out;
         }
     }
