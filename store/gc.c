@@ -10,7 +10,8 @@
  *             segments to the end of the store, fsync, then repoint them.
  *             A crash before the commit leaves unreferenced copies (step 3
  *             of the next gc trims them), after it the old copies.
- *   3. shrink (append lock, after the reader grace period): for each
+ *   3. shrink (append lock, after the reader grace period; run before
+ *             step 2 too, so compaction appends right after live data): for each
  *             segment, unlink it when no blob lives in it, else truncate
  *             the bytes past its last blob (left by crashed imports or by
  *             deleted blobs); each only under flock(LOCK_EX|LOCK_NB) on the
@@ -390,7 +391,24 @@ out:
 
 /* ---- step 3: shrink ----------------------------------------------------------------------------- */
 
-static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, void *ctx, lms_gc_report *rep)
+/* Segments reported busy in this gc run (shrink may run twice). */
+typedef struct busy_set {
+    uint32_t ids[256];
+    size_t n;
+} busy_set;
+
+static bool busy_seen(busy_set *b, uint32_t id)
+{
+    for (size_t i = 0; i < b->n; i++)
+        if (b->ids[i] == id)
+            return true;
+    if (b->n < LMS_ARRAY_LEN(b->ids))
+        b->ids[b->n++] = id;
+    return false;
+}
+
+static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, void *ctx, lms_gc_report *rep,
+                  busy_set *seen)
 {
     int lock = -1;
     MDB_txn *txn = NULL;
@@ -435,9 +453,11 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
         if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB)) {
             if (fd >= 0)
                 close(fd);
-            rep->segments_busy++;
-            if (busy)
-                busy(ctx, g->id, path);
+            if (!busy_seen(seen, g->id)) {
+                rep->segments_busy++;
+                if (busy)
+                    busy(ctx, g->id, path);
+            }
             continue;
         }
         if (!g->has_blobs) {
@@ -554,10 +574,15 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
     report->blobs_deleted = dc.blobs;
     report->kvpages_deleted = dc.kvpages;
 
-    /* 2. compact, 3. shrink */
+    /* 3. shrink first as well: trimming the last segment's unreachable tail
+     * (a crashed import or gc) lets compaction append right after live data
+     * instead of after garbage no later gc could reach. 2. compact, 3. shrink. */
+    busy_set seen = {.n = 0};
+    if ((rc = shrink(s, params, busy, ctx, report, &seen)))
+        goto out;
     if ((rc = compact(s, below, report)))
         goto out;
-    if ((rc = shrink(s, params, busy, ctx, report)))
+    if (report->blobs_moved && (rc = shrink(s, params, busy, ctx, report, &seen)))
         goto out;
     rc = lms_store_segment_bytes(s, &report->bytes_after, NULL);
     if (!rc)
