@@ -97,7 +97,7 @@ typedef struct save_page {
     bool dup;           /* same key as an earlier page of this save */
     bool blob_exists;   /* identical stored bytes already a blob */
     lms__kvpage_rec rec;
-    uint8_t *data;      /* encoded bytes (stored_size) */
+    const uint8_t *data; /* encoded bytes (stored_size): a batch slot or the arena page; valid during its batch */
     uint32_t segment;
     uint64_t offset;
     int rc;
@@ -114,7 +114,9 @@ typedef struct save_ctx {
     int32_t *tokens;
     uint8_t *keys;  /* n_pages x 16 */
     lms__kv_codec_ctx *codec; /* per worker */
-    uint8_t **rawbuf;         /* per worker: page_bytes */
+    uint8_t **rawbuf;         /* per worker: 2 x page_bytes (packed page, device page image) */
+    uint8_t **slot;           /* per batch slot: encode bound of a page */
+    uint32_t batch0;          /* first page of the batch being encoded / written */
     lms__appender *app;
     uint64_t created;
     int rc;
@@ -127,10 +129,10 @@ static void keep_detail(char *dst, size_t n, int rc)
     snprintf(dst, n, "%s", d && *d ? d : lms_strerror(rc));
 }
 
-static void save_encode_one(void *arg, size_t i, int worker)
+static void save_encode_one(void *arg, size_t bi, int worker)
 {
     save_ctx *c = arg;
-    save_page *sp = &c->pages[i];
+    save_page *sp = &c->pages[c->batch0 + bi];
     lms_kv *kv = c->kv;
     if (sp->stored || sp->dup)
         return;
@@ -158,27 +160,27 @@ static void save_encode_one(void *arg, size_t i, int worker)
         pack_page(kv, img, sp->n_tokens, buf);
         raw = buf;
     }
-    size_t cap = lms__kv_encode_bound(n);
-    sp->data = lms__malloc(cap);
-    if (!sp->data) {
-        keep_detail(sp->err, sizeof sp->err, LMS_ENOMEM);
-        sp->rc = LMS_ENOMEM;
-        return;
-    }
-    size_t len;
-    rc = lms__kv_encode(&c->codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, sp->data, cap, &len);
-    if (rc) {
-        keep_detail(sp->err, sizeof sp->err, rc);
-        sp->rc = rc;
-        return;
-    }
-    /* Keep raw when a codec does not pay for itself. */
-    if (c->params.codec != LMS_KV_CODEC_RAW && len >= n) {
-        memcpy(sp->data, raw, n);
-        len = n;
+    size_t cap = lms__kv_encode_bound(n), len = n;
+    uint8_t *out = c->slot[bi];
+    if (c->params.codec == LMS_KV_CODEC_RAW) {
+        sp->data = raw; /* written straight from the arena (or the packed page) */
         sp->rec.codec = LMS__KV_CODEC_RAW;
     } else {
-        sp->rec.codec = (uint16_t)c->params.codec;
+        rc = lms__kv_encode(&c->codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, out, cap, &len);
+        if (rc) {
+            keep_detail(sp->err, sizeof sp->err, rc);
+            sp->rc = rc;
+            return;
+        }
+        /* Keep raw when a codec does not pay for itself. */
+        if (len >= n) {
+            memcpy(out, raw, n);
+            len = n;
+            sp->rec.codec = LMS__KV_CODEC_RAW;
+        } else {
+            sp->rec.codec = (uint16_t)c->params.codec;
+        }
+        sp->data = out;
     }
     sp->rec.elem_size = (uint16_t)kv->elem;
     sp->rec.n_tokens = sp->n_tokens;
@@ -188,10 +190,10 @@ static void save_encode_one(void *arg, size_t i, int worker)
     lms__hash128_put(sp->rec.blob, lms__hash128(sp->data, len));
 }
 
-static void save_write_one(void *arg, size_t i, int worker)
+static void save_write_one(void *arg, size_t bi, int worker)
 {
     save_ctx *c = arg;
-    save_page *sp = &c->pages[i];
+    save_page *sp = &c->pages[c->batch0 + bi];
     (void)worker;
     if (sp->stored || sp->dup || sp->blob_exists)
         return;
@@ -214,6 +216,26 @@ static int blob_same_bytes(lms_store *s, const lms__blob_rec *b, const uint8_t *
         *same = memcmp(m.base + b->offset, data, len) == 0;
     lms__segment_unmap(&m);
     return 0;
+}
+
+/* Does the page this save wrote at (segment, offset) hold exactly `data`? */
+static int written_same_bytes(lms__appender *a, const save_page *o, const uint8_t *data, size_t len, bool *same)
+{
+    int fd, rc;
+    const char *path;
+    *same = false;
+    if (o->rec.stored_size != len)
+        return 0;
+    if ((rc = lms__append_fd(a, o->segment, &fd, &path)))
+        return rc;
+    uint8_t *buf = lms__malloc(len);
+    if (!buf)
+        return LMS_ENOMEM;
+    rc = lms__pread_all(fd, buf, len, o->offset, path);
+    if (!rc)
+        *same = memcmp(buf, data, len) == 0;
+    lms__free(buf);
+    return rc;
 }
 
 static int save_txn(lms_store *s, MDB_txn *txn, void *arg)
@@ -293,6 +315,7 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
     save_ctx c;
     lms_pool *pool = NULL;
     int rc, threads = 0;
+    uint32_t n_slots = 0;
     MDB_txn *txn = NULL;
 
     memset(&c, 0, sizeof c);
@@ -372,73 +395,101 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
     if ((rc = lms__pool_create(threads, &pool)))
         goto out;
     threads = lms__pool_threads(pool);
+    /* Pages go in batches through encode (threads) -> dedup and reserve
+     * (this thread) -> write (threads), reusing one set of buffers: memory
+     * stays bounded and warm whatever the session's size. */
+    n_slots = (uint32_t)(4 * threads);
     rc = LMS_ENOMEM;
     if (!(c.codec = lms__calloc((size_t)threads, sizeof *c.codec)) ||
-        !(c.rawbuf = lms__calloc((size_t)threads, sizeof *c.rawbuf)))
+        !(c.rawbuf = lms__calloc((size_t)threads, sizeof *c.rawbuf)) ||
+        !(c.slot = lms__calloc(n_slots, sizeof *c.slot)))
         goto out;
     for (int w = 0; w < threads; w++)
         if (!(c.rawbuf[w] = lms__malloc(2 * kv->page_bytes)) || !(c.codec[w].scratch = lms__malloc(kv->page_bytes)))
             goto out;
-    lms__pool_run(pool, c.n_pages, save_encode_one, &c);
-    for (uint32_t i = 0; i < c.n_pages; i++)
-        if ((rc = c.pages[i].rc)) {
-            lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
+    for (uint32_t k = 0; k < n_slots; k++)
+        if (!(c.slot[k] = lms__malloc(lms__kv_encode_bound(kv->page_bytes))))
             goto out;
-        }
-
-    /* Identical stored bytes already a blob (e.g. pages of zeros): reference it. */
-    if ((rc = lms__txn_read(store, &txn)))
-        goto out;
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        save_page *sp = &c.pages[i];
-        if (sp->stored || sp->dup)
-            continue;
-        lms__blob_rec b;
-        rc = lms__blob_get(store, txn, sp->rec.blob, &b);
-        if (rc == 0) {
-            bool same;
-            if ((rc = blob_same_bytes(store, &b, sp->data, sp->rec.stored_size, &same)))
-                goto out;
-            if (!same) {
-                rc = lms__err(LMS_EEXIST, "KV save '%s': page %u's bytes collide with a different blob of the same hash",
-                              name, i);
+    double t_enc = 0, t_wr = 0;
+    for (c.batch0 = 0; c.batch0 < c.n_pages; c.batch0 += n_slots) {
+        uint32_t bn = LMS_MIN(n_slots, c.n_pages - c.batch0);
+        double t1 = lms__now();
+        lms__pool_run(pool, bn, save_encode_one, &c);
+        t_enc += lms__now() - t1;
+        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++)
+            if ((rc = c.pages[i].rc)) {
+                lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
                 goto out;
             }
-            sp->blob_exists = true;
-        } else if (rc != LMS_ENOENT) {
+        /* Identical stored bytes already a blob (pages of zeros, say), in the
+         * store or earlier in this save: reference that blob instead. */
+        if ((rc = lms__txn_read(store, &txn)))
             goto out;
+        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++) {
+            save_page *sp = &c.pages[i];
+            if (sp->stored || sp->dup)
+                continue;
+            lms__blob_rec b;
+            rc = lms__blob_get(store, txn, sp->rec.blob, &b);
+            if (rc == 0) {
+                bool same;
+                if ((rc = blob_same_bytes(store, &b, sp->data, sp->rec.stored_size, &same)))
+                    goto out;
+                if (!same) {
+                    rc = lms__err(LMS_EEXIST,
+                                  "KV save '%s': page %u's bytes collide with a different blob of the same hash", name, i);
+                    goto out;
+                }
+                sp->blob_exists = true;
+            } else if (rc != LMS_ENOENT) {
+                goto out;
+            }
+            for (uint32_t j = 0; j < i && !sp->blob_exists; j++) {
+                save_page *o = &c.pages[j];
+                if (o->stored || o->dup || o->blob_exists || memcmp(o->rec.blob, sp->rec.blob, 16))
+                    continue;
+                bool same;
+                if (j >= c.batch0) {
+                    same = o->rec.stored_size == sp->rec.stored_size && !memcmp(o->data, sp->data, sp->rec.stored_size);
+                } else if ((rc = written_same_bytes(c.app, o, sp->data, sp->rec.stored_size, &same))) {
+                    goto out;
+                }
+                if (same)
+                    sp->blob_exists = true; /* o's blob record is put first, in the same transaction */
+            }
         }
-        /* two new pages of this save with identical bytes: one blob */
-        for (uint32_t j = 0; j < i && !sp->blob_exists; j++) {
-            save_page *o = &c.pages[j];
-            if (!o->stored && !o->dup && !o->blob_exists && !memcmp(o->rec.blob, sp->rec.blob, 16) &&
-                o->rec.stored_size == sp->rec.stored_size && !memcmp(o->data, sp->data, sp->rec.stored_size))
-                sp->blob_exists = true; /* o's blob record is put first in the same transaction */
+        lms__txn_end(store, txn);
+        txn = NULL;
+        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++) {
+            save_page *sp = &c.pages[i];
+            if (sp->stored || sp->dup || sp->blob_exists)
+                continue;
+            if ((rc = lms__append_reserve(c.app, sp->rec.stored_size, &sp->segment, &sp->offset)))
+                goto out;
         }
+        if (c.batch0 == 0)
+            lms__crashpoint("kv-save:before-write");
+        t1 = lms__now();
+        lms__pool_run(pool, bn, save_write_one, &c);
+        t_wr += lms__now() - t1;
+        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++)
+            if ((rc = c.pages[i].rc)) {
+                lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
+                goto out;
+            }
     }
-    lms__txn_end(store, txn);
-    txn = NULL;
-
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        save_page *sp = &c.pages[i];
-        if (sp->stored || sp->dup || sp->blob_exists)
-            continue;
-        if ((rc = lms__append_reserve(c.app, sp->rec.stored_size, &sp->segment, &sp->offset)))
-            goto out;
-    }
-    lms__crashpoint("kv-save:before-write");
-    lms__pool_run(pool, c.n_pages, save_write_one, &c);
-    for (uint32_t i = 0; i < c.n_pages; i++)
-        if ((rc = c.pages[i].rc)) {
-            lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
-            goto out;
-        }
     lms__crashpoint("kv-save:before-sync");
+    double t_sync0 = lms__now();
+    (void)t_sync0;
     if ((rc = lms__append_sync(c.app)))
         goto out;
+    double t_sync1 = lms__now();
     lms__crashpoint("kv-save:before-commit");
     if ((rc = lms__txn_write(store, save_txn, &c)))
         goto out;
+    lms__debug("KV save '%s': %u pages (%u new): encode %.1f ms (%d threads), write %.1f ms, fsync %.1f ms, commit %.1f ms",
+               name, c.n_pages, to_write, t_enc * 1e3, threads, t_wr * 1e3, (t_sync1 - t_sync0) * 1e3,
+               (lms__now() - t_sync1) * 1e3);
     lms__crashpoint("kv-save:after-commit");
     lms__append_end(c.app, true);
     c.app = NULL;
@@ -474,9 +525,10 @@ out:
     }
     lms__free(c.codec);
     lms__free(c.rawbuf);
-    if (c.pages)
-        for (uint32_t i = 0; i < c.n_pages; i++)
-            lms__free(c.pages[i].data);
+    if (c.slot)
+        for (uint32_t k = 0; k < n_slots; k++)
+            lms__free(c.slot[k]);
+    lms__free(c.slot);
     lms__free(c.pages);
     lms__free(c.tokens);
     lms__free(c.keys);
