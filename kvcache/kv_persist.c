@@ -163,7 +163,14 @@ static void save_encode_one(void *arg, size_t bi, int worker)
     size_t cap = lms__kv_encode_bound(n), len = n;
     uint8_t *out = c->slot[bi];
     if (c->params.codec == LMS_KV_CODEC_RAW) {
-        sp->data = raw; /* written straight from the arena (or the packed page) */
+        /* A full host page is written straight from the arena; a packed or
+         * device-copied page lives in this worker's buffer, which its next
+         * page reuses, so it moves to the page's batch slot. */
+        if (raw != lms__kv_page_ptr(kv, sp->page)) {
+            memcpy(out, raw, n);
+            raw = out;
+        }
+        sp->data = raw;
         sp->rec.codec = LMS__KV_CODEC_RAW;
     } else {
         rc = lms__kv_encode(&c->codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, out, cap, &len);

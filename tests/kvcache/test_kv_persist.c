@@ -441,6 +441,100 @@ static void injected_faults_leave_cache_and_store_consistent(void **st_)
     free(dir);
 }
 
+/* A device that is not the CPU as far as the cache can tell (kind CUDA)
+ * but whose memory is host memory and whose copies are memcpy: it drives
+ * the paths of device arenas (page images copied to and from the host,
+ * staging on resume) in a machine without a GPU. */
+static lms_device_ops fake_ops;
+static lms_device fake_dev;
+
+static lms_device *fake_device(void)
+{
+    lms_device *cpu = kvt_cpu();
+    fake_ops = *cpu->ops;
+    fake_ops.name = "fake-device";
+    fake_dev = *cpu;
+    fake_dev.ops = &fake_ops;
+    fake_dev.kind = LMS_DEVICE_CUDA;
+    return &fake_dev;
+}
+
+static lms_kv *fake_kv(uint32_t pages)
+{
+    lms_kv_params p = lms_kv_default_params();
+    p.budget_pages = pages;
+    p.max_seqs = 8;
+    kvt_model_id(p.model_id, 0);
+    lms_kv *kv;
+    assert_int_equal(lms_kv_create(fake_device(), &KVT_LAYOUT, &p, &kv), 0);
+    return kv;
+}
+
+static void device_arenas_save_and_resume_through_host_copies(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-device");
+    lms_store *st = open_store(dir);
+    const lms_kv_codec codecs[] = {LMS_KV_CODEC_RAW, LMS_KV_CODEC_SHUFFLE_ZSTD};
+    for (int k = 0; k < 2; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "dev%d", k);
+        lms_kv *kv = fake_kv(32);
+        lms_kv_seq *s;
+        assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+        kvt_fill(kv, s, 70 + k, 43, 0); /* 10 full pages + 3 tokens: several pages per worker */
+        lms_kv_save_params sp = lms_kv_default_save_params();
+        sp.codec = codecs[k];
+        sp.threads = 2;
+        assert_int_equal(lms_kv_save_ex(kv, s, st, name, &sp, NULL), 0);
+        lms_kv_seq_free(kv, s);
+        assert_int_equal(lms_kv_destroy(kv), 0);
+
+        /* resume into a busy device cache: free pages and evicted ones */
+        kv = fake_kv(16);
+        lms_kv_seq *live, *gone, *r;
+        assert_int_equal(lms_kv_seq_new(kv, &live), 0);
+        kvt_fill(kv, live, 501, 8, 0);
+        assert_int_equal(lms_kv_seq_new(kv, &gone), 0);
+        kvt_fill(kv, gone, 502, 24, 0);
+        lms_kv_seq_free(kv, gone); /* 2 used, 6 cached, 8 free */
+        lms_kv_io_stats rs;
+        lms_kv_resume_params rp = lms_kv_default_resume_params();
+        rp.threads = 2;
+        assert_int_equal(lms_kv_resume_ex(kv, st, name, &rp, &r, &rs), 0);
+        assert_int_equal(rs.pages_written, 11);
+        assert_int_equal(kvt_diff(kv, r, 70 + k, 43, 0), 0);
+        assert_int_equal(kvt_diff(kv, live, 501, 8, 0), 0);
+        assert_int_equal(lms__kv_check(kv), 0);
+        lms_kv_seq_free(kv, r);
+        lms_kv_seq_free(kv, live);
+        assert_int_equal(lms_kv_destroy(kv), 0);
+    }
+    /* a corrupt page fails on a device arena too, leaving it unchanged */
+    page_find f = {.want = 4};
+    assert_int_equal(lms_kv_session(st, "dev1", NULL, find_page, &f), 0);
+    corrupt_file(dir, f.got.segment, f.got.offset + f.got.stored_size / 3, false);
+    lms_kv *kv = fake_kv(16);
+    lms_kv_seq *live, *gone, *r = NULL;
+    assert_int_equal(lms_kv_seq_new(kv, &live), 0);
+    kvt_fill(kv, live, 501, 8, 0);
+    assert_int_equal(lms_kv_seq_new(kv, &gone), 0);
+    kvt_fill(kv, gone, 502, 24, 0);
+    lms_kv_seq_free(kv, gone);
+    kvt_snap before = kvt_snapshot(kv);
+    assert_int_equal(lms_kv_resume(kv, st, "dev1", &r), LMS_ECORRUPT);
+    assert_non_null(strstr(lms_last_error(), "corrupt page 4"));
+    kvt_snap after = kvt_snapshot(kv);
+    kvt_assert_same(&before, &after);
+    free(before.buf);
+    free(after.buf);
+    lms_kv_seq_free(kv, live);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
 static int child_save(int argc, char **argv)
 {
     if (argc != 6)
@@ -485,6 +579,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(two_sessions_sharing_a_prefix_store_the_shared_pages_once),
         cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
         cmocka_unit_test(injected_faults_leave_cache_and_store_consistent),
+        cmocka_unit_test(device_arenas_save_and_resume_through_host_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
