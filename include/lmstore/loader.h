@@ -108,7 +108,7 @@ typedef struct lms_model_params {
                               * the path taken when the data is not in the page cache */
     bool no_readers;         /* resident: never take the readers path automatically */
     int streams;             /* copy streams; 0 = 4 */
-    int threads;             /* register / reader / verify threads; 0 = 4 */
+    int threads;             /* register / reader / verify threads; 0 = online CPUs, 2..8 */
     uint64_t chunk_bytes;    /* register and copy granularity, rounded up to 2 MiB; 0 = 64 MiB
                               * when registering, 16 MiB through the staging ring */
     int ring_slots;          /* staging ring buffers of chunk_bytes each; 0 = 2 x threads */
