@@ -31,19 +31,28 @@ bytes=$(du -cb "$src"/*.safetensors | tail -1 | cut -f1)
 cat "$src"/* > /dev/null # page cache warm
 echo "model: $(ls "$src" | wc -l) files, $bytes bytes of safetensors; $(nproc) CPUs" >&2
 
-hyperfine --runs "$runs" --export-json "$dir/hf.json" \
-    --prepare "rm -rf $dst/store $dst/cp; sync; cat $src/* > /dev/null" \
-    -n import "$bin import $src --store $dst/store --quiet" \
-    -n cp "cp -r $src $dst/cp" \
-    -n cp+sync "cp -r $src $dst/cp && sync"
+# Rounds alternate the three commands (one hyperfine call per round, each
+# command once), so that the drift of a shared disk hits all of them alike.
+for r in $(seq 1 "$runs"); do
+    hyperfine --runs 1 --export-json "$dir/round$r.json" --style basic \
+        --prepare "rm -rf $dst/store $dst/cp; sync; sleep 1; cat $src/* > /dev/null" \
+        -n import "$bin import $src --store $dst/store --quiet" \
+        -n cp "cp -r $src $dst/cp" \
+        -n cp+sync "cp -r $src $dst/cp && sync" >&2
+done
 
-python3 - "$dir/hf.json" "$bytes" <<'PY'
+python3 - "$dir" "$runs" "$bytes" <<'PY'
 import json, statistics, sys
-r = {x["command"]: x for x in json.load(open(sys.argv[1]))["results"]}
-b = int(sys.argv[2])
-med = {k: statistics.median(v["times"]) for k, v in r.items()}
+d, runs, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t = {"import": [], "cp": [], "cp+sync": []}
+for r in range(1, runs + 1):
+    for x in json.load(open(f"{d}/round{r}.json"))["results"]:
+        t[x["command"]].append(x["times"][0])
+med = {k: statistics.median(v) for k, v in t.items()}
 for k in ("import", "cp", "cp+sync"):
-    print(f"{k:8s} median {med[k]:.3f} s  ({b / med[k] / 1e9:.2f} GB/s)  runs {['%.2f' % t for t in r[k]['times']]}")
-print(f"import throughput / cp throughput      = {med['cp'] / med['import']:.2f}x")
-print(f"import throughput / (cp + sync)        = {med['cp+sync'] / med['import']:.2f}x")
+    print(f"{k:8s} median {med[k]:6.2f} s  {b / med[k] / 1e9:5.2f} GB/s   runs {' '.join('%.2f' % x for x in t[k])}")
+r_cp = statistics.median([c / i for i, c in zip(t["import"], t["cp"])])
+r_cs = statistics.median([c / i for i, c in zip(t["import"], t["cp+sync"])])
+print(f"import/cp throughput ratio: {med['cp'] / med['import']:.2f}x of medians, {r_cp:.2f}x median of per-round ratios")
+print(f"import/(cp+sync) ratio:     {med['cp+sync'] / med['import']:.2f}x of medians, {r_cs:.2f}x median of per-round ratios")
 PY
