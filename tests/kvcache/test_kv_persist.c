@@ -182,6 +182,7 @@ static void corrupt_file(const char *store_dir, uint32_t segment, uint64_t offse
 }
 
 static void set_session_version(lms_store *st, const char *name, uint16_t version);
+static void set_page_version(lms_store *st, const char *name, uint32_t index, uint16_t version);
 
 static void each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged(void **st_)
 {
@@ -228,6 +229,9 @@ static void each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged
     /* a session record from a future version */
     set_session_version(st, "s2", 2);
     expect_resume_failure(st, "s2", NULL, 0, LMS_EVERSION, "version 2");
+    /* a page record from a future version */
+    set_page_version(st, "s3", 3, 2);
+    expect_resume_failure(st, "s3", NULL, 0, LMS_EVERSION, "kvpage record: version 2");
     /* a truncated KV segment: s4 was saved last, so its last page ends the file */
     f.want = 7;
     assert_int_equal(lms_kv_session(st, "s4", NULL, find_page, &f), 0);
@@ -262,6 +266,36 @@ static void set_session_version(lms_store *st, const char *name, uint16_t versio
 {
     version_ctx c = {name, version};
     assert_int_equal(lms__txn_write(st, version_txn, &c), 0);
+}
+
+typedef struct {
+    uint8_t key[16];
+    uint16_t version;
+} page_version_ctx;
+
+static int page_version_txn(lms_store *s, MDB_txn *txn, void *arg)
+{
+    page_version_ctx *c = arg;
+    MDB_val v;
+    int rc = lms__db_get(s, txn, LMS__DB_KVPAGES, c->key, 16, &v);
+    if (rc)
+        return rc;
+    uint8_t rec[LMS__KVPAGE_REC_SIZE];
+    assert_int_equal(v.mv_size, sizeof rec);
+    memcpy(rec, v.mv_data, sizeof rec);
+    lms__put_u16(rec, c->version);
+    return lms__db_put(s, txn, LMS__DB_KVPAGES, c->key, 16, rec, sizeof rec, 0);
+}
+
+/* Rewrite the version of the page record of page `index` of a session. */
+static void set_page_version(lms_store *st, const char *name, uint32_t index, uint16_t version)
+{
+    page_find f = {.want = index};
+    assert_int_equal(lms_kv_session(st, name, NULL, find_page, &f), 0);
+    page_version_ctx c;
+    memcpy(c.key, f.got.key, 16);
+    c.version = version;
+    assert_int_equal(lms__txn_write(st, page_version_txn, &c), 0);
 }
 
 static void two_sessions_sharing_a_prefix_store_the_shared_pages_once(void **st_)
