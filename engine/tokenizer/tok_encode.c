@@ -835,19 +835,6 @@ static void ctx_free(enc_ctx *c)
     lms__free(c->cache_ids);
 }
 
-static size_t utf8_invalid_at(const char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        uint32_t cp;
-        size_t k = (uint8_t)s[i] < 0x80 ? 1 : lms__utf8_next((const uint8_t *)s + i, n - i, &cp);
-        if (!k)
-            return i;
-        i += k;
-    }
-    return n;
-}
-
 int lms_tokenizer_encode(const lms_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **ids,
                          size_t *n)
 {
@@ -861,7 +848,7 @@ int lms_tokenizer_encode(const lms_tokenizer *t, const char *text, size_t len, u
     if (!text)
         text = "";
     if (!lms__utf8_valid(text, len))
-        return lms__err(LMS_EINVAL, "tokenizer: text is not valid UTF-8 (byte %zu)", utf8_invalid_at(text, len));
+        return lms__err(LMS_EINVAL, "tokenizer: text is not valid UTF-8 (byte %zu)", lms__utf8_invalid_at(text, len));
     if ((rc = push_id(&c, 0)))
         goto out;
     c.n = 0;

@@ -166,6 +166,8 @@ int lms__bl_cp_to_byte(uint32_t cp); /* -1 if cp is not in the alphabet */
 /* Decode one UTF-8 char at s[0..n); returns its length (1..4) and sets *cp,
  * or 0 if the bytes are not a valid (complete) char. */
 size_t lms__utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+/* Offset of the first invalid UTF-8 byte in s[0..n), n when valid. */
+size_t lms__utf8_invalid_at(const char *s, size_t n);
 /* Append s as UTF-8 with Rust from_utf8_lossy semantics (maximal invalid
  * subparts -> U+FFFD). When !final, an incomplete char at the very end is
  * not consumed; *consumed gets the bytes used. */

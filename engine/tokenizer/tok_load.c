@@ -903,14 +903,20 @@ int lms_tokenizer_load(const char *json, size_t len, const char *config, lms_tok
     *out = NULL;
     if (len > MAX_TOKENIZER_JSON)
         return lms__err(LMS_ERANGE, "tokenizer.json: %zu bytes is larger than the 1 GiB limit", len);
+    if (!lms__utf8_valid(json ? json : "", len))
+        return lms__err(LMS_EFORMAT, "tokenizer.json: not valid UTF-8 (byte %zu)", lms__utf8_invalid_at(json, len));
     nul_reset();
     if ((rc = mark_nuls(json ? json : "", len, &marked, &len)))
         return rc;
-    root = cJSON_ParseWithLength(marked ? marked : json ? json : "", len);
+    const char *base = marked ? marked : json ? json : "";
+    root = cJSON_ParseWithLength(base, len);
     if (!root || !cJSON_IsObject(root)) {
-        const char *at = cJSON_GetErrorPtr();
-        rc = lms__err(LMS_EFORMAT, "tokenizer.json: not valid JSON%s%.32s%s", at ? " near '" : "", at ? at : "",
-                      at ? "'" : "");
+        const char *at = root ? NULL : cJSON_GetErrorPtr();
+        if (at && at >= base && at <= base + len) /* the input need not be NUL-terminated */
+            rc = lms__err(LMS_EFORMAT, "tokenizer.json: not valid JSON (byte %zu: '%.*s')", (size_t)(at - base),
+                          (int)LMS_MIN((size_t)32, len - (size_t)(at - base)), at);
+        else
+            rc = lms__err(LMS_EFORMAT, "tokenizer.json: not a JSON object");
         goto fail;
     }
     if (!(t = lms__calloc(1, sizeof *t))) {

@@ -73,6 +73,8 @@ static int sm_grow(lms__strmap *m)
 
 int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val)
 {
+    if (!k)
+        k = "";
     if (n >= UINT32_MAX)
         return lms__err(LMS_ERANGE, "tokenizer: token of %zu bytes is too long", n);
     if ((m->n + 1) * 4 > m->cap * 3) {
@@ -114,6 +116,8 @@ int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val)
 
 int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n)
 {
+    if (!k)
+        k = "";
     if (!m->cap)
         return -1;
     uint32_t h = (uint32_t)lms__hash64(k, n, 0);
@@ -245,6 +249,19 @@ size_t lms__utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
         return 0;
     *cp = v;
     return len;
+}
+
+size_t lms__utf8_invalid_at(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t k = (uint8_t)s[i] < 0x80 ? 1 : lms__utf8_next((const uint8_t *)s + i, n - i, &cp);
+        if (!k)
+            return i;
+        i += k;
+    }
+    return n;
 }
 
 /*
