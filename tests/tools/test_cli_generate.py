@@ -135,6 +135,29 @@ def test_chat_piped_second_turn_prefills_only_the_new_turn():
     assert t3["metrics"]["reused_tokens"] == saved, (t3["metrics"], saved)
 
 
+def test_chat_turns_append_in_llama3_and_gemma_formats():
+    # --chat-format overrides the model's template; turn 2 must be exactly the
+    # format's closing of the reply plus the new turn (tokenized by HF)
+    cases = {
+        "llama3": ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                   "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nmore<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        "gemma": ("<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+                  "<end_of_turn>\n<start_of_turn>user\nmore<end_of_turn>\n<start_of_turn>model\n"),
+    }
+    for fmt, (first, second) in cases.items():
+        out = tm.lms("chat", "tiny", "--chat-format", fmt, "--json", "--temp", "0", "--max-tokens", "3",
+                     stdin="hi\nmore\n", store=STORE).stdout
+        t1, t2 = [json.loads(line) for line in out.splitlines() if line.strip()]
+        assert t1["prompt_ids"] == TOK.encode(first).ids, (fmt, t1["prompt_ids"])
+        assert t2["prompt_ids"] == TOK.encode(second).ids, (fmt, t2["prompt_ids"])
+        m = t2["metrics"]
+        assert m["reused_tokens"] == len(t1["prompt_ids"]) + len(t1["ids"]), (fmt, m)
+    p = tm.lms("chat", "tiny", "--chat-format", "nosuch", stdin="hi\n", check=False, store=STORE)
+    assert p.returncode == 2 and "nosuch" in p.stderr, p.stderr
+
+
 def test_chat_reset_starts_a_new_conversation():
     out = tm.lms("chat", "tiny", "--json", "--temp", "0", "--max-tokens", "3",
                  stdin="hello there\n/reset\nhello there\n", store=STORE).stdout
