@@ -18,12 +18,15 @@
  *      after it, the whole session. The cache is only read.
  *  (2) resume: everything that can fail happens before the cache changes:
  *      record checks, page records, segment ranges, checksums and decoding.
- *      Pages are decoded straight into free arena pages (their contents do
- *      not matter until they are taken) when the arena is host memory, and
- *      otherwise into a host staging buffer; only after every page checked
- *      out are pages taken from the free stack / LRU and the sequence built,
- *      steps that cannot fail (device copies from staging excepted, which
- *      are done before the bookkeeping changes, into pages not yet taken).
+ *      Pages whose target is a free arena page are decoded straight into it
+ *      (host arenas) or into a worker's page image and copied to the device
+ *      by that worker (device arenas): a free page's bytes belong to nobody.
+ *      Pages whose target is a cached page to evict are decoded into a host
+ *      staging buffer and copied only once every page checked out. Then
+ *      pages are taken from the free stack / LRU and the sequence built,
+ *      steps that cannot fail. The one exception: a failed device copy into
+ *      an evicted page drops the pages so written from the prefix cache (a
+ *      device error), so a cached page never holds other bytes than its key.
  *  (3) Pages of the session already in the prefix cache (same key) are
  *      attached instead of read.
  *  (4) A page's raw form is its K/V bytes in arena order for its valid
@@ -551,8 +554,9 @@ typedef struct res_page {
     uint32_t n_tokens;
     uint32_t cached;       /* page already in the prefix cache, or KV_NONE */
     uint32_t target;       /* arena page it goes to */
-    bool staged;           /* decoded into staging (target is an evicted page or a device) */
-    uint8_t *dst;          /* where the decoded (packed) bytes go */
+    bool staged;           /* target is a cached page to evict: decoded into staging, copied at commit */
+    bool via_host;         /* device arena, free target: decoded in the worker's page image, copied there */
+    uint8_t *dst;          /* where the decoded page goes (arena page or staging slot; NULL when via_host) */
     lms__kvpage_rec rec;
     lms__blob_rec blob;
     int seg;               /* index into maps */
@@ -570,6 +574,7 @@ typedef struct res_ctx {
     lms__kv_codec_ctx *codec;
     uint8_t **unpack; /* per worker: raw page for partial pages */
     uint8_t **inbuf;  /* per worker: stored bytes of one page */
+    uint8_t **image;  /* per worker: a page image for device arenas */
 } res_ctx;
 
 static void res_decode_one(void *arg, size_t i, int worker)
@@ -581,10 +586,11 @@ static void res_decode_one(void *arg, size_t i, int worker)
         return;
     const lms__segmap *m = &c->maps[rp->seg];
     size_t n = (size_t)rp->rec.raw_size;
+    uint8_t *dst = rp->via_host ? c->image[worker] : rp->dst;
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
     bool full = rp->n_tokens == kv->P;
-    uint8_t *out = full ? rp->dst : c->unpack[worker];
+    uint8_t *out = full ? dst : c->unpack[worker];
     int rc;
     /* pread from the page cache rather than faulting the mapping in page
      * by page; a raw page reads straight into its destination. */
@@ -610,7 +616,17 @@ static void res_decode_one(void *arg, size_t i, int worker)
         return;
     }
     if (!full)
-        unpack_page(kv, out, rp->n_tokens, rp->dst);
+        unpack_page(kv, out, rp->n_tokens, dst);
+    /* A free target of a device arena takes its bytes now, from this
+     * worker (overlapping with the others' decoding): a free page's bytes
+     * belong to nobody, so a later failure leaves nothing to undo. */
+    if (rp->via_host) {
+        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, rp->target), dst, kv->page_bytes, NULL);
+        if (rc) {
+            keep_detail(rp->err, sizeof rp->err, rc);
+            rp->rc = rc;
+        }
+    }
 }
 
 static bool same_layout_as(const lms_kv *kv, const lms__session_rec *r)
@@ -841,7 +857,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         if (fi < n_from_free) {
             rp->target = kv->free_stack[kv->n_free - 1 - fi];
             fi++;
-            rp->staged = !direct;
+            rp->via_host = !direct;
         } else {
             while (mark[lru])
                 lru = kv->lru_next[lru];
@@ -859,7 +875,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     }
     for (uint32_t i = 0, s = 0; i < c.n_pages; i++) {
         res_page *rp = &c.pages[i];
-        if (rp->cached != KV_NONE)
+        if (rp->cached != KV_NONE || rp->via_host)
             continue;
         rp->dst = rp->staged ? staging + (size_t)(s++) * kv->page_bytes : lms__kv_page_ptr(kv, rp->target);
     }
@@ -875,11 +891,12 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     rc = LMS_ENOMEM;
     if (!(c.codec = lms__calloc((size_t)threads, sizeof *c.codec)) ||
         !(c.unpack = lms__calloc((size_t)threads, sizeof *c.unpack)) ||
-        !(c.inbuf = lms__calloc((size_t)threads, sizeof *c.inbuf)))
+        !(c.inbuf = lms__calloc((size_t)threads, sizeof *c.inbuf)) ||
+        !(c.image = lms__calloc((size_t)threads, sizeof *c.image)))
         goto out;
     for (int w = 0; w < threads; w++)
         if (!(c.codec[w].scratch = lms__malloc(kv->page_bytes)) || !(c.unpack[w] = lms__malloc(kv->page_bytes)) ||
-            !(c.inbuf[w] = lms__malloc(max_stored)))
+            !(c.inbuf[w] = lms__malloc(max_stored)) || (!direct && !(c.image[w] = lms__malloc(kv->page_bytes))))
             goto out;
     lms__pool_run(pool, c.n_pages, res_decode_one, &c);
     for (uint32_t i = 0; i < c.n_pages; i++) {
@@ -894,19 +911,6 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
             goto out;
         }
     }
-    /* Staged pages whose target is a free page (non-host arenas) can be
-     * copied now: free pages' bytes belong to nobody. */
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached == KV_NONE && rp->staged && kv->refs[rp->target] == 0 && !(kv->flags[rp->target] & KV_PUBLISHED)) {
-            if ((rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, rp->target), rp->dst, kv->page_bytes, NULL))) {
-                lms__err_prefix(rc, "KV resume '%s': page %u to the device: ", name, i);
-                goto out;
-            }
-            rp->staged = false;
-        }
-    }
-
     /* ---- 6. commit to the cache. The only fallible step left is the device
      *         copy into evicted cached pages (non-host arenas); a page whose
      *         copy was attempted is dropped from the prefix index on failure,
@@ -997,10 +1001,13 @@ out:
             lms__free(c.unpack[w]);
         if (c.inbuf)
             lms__free(c.inbuf[w]);
+        if (c.image)
+            lms__free(c.image[w]);
     }
     lms__free(c.codec);
     lms__free(c.unpack);
     lms__free(c.inbuf);
+    lms__free(c.image);
     if (c.maps)
         for (int m = 0; m < c.n_maps; m++)
             lms__segment_unmap(&c.maps[m]);

@@ -318,7 +318,9 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
  *   LMS_ENOSPACE   not enough free + cached pages, or max_seqs reached
  * On any failure the cache is exactly as before (same sequences, pages,
  * refs, keys, LRU order and page bytes of every used or cached page) and
- * *out is NULL.
+ * *out is NULL. (One exception, on device arenas: if the device fails a
+ * copy into a cached page chosen for eviction, the cached pages written so
+ * far leave the prefix cache; LMS_EDEVICE.)
  */
 int lms_kv_resume(lms_kv *kv, lms_store *store, const char *name, lms_kv_seq **out);
 int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_kv_resume_params *params,
