@@ -7,10 +7,11 @@
  * tensors), no data page touched. Prefetch, mlock, verification and device
  * placement are steps after that, each asked for by a parameter.
  *
- * gc race: gc may move blobs and unlink a segment between our read of the
- * records and our shared lock on the segment. So after every mapping is held
- * (and locked) the records are read again; if a tensor moved, everything is
- * released and the open starts over (a few times at most).
+ * gc race: gc may move blobs and shrink or unlink a segment between our read
+ * of the records and our shared lock on the segment. So once the mappings are
+ * held (and locked), or mapping failed, the records are read again; if a
+ * tensor moved, everything is released and the open starts over (a few times
+ * at most). A failure with unchanged records is a real one and is returned.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -492,12 +493,13 @@ static int map_segments(lms_model *m, const reclist *l)
     return 0;
 }
 
-static bool records_moved(const lms_model *m, const reclist *l)
+static bool records_differ(const reclist *a, const reclist *b)
 {
-    if (l->n != m->n)
+    if (a->n != b->n)
         return true;
-    for (size_t i = 0; i < l->n; i++)
-        if (l->r[i].segment != m->ti[i].segment || l->r[i].offset != m->ti[i].offset)
+    for (size_t i = 0; i < a->n; i++)
+        if (a->r[i].segment != b->r[i].segment || a->r[i].offset != b->r[i].offset ||
+            a->r[i].nbytes != b->r[i].nbytes)
             return true;
     return false;
 }
@@ -569,19 +571,19 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
             rc = LMS_ENOMEM;
             goto fail;
         }
-        if ((rc = map_segments(m, &l)))
-            goto fail;
+        int mrc = map_segments(m, &l);
         reclist again = {0};
         if ((rc = read_records(store, name, &again)))
-            goto fail;
-        bool moved = records_moved(m, &again);
+            goto fail; /* e.g. the model was removed meanwhile: LMS_ENOENT */
+        bool moved = records_differ(&l, &again);
+        reclist_free(&again);
         if (!moved) {
-            reclist_free(&again);
+            if ((rc = mrc))
+                goto fail;
             break;
         }
-        /* gc moved blobs while we were mapping: start over with the new records */
-        reclist_free(&l);
-        l = again;
+        /* gc moved blobs (and maybe shrank or unlinked a segment) while we
+         * were mapping: start over with the new records */
         reclist_free(&l);
         release_maps(m);
         lms__free(m->ti);
