@@ -10,8 +10,10 @@
  * on the file's own pages (no data repeated: the figure to quote) and on the
  * 8B layout tiled from it (heads, layers and token offsets rotated so no
  * page or block repeats, to time the codecs on that kind of data). Without
- * --data the cache is filled with random N(0,1) bf16 values: a lower bound
- * for compression (real K/V has structure across tokens and channels).
+ * --data the cache is filled with uniformly random bits (nothing to
+ * compress: the lower bound of every codec), or with --random gaussian with
+ * N(0,1) bf16 values (synthetic; their narrow exponent range compresses
+ * about as well as real K/V, so they are no evidence either way).
  *
  * Each codec saves into its own fresh store (page keys are content
  * addresses, so a second save into one store would write nothing), then the
@@ -37,9 +39,10 @@
 
 static const char usage[] =
     "usage: lmstore bench kv [--tokens N] [--codec raw|zstd|shuffle-zstd|all] [--level L] [--data FILE]\n"
-    "           [--store DIR] [--threads N] [--repeat N] [--device cpu|cuda] [--json]\n"
-    "  --data FILE   safetensors with bf16 'k' and 'v' [layers, kv_heads, tokens, head_dim] (real KV);\n"
-    "                without it the data are random (a lower bound for compression)\n"
+    "           [--random bits|gaussian] [--store DIR] [--threads N] [--repeat N] [--device cpu|cuda] [--json]\n"
+    "  --data FILE   safetensors with bf16 'k' and 'v' [layers, kv_heads, tokens, head_dim] (real KV)\n"
+    "  --random      without --data: uniformly random bits (default; the lower bound of compression)\n"
+    "                or N(0,1) bf16 values (synthetic, not K/V)\n"
     "  --store DIR   scratch folder for the stores (default: a new folder in $TMPDIR or /tmp, removed after)\n";
 
 typedef struct fixture {
@@ -112,7 +115,7 @@ static uint16_t bf16_of(float x)
 }
 
 /* Fill positions [0, n) of seq: page images built on the host, copied to the device. */
-static int fill(lms_kv *kv, lms_kv_seq *s, uint32_t n, const fixture *fx)
+static int fill(lms_kv *kv, lms_kv_seq *s, uint32_t n, const fixture *fx, bool gaussian)
 {
     lms_kv_layout L;
     lms_kv_geometry g;
@@ -153,6 +156,11 @@ static int fill(lms_kv *kv, lms_kv_seq *s, uint32_t n, const fixture *fx)
                                 const uint16_t *src = (c ? fx->v : fx->k) +
                                                       ((size_t)lh * fx->T + tf) * fx->D;
                                 memcpy(row + j * fx->D, src, fx->D * 2);
+                            }
+                        } else if (!gaussian) {
+                            for (uint32_t d = 0; d < L.head_dim; d += 4) {
+                                uint64_t r = next64();
+                                memcpy(row + d, &r, 8);
                             }
                         } else {
                             for (uint32_t d = 0; d < L.head_dim; d += 2) {
@@ -266,7 +274,7 @@ static double memcpy_gbps(lms_kv *kv)
 int lms_bench_kv(int argc, char **argv)
 {
     int64_t tokens = 4096, threads = 0, repeat = 3, level = 1;
-    const char *codec_s = "all", *data = NULL, *store_dir = NULL, *dev_s = "cpu", *v;
+    const char *codec_s = "all", *data = NULL, *store_dir = NULL, *dev_s = "cpu", *random_s = "bits", *v;
     bool json = false;
     for (int i = 1; i < argc;) {
         if (lms_cli_opt(argc, argv, &i, "--tokens", &v)) {
@@ -283,6 +291,7 @@ int lms_bench_kv(int argc, char **argv)
                 return lms_cli_usage("bench", "bad --level %s", v);
         } else if (lms_cli_opt(argc, argv, &i, "--codec", &codec_s) || lms_cli_opt(argc, argv, &i, "--data", &data) ||
                    lms_cli_opt(argc, argv, &i, "--store", &store_dir) ||
+                   lms_cli_opt(argc, argv, &i, "--random", &random_s) ||
                    lms_cli_opt(argc, argv, &i, "--device", &dev_s)) {
         } else if (lms_cli_flag(argv, i, "--json")) {
             json = true;
@@ -305,6 +314,9 @@ int lms_bench_kv(int argc, char **argv)
         codecs[n_codecs++] = (int)c;
     }
 
+    bool gaussian = !strcmp(random_s, "gaussian");
+    if (!gaussian && strcmp(random_s, "bits"))
+        return lms_cli_usage("bench", "--random is bits or gaussian, not '%s'", random_s);
     fixture fx = {0};
     double fx_ratio[3] = {0, 0, 0};
     int rc;
@@ -333,7 +345,7 @@ int lms_bench_kv(int argc, char **argv)
         lms_cli_fail("bench", rc, "creating the 8B-shaped KV cache");
         goto out;
     }
-    if ((rc = lms_kv_seq_new(kv, &s)) || (rc = fill(kv, s, (uint32_t)tokens, data ? &fx : NULL))) {
+    if ((rc = lms_kv_seq_new(kv, &s)) || (rc = fill(kv, s, (uint32_t)tokens, data ? &fx : NULL, gaussian))) {
         lms_cli_fail("bench", rc, "filling the cache");
         goto out;
     }
@@ -359,7 +371,9 @@ int lms_bench_kv(int argc, char **argv)
         fprintf(stderr, "lmstore bench: cannot make a scratch folder\n");
         goto out;
     }
-    const char *label = data ? "real KV (--data), tiled to the 8B layout" : "random N(0,1) bf16 (lower bound)";
+    const char *label = data       ? "real KV (--data), tiled to the 8B layout"
+                        : gaussian ? "random N(0,1) bf16 values (synthetic, not KV)"
+                                   : "uniformly random bits (the lower bound of compression)";
     if (!json) {
         printf("bench kv: 8B layout (32 layers x 8 KV heads x 128, bf16, 16 tok/page), %lld tokens = %.1f MiB; data: %s\n",
                (long long)tokens, (double)tokens * 32 * 2 * 8 * 128 * 2 / 1048576.0, label);
@@ -369,7 +383,8 @@ int lms_bench_kv(int argc, char **argv)
     } else {
         printf("{\"layout\": \"llama3-8b\", \"tokens\": %lld, \"device\": \"%s\", \"data\": \"%s\", "
                "\"memcpy_gbps\": %.3f, \"codecs\": [",
-               (long long)tokens, dev->ops->name, data ? "real" : "random", copy_gbps);
+               (long long)tokens, dev->ops->name, data ? "real" : gaussian ? "random-gaussian" : "random-bits",
+               copy_gbps);
     }
     for (int ci = 0; ci < n_codecs; ci++) {
         int codec = codecs[ci];
