@@ -7,8 +7,8 @@ from tests/reference/make_smollm2_reference.py (transformers, float32 over
 the bf16 weights): prompt tokenization and chat rendering, greedy
 continuations, the last position's top-10 logits, and the perplexity of a
 paragraph. Skipped (77) when the model has not been fetched. In a
-sanitizer build (slow kernels) only a subset runs: two cases, 8 greedy
-tokens each, and the perplexity.
+sanitizer build (slow kernels) only a subset runs: one chat case, 4 greedy
+tokens.
 """
 
 import json
@@ -55,9 +55,9 @@ def main():
         failures += 0 if cond else 1
 
     quick = sanitized_build()
-    cases = [ref["cases"][0], ref["cases"][3]] if quick else ref["cases"]
+    cases = [ref["cases"][3]] if quick else ref["cases"]
     for c in cases:
-        want = c["greedy_ids"][:8] if quick else c["greedy_ids"]
+        want = c["greedy_ids"][:4] if quick else c["greedy_ids"]
         ended = bool(want) and want[-1] == eos
         want_ids = want[:-1] if ended else want
         ids = ",".join(map(str, c["prompt_ids"]))
@@ -85,6 +85,9 @@ def main():
         check(top[:3] == c["top10_ids"][:3] and d <= 1e-3,
               f"{c['name']}: top logits match (relative difference {d:.2e})")
 
+    if quick:
+        shutil.rmtree(base, ignore_errors=True)
+        return 1 if failures else 0
     p = ref["perplexity"]
     r = json.loads(tm.lms("perplexity", "smollm2", "--prompt-ids", ",".join(map(str, p["ids"])), "--json",
                           store=store).stdout)
