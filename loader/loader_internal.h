@@ -69,6 +69,7 @@ int lms__lmap_acquire(lms_store *st, uint32_t seg, uint64_t need_end, lms__lmap 
 void lms__lmap_release(lms_store *st, lms__lmap *m);
 /* A model mlocked ranges of m: munlock the mapping when it goes. */
 void lms__lmap_note_mlock(lms__lmap *m);
+int lms__lmap_mlock_users(lms__lmap *m);
 /* The O_DIRECT descriptor of a mapping's file, or the buffered one when the
  * file system refuses O_DIRECT; *direct says which. */
 int lms__lmap_fd_direct(lms__lmap *m, bool *direct);

@@ -168,6 +168,14 @@ void lms__lmap_note_mlock(lms__lmap *m)
     pthread_mutex_unlock(&g_mu);
 }
 
+int lms__lmap_mlock_users(lms__lmap *m)
+{
+    pthread_mutex_lock(&g_mu);
+    int n = m->mlock_users;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
 int lms__lmap_fd_direct(lms__lmap *m, bool *direct)
 {
     pthread_mutex_lock(&g_mu);

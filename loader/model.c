@@ -284,6 +284,9 @@ static int prepare_host(lms_model *m)
             if (mlock(r[i].p, r[i].len)) {
                 rc = lms__err_errno(LMS_EIO, errno, "model '%s': mlock of %zu bytes of %s (see ulimit -l)", m->name,
                                     r[i].len, r[i].map->sm.path);
+                for (size_t k = 0; k < i; k++) /* undo ours, unless another model holds its pages locked */
+                    if (lms__lmap_mlock_users(r[k].map) == 0)
+                        munlock(r[k].p, r[k].len);
                 goto out;
             }
         }

@@ -587,24 +587,28 @@ static void failed_opens_leave_nothing_behind(void **state)
     lms_store *st = open_store();
     lms_device *dev = NULL;
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
-    for (int variant = 0; variant < 2; variant++) {
+    lms_device *pin = open_pin_device();
+    for (int variant = 0; variant < 4; variant++) {
         lms_model_params p = lms_model_default_params();
-        if (variant == 1) {
-            p.device = dev;
-            p.placement = LMS_PLACE_RESIDENT;
-            p.force_staging = true;
+        if (variant >= 1) {
+            p.device = variant == 1 ? dev : pin;
+            p.placement = variant == 3 ? LMS_PLACE_MAPPED : LMS_PLACE_RESIDENT;
+            p.copy = variant == 1 ? LMS_COPY_STAGE_READ : LMS_COPY_REGISTER;
+            p.chunk_bytes = 2 << 20;
             p.sync = true;
-            p.threads = 1;
+            p.threads = 2;
         }
         int failures = 0;
-        for (long n = 1; n < 400; n++) {
+        bool opened = false;
+        for (long n = 1; n < 400 && !opened; n++) {
             lms_model *m = NULL;
             lms__fault_arm(LMS_FAULT_ALLOC, n, false);
             int rc = lms_model_open(st, "tiny", &p, &m);
             lms__fault_disarm_all();
             if (rc == 0) {
                 lms_model_close(m);
-                break;
+                opened = true;
+                continue;
             }
             failures++;
             assert_null(m);
@@ -614,9 +618,13 @@ static void failed_opens_leave_nothing_behind(void **state)
             assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
             assert_int_equal(u.mappings, 0);
             assert_int_equal(atomic_load(&st->users), 0);
+            assert_int_equal(g_npins, 0); /* nothing left registered */
+            assert_int_equal(g_pin_errors, 0);
         }
+        assert_true(opened);
         assert_true(failures > 5);
     }
+    lms_device_close(pin);
     lms_device_close(dev);
     assert_int_equal(lms_store_close(st), 0);
 }
