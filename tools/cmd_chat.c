@@ -205,7 +205,9 @@ int lms_cmd_chat(int argc, char **argv)
     turn_fail:
         if (!json)
             fputc('\n', stdout);
-        lms_cli_fail(cmd, rc, o.model);
+        lms_cli_fail(cmd, rc, NULL); /* engine messages name the model */
+        if (rc == LMS_ENOSPACE)
+            fprintf(stderr, "(/reset starts a new conversation; --ctx N sets the context length)\n");
         status = LMS_EXIT_FAIL;
     turn_done:
         lms_cli_gen_result_free(&res);

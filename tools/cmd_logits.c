@@ -136,7 +136,7 @@ int lms_cmd_logits(int argc, char **argv)
             rc = lms_engine_eval(cm.eng, toks + s, b, logits, all ? LMS_EVAL_ALL : LMS_EVAL_LAST);
         }
         if (rc) {
-            lms_cli_fail(cmd, rc, o.model);
+            lms_cli_fail(cmd, rc, NULL); /* engine messages name the model */
             goto out;
         }
         if (all || last_block) {

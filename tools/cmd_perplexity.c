@@ -132,7 +132,7 @@ int lms_cmd_perplexity(int argc, char **argv)
          * the window is never fed (nothing after it is scored). */
         size_t b = n - 1 - s < BLOCK ? n - 1 - s : BLOCK;
         if ((rc = lms_engine_eval(cm.eng, toks + s, b, logits, LMS_EVAL_ALL))) {
-            lms_cli_fail(cmd, rc, o.model);
+            lms_cli_fail(cmd, rc, NULL); /* engine messages name the model */
             goto out;
         }
         for (size_t j = 0; j < b; j++) {

@@ -162,7 +162,7 @@ int lms_cmd_run(int argc, char **argv)
     if ((rc = lms_cli_generate(&cm, &o, chat, prompt, n_prompt, json ? NULL : stdout, &res))) {
         if (!json)
             fputc('\n', stdout);
-        lms_cli_fail(cmd, rc, o.model);
+        lms_cli_fail(cmd, rc, NULL); /* engine messages name the model */
         goto out;
     }
     if (save) {
