@@ -279,8 +279,9 @@ static bool compact_candidate(const lms__segent *g, const lms__segent *last, dou
 }
 
 /* Fill has_blobs / live_bytes / live_end of each segment. live_only: count
- * only blobs with references (the dry-run forecast). */
-static void place_blobs(const lms__blobset *bs, lms__segset *ss, bool live_only)
+ * only blobs with references (the dry-run forecast). Live bytes include each
+ * blob's alignment padding: padding is not garbage compaction could win back. */
+static void place_blobs(const lms__blobset *bs, lms__segset *ss, bool live_only, uint32_t align)
 {
     for (size_t i = 0; i < bs->n; i++) {
         const lms__blobent *b = &bs->v[i];
@@ -290,7 +291,7 @@ static void place_blobs(const lms__blobset *bs, lms__segset *ss, bool live_only)
         if (!g)
             continue;
         g->has_blobs = true;
-        g->live_bytes += b->rec.size;
+        g->live_bytes += lms__align_up(b->rec.size, align);
         uint64_t end = b->rec.offset + b->rec.size;
         if (end > g->live_end)
             g->live_end = end;
@@ -315,7 +316,7 @@ static int compact(lms_store *s, double below, lms_gc_report *rep)
         goto out;
     if ((rc = lms__segset_load(s, &ss)))
         goto out;
-    place_blobs(&bs, &ss, false);
+    place_blobs(&bs, &ss, false, s->alignment);
     const lms__segent *last = ss.n ? &ss.v[ss.n - 1] : NULL;
     if (!(idx = lms__blobset_by_place(&bs)) || !(moves = lms__calloc(bs.n ? bs.n : 1, sizeof *moves))) {
         rc = LMS_ENOMEM;
@@ -431,7 +432,7 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
         goto out;
     if ((rc = lms__segset_load(s, &ss)))
         goto out;
-    place_blobs(&bs, &ss, false);
+    place_blobs(&bs, &ss, false, s->alignment);
     for (size_t i = 0; i < ss.n; i++) {
         lms__segent *g = &ss.v[i];
         uint64_t keep = g->has_blobs ? g->live_end : 0;
@@ -513,7 +514,7 @@ static int forecast(lms_store *s, double below, lms_gc_report *rep)
     rep->kvpages_deleted = dc.kvpages;
     if ((rc = lms__segset_load(s, &ss)))
         goto out;
-    place_blobs(&bs, &ss, true);
+    place_blobs(&bs, &ss, true, s->alignment);
     const lms__segent *last = ss.n ? &ss.v[ss.n - 1] : NULL;
     for (size_t i = 0; i < ss.n; i++) {
         const lms__segent *g = &ss.v[i];
@@ -521,7 +522,7 @@ static int forecast(lms_store *s, double below, lms_gc_report *rep)
             rep->bytes_freed += g->size;
             rep->segments_removed++;
         } else if (compact_candidate(g, last, below)) {
-            rep->bytes_freed += g->size - g->live_bytes; /* the live bytes move elsewhere */
+            rep->bytes_freed += g->size - LMS_MIN(g->live_bytes, g->size); /* the live bytes move elsewhere */
             rep->bytes_moved += g->live_bytes;
             rep->segments_removed++;
         } else if (g->size > g->live_end) {
