@@ -132,6 +132,8 @@ CONVERSATIONS = [
      {"role": "user", "content": "Write code:\n```py\nprint('hi')\n```"},
      {"role": "assistant", "content": "<think>\nthe user wants code\n</think>\n\nprint('hi')"},
      {"role": "user", "content": "again"}],
+    [{"role": "user", "content": "Why is the sky blue?"},
+     {"role": "assistant", "content": "<think>\nRayleigh scattering.\n</think>\n\nBecause of Rayleigh scattering."}],
 ]
 
 
@@ -153,6 +155,14 @@ def chat_fixtures(shared, name):
                 if not isinstance(ids, list):
                     ids = ids["input_ids"]
                 out.append({"messages": conv, "add_generation_prompt": gen, "text": text, "ids": ids})
+        if name == "qwen3":  # Qwen3's switch: enable_thinking=False pre-fills an empty think block
+            conv = CONVERSATIONS[0]
+            text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+            ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, enable_thinking=False)
+            if not isinstance(ids, list):
+                ids = ids["input_ids"]
+            out.append({"messages": conv, "add_generation_prompt": True, "enable_thinking": False, "text": text,
+                        "ids": ids})
     return out
 
 

@@ -224,6 +224,8 @@ static void chat_formats_render_like_transformers_apply_chat_template(void **sta
                 n++;
             }
             unsigned flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? LMS_CHAT_ADD_GENERATION_PROMPT : 0;
+            if (cJSON_IsFalse(cJSON_GetObjectItem(c, "enable_thinking")))
+                flags |= LMS_CHAT_NO_THINKING;
             char *out;
             assert_int_equal(lms_chat_apply(fmt, mm, n, flags, &out), 0);
             const char *exp = cJSON_GetObjectItem(c, "text")->valuestring;
