@@ -228,6 +228,26 @@ def test_zero_size_and_scalar_tensors():
         assert t["offset"] % 4096 == 0
 
 
+def test_parallel_imports_write_each_blob_once():
+    import subprocess
+    a = gen_model(os.path.join(D, "pa"), "--arch", "llama", "--seed", "11", "--shard-size", "16K")
+    b = gen_model(os.path.join(D, "pb"), "--arch", "qwen3", "--seed", "12", "--shard-size", "16K")
+    store = os.path.join(D, "s_parallel")
+    lms("import", a, "--store", store, "--name", "first", "-q", check=0)  # the store exists before the race
+    binp = os.environ.get("LMS_BIN", "lmstore")
+    procs = [subprocess.Popen([binp, "import", src, "--store", store, "--name", f"{tag}{i}", "-q"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i in range(3) for tag, src in (("a", a), ("b", b))]
+    outs = [p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    written = [o[0].decode() for o in outs if "0 B written" not in o[0].decode()]
+    assert len(written) == 1, outs  # only the first b import writes; every other one finds its blobs
+    sa = sum(len(d) for _, _, d in source_tensors(a).values())
+    sb = sum(len(d) for _, _, d in source_tensors(b).values())
+    assert segments_size(store) < 4096 + 2 * (sa + sb), segments_size(store)
+    lms("verify", "--store", store, check=0)
+
+
 def test_usage_errors_exit_2():
     assert lms("import")[0] == 2
     assert lms("import", "a", "b")[0] == 2
