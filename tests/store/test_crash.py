@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """tests/store/test_crash.py - crash safety: `lmstore import`, `rm` and `gc`
-killed with SIGKILL at 50 seeded points each, then the store is checked:
+killed with SIGKILL at 50 seeded points each (this file runs gc's campaign,
+test_crash_import.py and test_crash_rm.py the others), then the store is
+checked:
 
   - `lmstore verify` passes (index consistent, every blob's bytes match);
   - every model is either fully present with its reference tensor hashes
@@ -137,14 +139,16 @@ def campaign(name, template, args_for, ref, size_with, size_without, present_aft
     return killed
 
 
-def main():
+def main(which):
+    """Run the campaign for `which` (import, rm or gc): tests/store/test_crash.py
+    runs gc's, test_crash_import.py and test_crash_rm.py the others, so ctest
+    runs them side by side."""
     src_base = gen_model(os.path.join(ROOT, "src-base"), *BASE)
     src_new = gen_model(os.path.join(ROOT, "src-new"), *NEW)
 
-    # import: templates and references
-    t_import = os.path.join(ROOT, "t-import")
     # 600 KB segments: 'new' spans several, and removing it leaves the first
     # one sparse, so gc compacts, unlinks and trims
+    t_import = os.path.join(ROOT, "t-import")
     lms("import", src_base, "--store", t_import, "--name", "base", "--segment-max", "600K", "--quiet", check=0)
     ref_store = clone(t_import, "ref-import")
     lms("import", src_new, "--store", ref_store, "--name", "new", "--quiet", check=0)
@@ -152,31 +156,24 @@ def main():
     with_new = gc_size(ref_store)
     without_new = gc_size(clone(t_import, "ref-import-gc"))
 
-    def import_args(store):
-        return ["import", src_new, "--store", store, "--name", "new", "--quiet"]
-
-    campaign("import", t_import, import_args, ref, with_new, without_new)
-
-    # rm: the template holds both models
-    t_rm = clone(ref_store, "t-rm")
-
-    def rm_args(store):
-        return ["rm", "new", "--store", store]
-
-    campaign("rm", t_rm, rm_args, ref, with_new, without_new)
-
-    # gc: 'new' removed, and garbage a crashed import would leave (bytes past the last blob)
-    t_gc = clone(ref_store, "t-gc")
-    lms("rm", "new", "--store", t_gc, check=0)
-    segs = sorted(os.listdir(os.path.join(t_gc, "segments")))
-    with open(os.path.join(t_gc, "segments", segs[-1]), "ab") as f:
-        f.write(os.urandom(300_000))
-
-    def gc_args(store):
-        return ["gc", "--store", store, "--grace", "1"]
-
-    campaign("gc", t_gc, gc_args, ref, None, without_new, present_after_gc=False)
+    if which == "import":
+        campaign("import", t_import, lambda st: ["import", src_new, "--store", st, "--name", "new", "--quiet"],
+                 ref, with_new, without_new)
+    elif which == "rm":
+        # the template holds both models
+        campaign("rm", clone(ref_store, "t-rm"), lambda st: ["rm", "new", "--store", st], ref, with_new,
+                 without_new)
+    else:
+        # 'new' removed, and garbage a crashed import would leave (bytes past the last blob)
+        t_gc = clone(ref_store, "t-gc")
+        lms("rm", "new", "--store", t_gc, check=0)
+        segs = sorted(os.listdir(os.path.join(t_gc, "segments")))
+        with open(os.path.join(t_gc, "segments", segs[-1]), "ab") as f:
+            f.write(os.urandom(300_000))
+        campaign("gc", t_gc, lambda st: ["gc", "--store", st, "--grace", "1"], ref, None, without_new,
+                 present_after_gc=False)
+    print(f"crash test ({which}) passed")
 
 
-main()
-print("crash tests passed")
+if __name__ == "__main__":
+    main("gc")
