@@ -124,6 +124,16 @@ def test_export_is_byte_identical_to_the_source_and_reimports_to_the_same_id():
     assert rc == 1 and "empty" in err, err
 
 
+def test_export_of_a_corrupt_blob_fails_naming_the_tensor_and_leaves_nothing():
+    store, d = new_store("export-bad", ("a", TINY_A))
+    t = info(store, "a")["tensors"][3]
+    flip_bit(store, t["segment"], t["offset"] + t["nbytes"] // 2)
+    out = os.path.join(d, "out")
+    rc, _, err = lms("export", "a", out, "--store", store, "--quiet")
+    assert rc == 1 and t["name"] in err and "XXH3" in err, err
+    assert not os.path.exists(out), os.listdir(out)
+
+
 def test_cp_writes_no_tensor_bytes_and_rm_of_one_copy_keeps_the_other():
     store, _ = new_store("cp", ("a", TINY_A))
     size = segments_size(store)
