@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -581,6 +582,68 @@ static void read_error_during_resident_load_is_reported_by_wait(void **state)
     assert_int_equal(lms_store_close(st), 0);
 }
 
+
+typedef struct conc_arg {
+    lms_store *st;
+    lms_device *dev;
+    int id;
+    int bad;
+} conc_arg;
+
+static void *conc_main(void *v)
+{
+    conc_arg *a = v;
+    for (int it = 0; it < 12; it++) {
+        lms_model_params p = lms_model_default_params();
+        if ((it + a->id) % 3 == 1) {
+            p.device = a->dev;
+            p.placement = LMS_PLACE_RESIDENT;
+            p.copy = LMS_COPY_STAGE_READ;
+            p.threads = 2;
+        } else if ((it + a->id) % 3 == 2) {
+            p.prefetch = LMS_PREFETCH_POPULATE;
+            p.threads = 2;
+        }
+        lms_model *m = NULL;
+        if (lms_model_open(a->st, "tiny", &p, &m)) {
+            a->bad++;
+            continue;
+        }
+        if (lms_model_wait_layer(m, LMS_LAYER_ALL))
+            a->bad++;
+        const lms_tensor *t = lms_model_tensor(m, "model.layers.1.mlp.gate_proj.weight");
+        uint8_t *want = t ? tm_expected(tm_find(&g_m, t->name), false) : NULL;
+        if (!t || memcmp(t->host, want, t->nbytes) || (t->device && memcmp(t->device, want, t->nbytes)))
+            a->bad++;
+        free(want);
+        lms_model_close(m);
+    }
+    return NULL;
+}
+
+static void concurrent_opens_and_closes_on_one_store(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = NULL;
+    assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    pthread_t th[4];
+    conc_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (conc_arg){.st = st, .dev = dev, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, conc_main, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+    }
+    seg_usage u;
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u), 0);
+    assert_int_equal(u.mappings, 0);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 static void failed_opens_leave_nothing_behind(void **state)
 {
     (void)state;
@@ -644,6 +707,7 @@ int main(void)
         cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
+        cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
         cmocka_unit_test(failed_opens_leave_nothing_behind),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
