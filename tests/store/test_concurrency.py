@@ -19,7 +19,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from storeutil import BIN, SRC, gen_model, lms, scratch, segments_size  # noqa: E402
+from storeutil import BIN, gen_model, lms, scratch, segments_size  # noqa: E402
 
 ROOT = scratch("concurrency")
 SECONDS = float(os.environ.get("LMS_CONCURRENCY_SECONDS", "8"))
@@ -102,23 +102,14 @@ def main():
         stop.set()
 
     threads = [threading.Thread(target=reader, args=(w,)) for w in ("stay", "w0", "w1", "all")]
-    # The loader ends its snapshot before it locks the segments; it needs the
-    # read barrier (store/admin_internal.h) for gc not to pull a segment away
-    # in between. Its readers join once the loader takes it.
-    loader_src = "".join(open(os.path.join(SRC, "loader", f)).read()
-                         for f in os.listdir(os.path.join(SRC, "loader")) if f.endswith(".c"))
-    with_loader = "lms__read_barrier_enter" in loader_src
-    if with_loader:
-        threads += [threading.Thread(target=loader, args=(w,)) for w in ("stay", "w0")]
-    else:
-        print("loader readers skipped: the loader does not take the read barrier yet")
+    threads += [threading.Thread(target=loader, args=(w,)) for w in ("stay", "w0")]
     threads.append(threading.Thread(target=writer))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, "\n".join(errors)
-    assert stats["writes"] >= 2 and stats["reads"] >= 8 and (stats["loads"] >= 2 or not with_loader), stats
+    assert stats["writes"] >= 2 and stats["reads"] >= 8 and stats["loads"] >= 2, stats
 
     # the churned models still import to the same ids, the store is clean, and gc gives all back
     lms("verify", "--store", store, check=0)
