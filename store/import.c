@@ -15,6 +15,7 @@
  *   6. on any failure before 5 commits, the appender truncates the segments
  *      back and unlinks new ones: the store is as before.
  */
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -24,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,7 +51,6 @@ typedef struct itensor {
     size_t shard;
     int group;
     int32_t layer;
-    const uint8_t *src; /* into the shard mapping */
     lms_hash128 hash;
     size_t blob;        /* index into blobs */
 } itensor;
@@ -64,7 +63,6 @@ typedef struct side_file {
 
 typedef struct shard_map {
     int fd;
-    const uint8_t *base;
     uint64_t size;
 } shard_map;
 
@@ -97,6 +95,10 @@ typedef struct imp {
     struct task *tasks;
     size_t ntasks, cap_tasks;
     uint64_t batch;     /* bytes per pipeline batch */
+    uint8_t **bufs;     /* one IO_CHUNK read buffer per pool worker */
+    lms_hasher **hashers; /* one per pool worker */
+    int nworkers;
+    uint8_t *cmp_a, *cmp_b; /* IO_CHUNK buffers for byte comparisons (calling thread) */
     size_t *slots;      /* open-addressing table: blob hash -> index into blobs */
     size_t cap_slots;   /* power of two */
     lms__segmap map;    /* the segment last compared against */
@@ -198,12 +200,10 @@ static void classify(itensor *t)
     }
 }
 
-static imp *g_sort_ctx; /* qsort has no context argument; import runs one sort at a time per call */
-static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int cmp_storage(const void *a, const void *b)
+static int cmp_storage(const void *a, const void *b, void *ctx)
 {
-    const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
+    const imp *m = ctx;
+    const itensor *x = &m->t[*(const size_t *)a], *y = &m->t[*(const size_t *)b];
     if (x->group != y->group)
         return x->group < y->group ? -1 : 1;
     if (x->layer != y->layer)
@@ -211,19 +211,10 @@ static int cmp_storage(const void *a, const void *b)
     return strcmp(x->st->name, y->st->name);
 }
 
-static int cmp_name(const void *a, const void *b)
+static int cmp_name(const void *a, const void *b, void *ctx)
 {
-    const itensor *x = &g_sort_ctx->t[*(const size_t *)a], *y = &g_sort_ctx->t[*(const size_t *)b];
-    return strcmp(x->st->name, y->st->name);
-}
-
-static void sort_idx(imp *m, size_t *idx, size_t n, int (*cmp)(const void *, const void *))
-{
-    pthread_mutex_lock(&g_sort_mu);
-    g_sort_ctx = m;
-    qsort(idx, n, sizeof *idx, cmp);
-    g_sort_ctx = NULL;
-    pthread_mutex_unlock(&g_sort_mu);
+    const imp *m = ctx;
+    return strcmp(m->t[*(const size_t *)a].st->name, m->t[*(const size_t *)b].st->name);
 }
 
 /* ---- source ------------------------------------------------------------------------ */
@@ -336,7 +327,7 @@ static int read_side_files(imp *m)
     return rc;
 }
 
-static int map_shards(imp *m)
+static int open_shards(imp *m)
 {
     m->maps = lms__calloc(m->src->n_shards, sizeof *m->maps);
     if (!m->maps)
@@ -359,11 +350,37 @@ static int map_shards(imp *m)
         if (size != f->file_size)
             return lms__err(LMS_EIO, "%s: file changed size during import", f->path);
         sm->size = size;
-        void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, sm->fd, 0);
-        if (p == MAP_FAILED)
-            return lms__err_errno(LMS_EIO, errno, "%s: mmap", f->path);
-        sm->base = p;
-        madvise(p, (size_t)size, MADV_SEQUENTIAL);
+        (void)posix_fadvise(sm->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    return 0;
+}
+
+/* Source bytes are read with pread, not mapped: a shard truncated or
+ * rewritten under the import then gives an error, never SIGBUS. */
+#define IO_CHUNK ((size_t)4 << 20)
+
+static int src_read(const imp *m, const itensor *t, uint64_t off, void *buf, size_t n)
+{
+    const lms__st_file *f = m->src->shards[t->shard];
+    return lms__pread_all(m->maps[t->shard].fd, buf, n, f->data_off + t->st->begin + off, f->path);
+}
+
+/* 0 when tensor t's bytes equal `other` (another tensor when mem is NULL,
+ * else the n bytes at mem), 1 when they differ, < 0 on a read error. */
+static int src_equal(imp *m, const itensor *t, const itensor *other, const uint8_t *mem)
+{
+    uint64_t n = t->st->nbytes;
+    if (other && other->st->nbytes != n)
+        return 1;
+    for (uint64_t off = 0; off < n; off += IO_CHUNK) {
+        size_t k = (size_t)LMS_MIN((uint64_t)IO_CHUNK, n - off);
+        int rc = src_read(m, t, off, m->cmp_a, k);
+        if (!rc && other)
+            rc = src_read(m, other, off, m->cmp_b, k);
+        if (rc)
+            return rc;
+        if (memcmp(m->cmp_a, other ? m->cmp_b : mem + off, k) != 0)
+            return 1;
     }
     return 0;
 }
@@ -385,11 +402,24 @@ struct task {
 };
 typedef struct task task;
 
-static void hash_one(imp *m, size_t i)
+static void hash_one(imp *m, size_t i, int worker)
 {
     itensor *t = &m->t[i];
-    t->hash = lms__hash128(t->src, (size_t)t->st->nbytes);
-    lms__progress_add(m->prog, t->st->nbytes);
+    assert(worker >= 0 && worker < m->nworkers);
+    uint8_t *buf = m->bufs[worker];
+    lms_hasher *h = m->hashers[worker];
+    lms__hasher_reset(h);
+    for (uint64_t off = 0; off < t->st->nbytes; off += IO_CHUNK) {
+        size_t k = (size_t)LMS_MIN((uint64_t)IO_CHUNK, t->st->nbytes - off);
+        int rc = src_read(m, t, off, buf, k);
+        if (rc) {
+            worker_fail(m, rc);
+            return;
+        }
+        lms__hasher_update(h, buf, k);
+        lms__progress_add(m->prog, k);
+    }
+    t->hash = lms__hasher_digest(h);
 }
 
 static void copy_one(imp *m, size_t i)
@@ -418,11 +448,10 @@ static void copy_one(imp *m, size_t i)
 
 static void run_task(void *arg, size_t i, int worker)
 {
-    (void)worker;
     imp *m = arg;
     const task *tk = &m->tasks[i];
     if (tk->kind == 0)
-        hash_one(m, tk->i);
+        hash_one(m, tk->i, worker);
     else
         copy_one(m, tk->i);
 }
@@ -493,7 +522,12 @@ static int decide(imp *m, size_t from, size_t to, uint64_t *bytes_new)
             ublob *b = &m->blobs[m->slots[h]];
             if (!memcmp(b->key, key, 16)) {
                 const itensor *f = &m->t[b->first];
-                if (f->st->nbytes != t->st->nbytes || memcmp(f->src, t->src, (size_t)t->st->nbytes) != 0) {
+                int eq = src_equal(m, t, f, NULL);
+                if (eq < 0) {
+                    rc = eq;
+                    break;
+                }
+                if (eq) {
                     rc = lms__err(LMS_ECORRUPT, "tensors '%s' and '%s' differ but have the same XXH3-128 hash",
                                   f->st->name, t->st->name);
                     break;
@@ -542,7 +576,12 @@ static int decide(imp *m, size_t from, size_t to, uint64_t *bytes_new)
                               t->st->name);
                 break;
             }
-            if (memcmp(m->map.base + r.offset, t->src, (size_t)r.size) != 0) {
+            int eq = src_equal(m, t, NULL, m->map.base + r.offset);
+            if (eq < 0) {
+                rc = eq;
+                break;
+            }
+            if (eq) {
                 rc = lms__err(LMS_ECORRUPT,
                               "tensor '%s' has the XXH3-128 hash of a stored blob with other bytes (collision); "
                               "not importing",
@@ -582,8 +621,16 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
     m->batch = eb && *eb ? strtoull(eb, NULL, 10) : BATCH;
     m->slots = lms__malloc(cap * sizeof *m->slots);
     m->blobs = lms__calloc(m->nt ? m->nt : 1, sizeof *m->blobs);
-    if (!m->slots || !m->blobs)
+    m->nworkers = lms__pool_threads(pool);
+    m->bufs = lms__calloc((size_t)m->nworkers, sizeof *m->bufs);
+    m->hashers = lms__calloc((size_t)m->nworkers, sizeof *m->hashers);
+    m->cmp_a = lms__malloc(IO_CHUNK);
+    m->cmp_b = lms__malloc(IO_CHUNK);
+    if (!m->slots || !m->blobs || !m->bufs || !m->hashers || !m->cmp_a || !m->cmp_b)
         return LMS_ENOMEM;
+    for (int w = 0; w < m->nworkers; w++)
+        if (!(m->bufs[w] = lms__malloc(IO_CHUNK)) || !(m->hashers[w] = lms__hasher_new()))
+            return LMS_ENOMEM;
     for (size_t i = 0; i < cap; i++)
         m->slots[i] = EMPTY;
     *bytes_new = 0;
@@ -594,6 +641,8 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
         if ((rc = add_task(m, 0, m->order[k])))
             return rc;
     lms__pool_run(pool, m->ntasks, run_task, m);
+    if ((rc = worker_rc(m)))
+        return rc;
     while (from < m->nt) {
         size_t jobs0 = m->njobs, next = batch_end(m, to);
         if ((rc = decide(m, from, to, bytes_new)))
@@ -810,9 +859,13 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     }
     if ((rc = check_name(m.name)))
         goto out;
-    m.source = realpath(src, NULL); /* plain malloc: freed with free() below */
-    if (!m.source) {
+    char abs[PATH_MAX];
+    if (!realpath(src, abs)) {
         rc = lms__err_errno(LMS_EIO, errno, "%s", src);
+        goto out;
+    }
+    if (!(m.source = lms__strdup(abs))) {
+        rc = LMS_ENOMEM;
         goto out;
     }
     if (m.src->is_dir && (rc = read_side_files(&m)))
@@ -835,7 +888,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         rc = LMS_ENOMEM;
         goto out;
     }
-    if ((rc = map_shards(&m)))
+    if ((rc = open_shards(&m)))
         goto out;
     size_t k = 0;
     for (size_t i = 0; i < m.src->n_shards; i++) {
@@ -844,7 +897,6 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
             itensor *t = &m.t[k];
             t->st = &f->tensors[j];
             t->shard = i;
-            t->src = m.maps[i].base + f->data_off + t->st->begin;
             classify(t);
             m.order[k] = by_name[k] = k;
             bytes_total += t->st->nbytes;
@@ -852,8 +904,8 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     }
 
     /* 2. storage order */
-    sort_idx(&m, m.order, m.nt, cmp_storage);
-    sort_idx(&m, by_name, m.nt, cmp_name);
+    qsort_r(m.order, m.nt, sizeof *m.order, cmp_storage, &m);
+    qsort_r(by_name, m.nt, sizeof *by_name, cmp_name, &m);
     if ((rc = lms__pool_create(m.p.threads, &pool)))
         goto out;
     if (m.p.progress)
@@ -894,8 +946,6 @@ out:
     lms__pool_destroy(pool);
     if (m.maps) {
         for (size_t i = 0; i < m.src->n_shards; i++) {
-            if (m.maps[i].base)
-                munmap((void *)m.maps[i].base, (size_t)m.maps[i].size);
             if (m.maps[i].fd >= 0)
                 close(m.maps[i].fd);
         }
@@ -908,6 +958,16 @@ out:
     lms__free(m.files);
     lms__free(m.jobs);
     lms__free(m.tasks);
+    for (int w = 0; w < m.nworkers; w++) {
+        if (m.bufs)
+            lms__free(m.bufs[w]);
+        if (m.hashers)
+            lms__hasher_free(m.hashers[w]);
+    }
+    lms__free(m.bufs);
+    lms__free(m.hashers);
+    lms__free(m.cmp_a);
+    lms__free(m.cmp_b);
     lms__free(m.slots);
     lms__segment_unmap(&m.map);
     lms__free(m.blobs);
@@ -917,7 +977,7 @@ out:
     lms__free(m.config);
     lms__free(m.arch);
     lms__free(m.st_meta);
-    free(m.source);
+    lms__free(m.source);
     lms__free(owned_name);
     lms__st_source_free(m.src);
     pthread_mutex_destroy(&m.mu);

@@ -1,6 +1,6 @@
 /*
  * tests/store/test_import_rollback.c - a failed import leaves the store
- * exactly as it was: the Nth write, fsync, open or allocation of an import
+ * exactly as it was: the Nth write, fsync, read, open or allocation of an import
  * into a store that already holds a model is made to fail (for every N until
  * the import gets through), and after each failure the segments and the
  * LMDB data file are byte-identical to before and the model is absent.
@@ -139,6 +139,14 @@ static void failed_fsync_leaves_store_unchanged(void **state)
     fail_every_nth(LMS_FAULT_FSYNC, 50, 1);
 }
 
+static void failed_read_leaves_store_unchanged(void **state)
+{
+    (void)state;
+    setenv("LMSTORE_IMPORT_BATCH_BYTES", "8192", 1); /* read errors in hashing workers mid-pipeline */
+    fail_every_nth(LMS_FAULT_READ, 400, 1);
+    unsetenv("LMSTORE_IMPORT_BATCH_BYTES");
+}
+
 static void failed_open_leaves_store_unchanged(void **state)
 {
     (void)state;
@@ -156,6 +164,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(failed_write_leaves_store_unchanged),
         cmocka_unit_test(failed_fsync_leaves_store_unchanged),
+        cmocka_unit_test(failed_read_leaves_store_unchanged),
         cmocka_unit_test(failed_open_leaves_store_unchanged),
         cmocka_unit_test(failed_allocation_leaves_store_unchanged),
     };
