@@ -29,7 +29,7 @@ const char lms_cli_gen_opts_help[] =
     "  --seed S               sampling seed (default 0)\n"
     "  --stop STR             stop when STR appears in the output (repeatable)\n"
     "  --ignore-eos           do not stop on the model's end-of-sequence tokens\n"
-    "  --system TEXT          system prompt (chat)\n"
+    "  --system TEXT          system prompt (chat; default: the template's own, if any; \"\" for none)\n"
     "  --chat-format NAME     chatml, llama3 or gemma instead of the model's template\n"
     "  --no-think             Qwen3: render turns with thinking disabled\n";
 
@@ -150,10 +150,46 @@ out_fail:
 
 void lms_cli_model_close(lms_cli_model *cm)
 {
+    free(cm->default_system);
     lms_engine_free(cm->eng);
     lms_model_close(cm->m);
     lms_store_close(cm->st);
     memset(cm, 0, sizeof *cm);
+}
+
+/*
+ * ChatML templates that write a system message of their own when the
+ * conversation has none (SmolLM2: "You are a helpful AI assistant named
+ * SmolLM, ...", Qwen 2.5: "You are Qwen, ..."): the text of the first
+ * literal '<|im_start|>system\n TEXT <|im_end|>' in the template. Only plain
+ * literals count (no quotes, braces or backslashes inside), so templates that
+ * merely open a system turn for other content (Qwen3's tools) give none.
+ */
+static char *template_default_system(const char *tmpl)
+{
+    static const char open[] = "<|im_start|>system";
+    for (const char *p = tmpl ? strstr(tmpl, open) : NULL; p; p = strstr(p + 1, open)) {
+        const char *q = p + sizeof open - 1;
+        if (*q == '\n')
+            q++;
+        else if (q[0] == '\\' && q[1] == 'n')
+            q += 2;
+        else
+            continue;
+        const char *end = strstr(q, "<|im_end|>");
+        if (!end || end == q)
+            continue;
+        size_t n = (size_t)(end - q);
+        if (strcspn(q, "'\"{}\\\n") < n)
+            continue;
+        char *s = malloc(n + 1);
+        if (s) {
+            memcpy(s, q, n);
+            s[n] = '\0';
+        }
+        return s;
+    }
+    return NULL;
 }
 
 int lms_cli_model_chat_init(const char *cmd, const lms_cli_gen_opts *o, lms_cli_model *cm)
@@ -177,6 +213,8 @@ int lms_cli_model_chat_init(const char *cmd, const lms_cli_gen_opts *o, lms_cli_
     if (n < 0)
         return lms_cli_fail(cmd, n, "chat stop tokens");
     cm->n_chat_stop_ids = (size_t)n;
+    if (cm->fmt == LMS_CHAT_CHATML)
+        cm->default_system = template_default_system(lms_tokenizer_chat_template(cm->tok));
     return LMS_EXIT_OK;
 }
 
@@ -282,8 +320,9 @@ int lms_cli_chat_turn_ids(lms_cli_model *cm, const lms_cli_gen_opts *o, const ch
     if (seq_len == 0) {
         lms_chat_message msgs[2];
         size_t k = 0;
-        if (o->system)
-            msgs[k++] = (lms_chat_message){"system", o->system};
+        const char *system = o->system ? o->system : cm->default_system;
+        if (system && *system)
+            msgs[k++] = (lms_chat_message){"system", system};
         msgs[k++] = (lms_chat_message){"user", user};
         rc = lms_chat_apply(cm->fmt, msgs, k, chat_flags(o, true), &text);
         if (rc)

@@ -58,6 +58,7 @@ typedef struct lms_cli_model {
     lms_chat_format fmt;        /* LMS_CHAT_UNKNOWN until lms_cli_model_chat_init */
     int32_t chat_stop_ids[16];  /* end-of-turn ids of the chat format */
     size_t n_chat_stop_ids;
+    char *default_system;       /* system message the template writes when none is given, or NULL */
 } lms_cli_model;
 
 /* Open everything; on failure prints the error and returns LMS_EXIT_FAIL

@@ -38,6 +38,7 @@ RAW_PROMPTS = [
 CHAT_PROMPTS = [
     ("You are a concise assistant.", "What is the boiling point of water in Celsius?"),
     ("You are a helpful assistant.", "Write a haiku about the sea."),
+    (None, "Name the three primary colors."),  # the template's own system message
 ]
 PPL_TEXT = (
     "The Moon is Earth's only natural satellite. It orbits at an average "
@@ -132,7 +133,7 @@ def main():
                       "greedy_ids": new, "text": tok.decode(new),
                       "top10_ids": top.indices.tolist(), "top10_logits": [round(x, 5) for x in top.values.tolist()]})
     for system, user in CHAT_PROMPTS:
-        msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]

@@ -158,6 +158,39 @@ def test_chat_turns_append_in_llama3_and_gemma_formats():
     assert p.returncode == 2 and "nosuch" in p.stderr, p.stderr
 
 
+def test_chat_default_system_message_comes_from_the_template():
+    import gzip
+    import shutil
+    smol = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+            "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+            "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+            "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+            "{% endif %}")
+    qwen3_cfg = os.path.join(tm.SRC, "..", "shared", "tokenizers", "qwen3.tokenizer_config.json.gz")
+    templates = {"smol": (smol, "You are a helpful AI assistant named SmolLM, trained by Hugging Face")}
+    if os.path.exists(qwen3_cfg):  # Qwen3 opens a system turn only for tools: no default
+        with gzip.open(qwen3_cfg) as f:
+            templates["qwen3"] = (json.load(f)["chat_template"], None)
+    src = os.path.join(tm.TMP, "generate", "tiny-hf")
+    for name, (template, default) in templates.items():
+        d = os.path.join(tm.TMP, "generate", f"tiny-{name}")
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(src, d)
+        with open(os.path.join(d, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+        cfg["chat_template"] = template
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(cfg, f)
+        tm.lms("import", d, "--name", f"tiny-{name}", store=STORE)
+        r = run_json("run", f"tiny-{name}", "--chat", "-p", "hi", "--max-tokens", "1")
+        assert r["prompt_ids"] == TOK.encode(chatml(default, [("user", "hi")]) + "<|im_start|>assistant\n").ids, name
+        # an explicit --system replaces it; --system "" drops it
+        r = run_json("run", f"tiny-{name}", "--chat", "--system", "S", "-p", "hi", "--max-tokens", "1")
+        assert r["prompt_ids"] == TOK.encode(chatml("S", [("user", "hi")]) + "<|im_start|>assistant\n").ids, name
+        r = run_json("run", f"tiny-{name}", "--chat", "--system", "", "-p", "hi", "--max-tokens", "1")
+        assert r["prompt_ids"] == TOK.encode(chatml(None, [("user", "hi")]) + "<|im_start|>assistant\n").ids, name
+
+
 def test_chat_reset_starts_a_new_conversation():
     out = tm.lms("chat", "tiny", "--json", "--temp", "0", "--max-tokens", "3",
                  stdin="hello there\n/reset\nhello there\n", store=STORE).stdout

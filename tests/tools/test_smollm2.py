@@ -64,7 +64,9 @@ def main():
         # the prompt as text: tokenization (and for chat cases the ChatML
         # rendering) must give transformers' prompt ids, then the greedy ids
         if c["chat"]:
-            args = ["--chat", "--system", c["system"], "-p", c["prompt"]]
+            args = ["--chat", "-p", c["prompt"]]
+            if c["system"] is not None:  # else the template's default system message
+                args[1:1] = ["--system", c["system"]]
         else:
             args = ["-p", c["prompt"]]
         r = json.loads(tm.lms("run", "smollm2", *args, "--temp", "0", "--max-tokens", str(len(want)),
