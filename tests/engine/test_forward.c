@@ -6,7 +6,8 @@
  * relative. Runs the forward core directly over the fixture's safetensors
  * and a page-major K/V arena laid out as lmstore/kvcache.h documents, with
  * a scrambled block table (pages not in order), for every kernel set this
- * CPU has, with f32 and 16-bit K/V. The same checks through the store,
+ * CPU has, with f32 and 16-bit K/V, and with the weights also converted to
+ * F32 and F16 (the other weight kernels). The same checks through the store,
  * loader, kvcache and public engine API are in test_engine.c.
  */
 #include <cjson/cJSON.h>
@@ -64,6 +65,50 @@ static void load_ref(const char *family, ref *r)
     cJSON_ArrayForEach(it, lg) r->logits[i++] = (float)it->valuedouble;
 }
 
+
+/* A weight source that hands out the fixture's bf16 tensors converted to
+ * another dtype (F32 exactly, F16 rounded), to check the F32 and F16 kernels
+ * against the same references. Buffers live until conv_free. */
+typedef struct conv_src {
+    lms__wsrc inner;
+    lms_dtype to;
+    void *bufs[512];
+    int n;
+} conv_src;
+
+static int conv_tensor(void *ctx, const char *name, lms_dtype *dt, uint32_t *ndim, uint64_t shape[LMS_MAX_DIMS],
+                       const void **data, uint64_t *nbytes)
+{
+    conv_src *c = ctx;
+    const void *src;
+    int rc = c->inner.tensor(c->inner.ctx, name, dt, ndim, shape, &src, nbytes);
+    if (rc || *dt != LMS_DTYPE_BF16 || c->to == LMS_DTYPE_BF16) {
+        *data = src;
+        return rc;
+    }
+    size_t n = *nbytes / 2, esz = c->to == LMS_DTYPE_F32 ? 4 : 2;
+    void *buf = malloc(n * esz);
+    assert_true(c->n < 512);
+    c->bufs[c->n++] = buf;
+    for (size_t i = 0; i < n; i++) {
+        float f = lms__bf16_to_f32(((const uint16_t *)src)[i]);
+        if (c->to == LMS_DTYPE_F32)
+            ((float *)buf)[i] = f;
+        else
+            ((uint16_t *)buf)[i] = lms__f32_to_f16(f);
+    }
+    *dt = c->to;
+    *nbytes = n * esz;
+    *data = buf;
+    return 0;
+}
+
+static void conv_free(conv_src *c)
+{
+    for (int i = 0; i < c->n; i++) free(c->bufs[i]);
+    c->n = 0;
+}
+
 typedef struct rig {
     lms__st_folder *folder;
     lms__wsrc src;
@@ -74,9 +119,11 @@ typedef struct rig {
     uint8_t *arena;
     uint32_t pages[64];
     lms__kvview kv;
+    conv_src conv;
 } rig;
 
-static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtype kvdt, int threads, uint32_t block)
+static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtype kvdt, int threads, uint32_t block,
+                     lms_dtype wdt)
 {
     char dir[1024], *cfg = NULL, *gen = NULL;
     size_t len;
@@ -90,7 +137,10 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
     lms__free(cfg);
     lms__free(gen);
     assert_string_equal(g->hp.family->name, family);
-    assert_int_equal(lms__weights_bind(&g->src, &g->hp, &g->w), 0);
+    g->conv.inner = g->src;
+    g->conv.to = wdt;
+    lms__wsrc cs = {&g->conv, conv_tensor, g->src.file, g->src.free_file, g->src.name};
+    assert_int_equal(lms__weights_bind(&cs, &g->hp, &g->w), 0);
     assert_int_equal(lms__pool_create(threads, &g->pool), 0);
     uint32_t pt = 16, n_pages = 64, n_ctx = 256;
     assert_int_equal(lms__fwd_create(&g->hp, &g->w, k, g->pool, block, n_ctx, &g->fwd), 0);
@@ -116,6 +166,7 @@ static void rig_close(rig *g)
     lms__pool_destroy(g->pool);
     lms__weights_release(&g->w);
     lms__st_folder_close(g->folder);
+    conv_free(&g->conv);
     free(g->arena);
 }
 
@@ -138,12 +189,12 @@ static int argmax(const float *v, int n)
     return b;
 }
 
-static void check_family(const char *family, const lms__kernels *k, lms_dtype kvdt, double tol)
+static void check_family(const char *family, const lms__kernels *k, lms_dtype kvdt, double tol, lms_dtype wdt)
 {
     ref r;
     rig g;
     load_ref(family, &r);
-    rig_open(&g, family, k, kvdt, 2, 8);
+    rig_open(&g, family, k, kvdt, 2, 8, wdt);
     uint32_t V = g.hp.n_vocab;
     assert_int_equal((int)V, r.n_logits);
     float *lg = malloc(sizeof(float) * V * 256);
@@ -156,8 +207,8 @@ static void check_family(const char *family, const lms__kernels *k, lms_dtype kv
         md = fmax(md, fabs((double)last[i] - r.logits[i]));
         mx = fmax(mx, fabs((double)r.logits[i]));
     }
-    printf("%s %s kv=%s: logits max abs diff / max abs logit = %.3g\n", family, k->name,
-           lms_dtype_name(kvdt) ? lms_dtype_name(kvdt) : "?", md / mx);
+    printf("%s %s weights=%s kv=%s: logits max abs diff / max abs logit = %.3g\n", family, k->name,
+           lms_dtype_name(wdt), lms_dtype_name(kvdt), md / mx);
     assert_true(md / mx < tol);
 
     /* greedy decode, one token per block, continuing in the cache */
@@ -193,10 +244,14 @@ static void each_kernel(const char *family)
         const lms__kernels *k = lms__kernels_by_name(names[i]);
         if (!k)
             continue;
-        check_family(family, k, LMS_DTYPE_F32, 1e-3);
+        check_family(family, k, LMS_DTYPE_F32, 1e-3, LMS_DTYPE_BF16);
+        /* the same weights as F32 (exact) and F16 (rounded): the other weight kernels */
+        check_family(family, k, LMS_DTYPE_F32, 1e-3, LMS_DTYPE_F32);
+        check_family(family, k, LMS_DTYPE_F32, 1e-3, LMS_DTYPE_F16);
     }
     /* 16-bit K/V: rounding K and V costs accuracy, bounded but looser */
-    check_family(family, lms__kernels_best(), LMS_DTYPE_F16, 1e-2);
+    check_family(family, lms__kernels_best(), LMS_DTYPE_F16, 1e-2, LMS_DTYPE_BF16);
+    check_family(family, lms__kernels_best(), LMS_DTYPE_BF16, 1e-2, LMS_DTYPE_BF16);
 }
 
 static void llama_forward_matches_transformers(void **s) { each_kernel("llama"); }
