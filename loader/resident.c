@@ -5,7 +5,7 @@
  * The model's unique tensor bytes are grouped into extents (runs of tensors
  * that follow each other in one segment, padding included) in copy order
  * (lms_load_order), and each extent is cut into chunks: at most chunk_bytes,
- * and never across a registration block. One loader thread issues the chunk
+ * never across a registration block, and ending where a layer ends. One loader thread issues the chunk
  * copies in order, round-robin over the streams; after the last chunk of a
  * layer it records that layer's event on every stream, so
  * lms_model_wait_layer(l) waits for exactly the copies that layer needs.
@@ -60,7 +60,9 @@ typedef struct chunk {
 typedef struct extent {
     lms__lmap *map;
     uint64_t start, end, dst;
-    size_t c0, c1; /* its chunks */
+    size_t c0, c1;     /* its chunks */
+    size_t cut0, cut1; /* its layer boundaries in r->cuts */
+    int32_t layer;     /* layer of its last tensor */
 } extent;
 
 struct lms__resident {
@@ -74,6 +76,7 @@ struct lms__resident {
     size_t nc;
     extent *e;
     size_t ne;
+    uint64_t *cuts;   /* offsets where the layer changes inside an extent: chunks end there */
     int ns;
     lms_stream **st;
     /* layer slots: 0 = PRE, 1..n_layers = blocks, n_layers+1 = POST, n_layers+2 = ALL */
@@ -161,8 +164,10 @@ static int plan(lms__resident *r)
         }
     }
     /* extents */
+    size_t ncuts = 0;
     r->e = lms__calloc(no + 1, sizeof *r->e);
-    if (!r->e) {
+    r->cuts = lms__calloc(no + 1, sizeof *r->cuts);
+    if (!r->e || !r->cuts) {
         rc = LMS_ENOMEM;
         goto out;
     }
@@ -173,7 +178,10 @@ static int plan(lms__resident *r)
         uint64_t off = m->ti[i].offset, end = off + m->t[i].nbytes;
         extent *cur = r->ne ? &r->e[r->ne - 1] : NULL;
         if (cur && cur->map == m->ti[i].map && off >= cur->end && off - cur->end <= (1u << 20)) {
+            if (m->t[i].layer != cur->layer) /* a layer's last chunk must not wait for the next layer */
+                r->cuts[ncuts++] = off;
             cur->end = end;
+            cur->cut1 = ncuts;
         } else {
             if (cur)
                 arena = cur->dst + (cur->end - cur->start);
@@ -182,7 +190,9 @@ static int plan(lms__resident *r)
             cur->start = off;
             cur->end = end;
             cur->dst = lms__align_up(arena, align);
+            cur->cut0 = cur->cut1 = ncuts;
         }
+        cur->layer = m->t[i].layer;
         ext_of[i] = r->ne - 1;
     }
     if (r->ne)
@@ -203,10 +213,15 @@ static int plan(lms__resident *r)
         extent *x = &r->e[k];
         uint64_t grid = r->mode == MODE_REGISTERED ? lms__reg_grid(x->map, r->dev, cb) : 0;
         x->c0 = r->nc;
+        size_t cut = x->cut0;
         for (uint64_t a = x->start; a < x->end;) {
             uint64_t b = LMS_MIN(x->end, a + cb);
             if (grid)
                 b = LMS_MIN(b, (a / grid + 1) * grid);
+            while (cut < x->cut1 && r->cuts[cut] <= a)
+                cut++;
+            if (cut < x->cut1)
+                b = LMS_MIN(b, r->cuts[cut]);
             if (r->nc == capc) { /* grid cuts can add chunks: grow */
                 chunk *q = lms__realloc(r->c, (2 * capc + 1) * sizeof *r->c);
                 if (!q) {
@@ -554,6 +569,7 @@ static void free_resident(lms__resident *r)
     lms__free(r->ldone);
     lms__free(r->c);
     lms__free(r->e);
+    lms__free(r->cuts);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     lms__free(r);
