@@ -243,6 +243,15 @@ def test_perplexity_of_a_file_agrees_with_its_logits():
     assert abs(r["ppl"] - np.exp(nll)) / np.exp(nll) <= 1e-6, (r["ppl"], np.exp(nll))
 
 
+def test_model_without_tokenizer_runs_on_ids_and_refuses_text():
+    tm.lms("import", tm.FIXTURE, "--name", "notok", store=STORE)
+    r = run_json("run", "notok", "--prompt-ids", PROMPT, "--temp", "0", "--ignore-eos", "--max-tokens", "24")
+    assert r["ids"] == REF["greedy_ids"] and r["text"] == ""
+    for args in (["run", "notok", "-p", "hello"], ["chat", "notok"], ["logits", "notok", "-p", "x", "--out", "/dev/null"]):
+        p = tm.lms(*args, stdin="hi\n", check=False, store=STORE)
+        assert p.returncode == 1 and "tokenizer" in p.stderr, (args, p.returncode, p.stderr)
+
+
 def test_bad_arguments_are_usage_errors():
     for args in (["run", "tiny"],  # no prompt
                  ["run", "tiny", "-p", "x", "--top-p", "1.5"],
