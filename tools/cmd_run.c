@@ -92,6 +92,14 @@ int lms_cmd_run(int argc, char **argv)
         return lms_cli_usage(cmd, "which model? (lmstore run MODEL -p TEXT)");
     if ((text != NULL) + (ids_arg != NULL) + (prompt_file != NULL) > 1)
         return lms_cli_usage(cmd, "give one of -p, --prompt-file and --prompt-ids");
+    if (!text && !prompt_file && !ids_arg && !resume)
+        return lms_cli_usage(cmd, "no prompt: give -p TEXT, --prompt-file F or --prompt-ids LIST");
+    if (chat && ids_arg)
+        return lms_cli_usage(cmd, "--chat needs -p TEXT or --prompt-file F");
+    int32_t *given = NULL;
+    size_t n_given = 0;
+    if (ids_arg && !lms_cli_parse_ids(ids_arg, &given, &n_given))
+        return lms_cli_usage(cmd, "--prompt-ids: '%s' is not a comma-separated list of ids", ids_arg);
     char *file_text = NULL;
     if (prompt_file) {
         size_t len;
@@ -106,14 +114,6 @@ int lms_cmd_run(int argc, char **argv)
         }
         text = file_text;
     }
-    if (!text && !ids_arg && !resume)
-        return lms_cli_usage(cmd, "no prompt: give -p TEXT or --prompt-ids LIST");
-    if (chat && ids_arg)
-        return lms_cli_usage(cmd, "--chat needs -p TEXT");
-    int32_t *given = NULL;
-    size_t n_given = 0;
-    if (ids_arg && !lms_cli_parse_ids(ids_arg, &given, &n_given))
-        return lms_cli_usage(cmd, "--prompt-ids: '%s' is not a comma-separated list of ids", ids_arg);
 
     int status = LMS_EXIT_FAIL, rc;
     int32_t *prompt = NULL, *enc = NULL;

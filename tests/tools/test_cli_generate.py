@@ -53,6 +53,11 @@ def test_run_text_prompt_is_tokenized_like_hf():
     r = run_json("run", "tiny", "-p", text, "--temp", "0", "--max-tokens", "3", "--ignore-eos")
     assert r["prompt_ids"] == TOK.encode(text).ids, (r["prompt_ids"], TOK.encode(text).ids)
     assert len(r["ids"]) == 3
+    path = os.path.join(tm.TMP, "generate", "prompt.txt")
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    r = run_json("run", "tiny", "--prompt-file", path, "--temp", "0", "--max-tokens", "1")
+    assert r["prompt_ids"] == TOK.encode(text + "\n").ids
 
 
 def test_run_streams_text_and_prints_metrics_line():
