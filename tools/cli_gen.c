@@ -315,7 +315,7 @@ int lms_cli_chat_turn_ids(lms_cli_model *cm, const lms_cli_gen_opts *o, const ch
 {
     size_t seq_len = 0;
     (void)lms_engine_tokens(cm->eng, &seq_len);
-    char *text = NULL, *a = NULL, *b = NULL, *c = NULL;
+    char *text = NULL, *a = NULL, *c = NULL;
     int rc;
     if (seq_len == 0) {
         lms_chat_message msgs[2];
@@ -360,7 +360,6 @@ out:
     else
         free(text);
     lms_tokenizer_buf_free(a);
-    lms_tokenizer_buf_free(b);
     lms_tokenizer_buf_free(c);
     return rc;
 }
