@@ -307,9 +307,12 @@ static int compact(lms_store *s, double below, lms_gc_report *rep)
     size_t n_moves = 0;
     size_t *idx = NULL;
     lms__appender *a = NULL;
-    int rc = lms__txn_read(s, &txn);
+    /* the append lock first: what we read cannot change under another gc */
+    int rc = lms__append_begin(s, &a);
     if (rc)
         return rc;
+    if ((rc = lms__txn_read(s, &txn)))
+        goto out;
     rc = lms__blobset_load(s, txn, &bs);
     lms__txn_end(s, txn);
     if (rc)
@@ -336,8 +339,6 @@ static int compact(lms_store *s, double below, lms_gc_report *rep)
         m->size = b->rec.size;
     }
     if (!n_moves)
-        goto out;
-    if ((rc = lms__append_begin(s, &a)))
         goto out;
     uint32_t in_seg = UINT32_MAX;
     int in_fd = -1;
