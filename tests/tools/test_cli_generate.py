@@ -84,6 +84,25 @@ def test_run_sampling_is_seeded_and_respects_top_k():
     assert k1["ids"] == REF["greedy_ids"]
 
 
+def test_repeat_penalty_window_covers_prompt_and_reply():
+    # a huge penalty makes every id of the last --repeat-window ids (prompt
+    # included) lose to the unseen ones; with window 4 ids may come back later
+    r = run_json("run", "tiny", "--prompt-ids", PROMPT, "--temp", "0", "--repeat-penalty", "1000000",
+                 "--max-tokens", "40", "--ignore-eos")
+    seq = list(REF["prompt_ids"])
+    for t in r["ids"]:
+        assert t not in seq[-64:], (t, r["ids"])
+        seq.append(t)
+    assert r["ids"] != REF["greedy_ids"][:40]
+    r = run_json("run", "tiny", "--prompt-ids", PROMPT, "--temp", "0", "--repeat-penalty", "1000000",
+                 "--repeat-window", "4", "--max-tokens", "40", "--ignore-eos")
+    seq = list(REF["prompt_ids"])
+    for t in r["ids"]:
+        assert t not in seq[-4:], (t, r["ids"])
+        seq.append(t)
+    assert len(set(r["ids"])) < len(r["ids"])  # short window: repeats beyond it happen
+
+
 def test_run_stop_string_ends_output_before_it():
     full = run_json("run", "tiny", "--prompt-ids", PROMPT, "--temp", "0", "--ignore-eos", "--max-tokens", "24")
     text = full["text"]
