@@ -8,8 +8,10 @@
  * placement are steps after that, each asked for by a parameter.
  *
  * gc race: gc may move blobs and shrink or unlink a segment between our read
- * of the records and our shared lock on the segment. So once the mappings are
- * held (and locked), or mapping failed, the records are read again; if a
+ * of the records and our shared lock on the segment. The store's read
+ * barrier (held from before the records are read until the segments are
+ * locked) makes gc wait for that window; and as a second line, once the
+ * mappings are held, or mapping failed, the records are read again: if a
  * tensor moved, everything is released and the open starts over (a few times
  * at most). A failure with unchanged records is a real one and is returned.
  */
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "loader/loader_internal.h"
+#include "store/admin_internal.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -566,15 +569,23 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
         goto fail;
 
     for (int attempt = 0;; attempt++) {
-        if ((rc = read_records(store, name, &l)))
+        /* gc's read barrier: held from before the records are read until
+         * their segments are mapped and locked (store/admin_internal.h) */
+        int barrier = -1;
+        lms__read_barrier_enter(store, &barrier);
+        if ((rc = read_records(store, name, &l))) {
+            lms__read_barrier_leave(barrier);
             goto fail;
+        }
         m->n = l.n;
         m->ti = lms__calloc(l.n + 1, sizeof *m->ti);
         if (!m->ti) {
+            lms__read_barrier_leave(barrier);
             rc = LMS_ENOMEM;
             goto fail;
         }
         int mrc = map_segments(m, &l);
+        lms__read_barrier_leave(barrier);
         reclist again = {0};
         if ((rc = read_records(store, name, &again)))
             goto fail; /* e.g. the model was removed meanwhile: LMS_ENOENT */
