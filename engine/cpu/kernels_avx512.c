@@ -144,8 +144,43 @@ static inline void store_out(float *y, float v, bool acc) { *y = acc ? *y + v : 
     }
 
 GEMM_IMPL(gemm_f32, ld_f32, ldm_f32, 4)
-GEMM_IMPL(gemm_f16, ld_f16, ldm_f16, 2)
-GEMM_IMPL(gemm_bf16, ld_bf16, ldm_bf16, 2)
+GEMM_IMPL(gemm_f16_rows, ld_f16, ldm_f16, 2)
+GEMM_IMPL(gemm_bf16_rows, ld_bf16, ldm_bf16, 2)
+
+/*
+ * Prefill over 16-bit weights: widen 4 rows x KC columns to f32 once into an
+ * L1 buffer, then run the f32 kernel over every token of the block, so the
+ * widening is paid once per row instead of once per 4 tokens. Partial sums
+ * of later column blocks accumulate into y.
+ */
+#define KC 512
+#define GEMM_WIDEN(NAME, ROWS, LD, LDM, ESZ)                                                         \
+    static T void NAME(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,   \
+                       int rows, int nb, int cols, bool acc)                                          \
+    {                                                                                                 \
+        if (nb < 8) {                                                                                 \
+            ROWS(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                        \
+            return;                                                                                   \
+        }                                                                                             \
+        float wf[4 * KC] __attribute__((aligned(64)));                                                \
+        for (int r = 0; r < rows; r += 4) {                                                           \
+            int rl = LMS_MIN(4, rows - r);                                                            \
+            for (int k0 = 0; k0 < cols; k0 += KC) {                                                   \
+                int kl = LMS_MIN(KC, cols - k0), k16 = kl & ~15;                                      \
+                __mmask16 m = (__mmask16)((1u << (kl - k16)) - 1);                                    \
+                for (int i = 0; i < rl; i++) {                                                        \
+                    const uint8_t *src = (const uint8_t *)W + ((size_t)(r + i) * ldw + k0) * ESZ;     \
+                    for (int k = 0; k < k16; k += 16) _mm512_store_ps(wf + i * KC + k, LD(src, k));   \
+                    if (m)                                                                            \
+                        _mm512_mask_storeu_ps(wf + i * KC + k16, m, LDM(src, k16, m));                \
+                }                                                                                     \
+                gemm_f32(wf, KC, x + k0, ldx, y + r, ldy, rl, nb, kl, acc || k0 > 0);                 \
+            }                                                                                         \
+        }                                                                                             \
+    }
+
+GEMM_WIDEN(gemm_f16, gemm_f16_rows, ld_f16, ldm_f16, 2)
+GEMM_WIDEN(gemm_bf16, gemm_bf16_rows, ld_bf16, ldm_bf16, 2)
 
 #define AXPY_IMPL(NAME, LD, LDM)                                                                     \
     static T void NAME(float *y, const void *v, float a, int n)                                       \
