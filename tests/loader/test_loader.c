@@ -8,7 +8,9 @@
  * the registered paths (with a CPU device that tracks pins like CUDA) pin
  * each block once, share blocks between models, unpin before unmapping, and
  * fall back to the staging ring when pinning is refused;
- * failed opens (every allocation failing in turn) leave nothing behind.
+ * a segment that grew after it was mapped gets a second mapping; opens and
+ * closes from several threads at once; failed opens (every allocation
+ * failing in turn) leave nothing behind.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -645,6 +647,50 @@ static void concurrent_opens_and_closes_on_one_store(void **state)
     assert_int_equal(lms_store_close(st), 0);
 }
 
+
+static void a_grown_segment_gets_a_second_mapping_and_both_stay_valid(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_model *a = NULL, *b = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", NULL, &a), 0);
+    seg_usage u0;
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u0), 0);
+
+    /* another process appends a model (other bytes) to the same segment */
+    static tm_model other;
+    other = g_m;
+    for (int i = 0; i < other.n; i++)
+        other.t[i].seed += 100000;
+    char src[1200];
+    snprintf(src, sizeof src, "%s/src-other", g_dir);
+    assert_int_equal(mkdir(src, 0755), 0);
+    for (int sh = 0; sh < 2; sh++)
+        assert_int_equal(tm_write_shard(&other, src, sh, 2, false), 0);
+    char *out = NULL;
+    int rc = lms_test_sh(&out, "'%s' import '%s' --store '%s' --name other", lms_test_bin(), src, g_store);
+    if (rc)
+        fail_msg("import: %s", out ? out : "");
+    free(out);
+
+    assert_int_equal(lms_model_open(st, "other", NULL, &b), 0);
+    seg_usage u1;
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u1), 0);
+    assert_true(u1.mappings > u0.mappings); /* the old mapping was too short for the new bytes */
+    for (size_t i = 0; i < lms_model_tensor_count(b); i++) {
+        const lms_tensor *t = lms_model_tensor_at(b, i);
+        uint8_t *want = tm_expected(tm_find(&other, t->name), false);
+        assert_memory_equal(t->host, want, t->nbytes);
+        free(want);
+    }
+    check_bytes_equal_source(a, false); /* the first mapping is untouched */
+    lms_model_close(a);
+    lms_model_close(b);
+    assert_int_equal(seg_usage_read(getpid(), g_store, &u1), 0);
+    assert_int_equal(u1.mappings, 0);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 static void failed_opens_leave_nothing_behind(void **state)
 {
     (void)state;
@@ -709,6 +755,7 @@ int main(void)
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
+        cmocka_unit_test(a_grown_segment_gets_a_second_mapping_and_both_stay_valid),
         cmocka_unit_test(failed_opens_leave_nothing_behind),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
