@@ -40,6 +40,7 @@ typedef struct bsym {
 typedef struct bmerge {
     uint32_t rank, pos;
     int32_t new_id;
+    int32_t left, right; /* the pair when pushed: unchanged pair = valid entry */
 } bmerge;
 
 #define CACHE_MAX_WORD 48
@@ -456,7 +457,7 @@ static inline int try_pair(enc_ctx *c, int32_t pos)
     const bsym *a = &c->sym[pos], *b = &c->sym[a->next];
     if (!lms__um_get(&c->t->merges, (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id, &v))
         return 0;
-    return heap_push(c, (bmerge){(uint32_t)(v >> 32), (uint32_t)pos, (int32_t)(uint32_t)v});
+    return heap_push(c, (bmerge){(uint32_t)(v >> 32), (uint32_t)pos, (int32_t)(uint32_t)v, a->id, b->id});
 }
 
 static int sym_add(enc_ctx *c, size_t *ns, int32_t id)
@@ -582,9 +583,12 @@ static int bpe_word(enc_ctx *c, const char *w, size_t n)
             continue;
         bsym *b = &c->sym[a->next];
         uint64_t v;
-        if (!lms__um_get(&t->merges, (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id, &v) ||
-            (int32_t)(uint32_t)v != top.new_id)
-            continue; /* stale entry */
+        /* HF's test for a stale entry: the pair now at pos must merge into
+         * the same id (the pair as pushed trivially does) */
+        if ((a->id != top.left || b->id != top.right) &&
+            (!lms__um_get(&t->merges, (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id, &v) ||
+             (int32_t)(uint32_t)v != top.new_id))
+            continue;
         a->id = top.new_id;
         int32_t bn = b->next;
         b->id = -1;

@@ -44,9 +44,12 @@ int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val); /* overwr
 int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n);    /* -1 if absent */
 void lms__sm_free(lms__strmap *m);
 
-/* uint64 -> uint64 (key UINT64_MAX reserved). */
+/* uint64 -> uint64 (key UINT64_MAX reserved); key and value side by side so
+ * a lookup touches one cache line. */
 typedef struct lms__u64map {
-    uint64_t *keys, *vals;
+    struct lms__um_ent {
+        uint64_t key, val;
+    } *ent;
     size_t cap, n;
 } lms__u64map;
 

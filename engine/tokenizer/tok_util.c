@@ -152,26 +152,21 @@ static inline size_t um_slot(uint64_t k, size_t cap)
 static int um_grow(lms__u64map *m)
 {
     size_t ncap = m->cap ? m->cap * 2 : 1024;
-    uint64_t *nk = lms__malloc(ncap * sizeof *nk), *nv = lms__malloc(ncap * sizeof *nv);
-    if (!nk || !nv) {
-        lms__free(nk);
-        lms__free(nv);
+    struct lms__um_ent *ne = lms__malloc(ncap * sizeof *ne);
+    if (!ne)
         return LMS_ENOMEM;
-    }
-    memset(nk, 0xff, ncap * sizeof *nk);
+    for (size_t i = 0; i < ncap; i++)
+        ne[i].key = UINT64_MAX;
     for (size_t i = 0; i < m->cap; i++) {
-        if (m->keys[i] == UINT64_MAX)
+        if (m->ent[i].key == UINT64_MAX)
             continue;
-        size_t j = um_slot(m->keys[i], ncap);
-        while (nk[j] != UINT64_MAX)
+        size_t j = um_slot(m->ent[i].key, ncap);
+        while (ne[j].key != UINT64_MAX)
             j = (j + 1) & (ncap - 1);
-        nk[j] = m->keys[i];
-        nv[j] = m->vals[i];
+        ne[j] = m->ent[i];
     }
-    lms__free(m->keys);
-    lms__free(m->vals);
-    m->keys = nk;
-    m->vals = nv;
+    lms__free(m->ent);
+    m->ent = ne;
     m->cap = ncap;
     return 0;
 }
@@ -186,15 +181,15 @@ int lms__um_put(lms__u64map *m, uint64_t k, uint64_t v)
             return rc;
     }
     size_t j = um_slot(k, m->cap);
-    while (m->keys[j] != UINT64_MAX) {
-        if (m->keys[j] == k) {
-            m->vals[j] = v;
+    while (m->ent[j].key != UINT64_MAX) {
+        if (m->ent[j].key == k) {
+            m->ent[j].val = v;
             return 0;
         }
         j = (j + 1) & (m->cap - 1);
     }
-    m->keys[j] = k;
-    m->vals[j] = v;
+    m->ent[j].key = k;
+    m->ent[j].val = v;
     m->n++;
     return 0;
 }
@@ -204,9 +199,9 @@ bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v)
     if (!m->cap)
         return false;
     size_t j = um_slot(k, m->cap);
-    while (m->keys[j] != UINT64_MAX) {
-        if (m->keys[j] == k) {
-            *v = m->vals[j];
+    while (m->ent[j].key != UINT64_MAX) {
+        if (m->ent[j].key == k) {
+            *v = m->ent[j].val;
             return true;
         }
         j = (j + 1) & (m->cap - 1);
@@ -216,8 +211,7 @@ bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v)
 
 void lms__um_free(lms__u64map *m)
 {
-    lms__free(m->keys);
-    lms__free(m->vals);
+    lms__free(m->ent);
     memset(m, 0, sizeof *m);
 }
 
