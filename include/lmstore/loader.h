@@ -106,7 +106,8 @@ typedef struct lms_model_params {
     bool force_staging;      /* resident: never register the mapping; copy through a pinned staging ring */
     bool force_readers;      /* resident: parallel pread (O_DIRECT where aligned) into the ring,
                               * the path taken when the data is not in the page cache */
-    bool no_readers;         /* resident: never take the readers path automatically */
+    bool no_readers;         /* resident, copy AUTO: do not switch to O_DIRECT readers when the
+                              * model is not in the page cache (read through the page cache) */
     int streams;             /* copy streams; 0 = 4 */
     int threads;             /* register / reader / verify threads; 0 = online CPUs, 2..8 */
     uint64_t chunk_bytes;    /* register and copy granularity, rounded up to 2 MiB; 0 = 64 MiB
