@@ -35,7 +35,7 @@ def source_tensors(folder):
 def test_f32_bytes_equal_source_read_by_safetensors():
     src = gen_model(os.path.join(D, "f32"), "--arch", "qwen2", "--dtype", "F32", "--shard-size", "20K", "--seed", "3")
     store = os.path.join(D, "s_f32")
-    lms("import", src, "--store", store, "-q", check=0)
+    lms("import", src, "--store", store, "-q", "--threads", "1", check=0)  # everything on the calling thread
     inf = info(store, "f32")
     stored = {t["name"]: t for t in inf["tensors"]}
     n = 0
@@ -246,6 +246,19 @@ def test_parallel_imports_write_each_blob_once():
     sb = sum(len(d) for _, _, d in source_tensors(b).values())
     assert segments_size(store) < 4096 + 2 * (sa + sb), segments_size(store)
     lms("verify", "--store", store, check=0)
+
+
+def test_store_location_from_lmstore_home():
+    src = gen_model(os.path.join(D, "home"), "--arch", "llama", "--single-file")
+    home = os.path.join(D, "home_store")
+    os.environ["LMSTORE_HOME"] = home
+    try:
+        lms("import", src, "--name", "h", "-q", check=0)
+        _, out, _ = lms("ls", "--json", check=0)
+    finally:
+        del os.environ["LMSTORE_HOME"]
+    assert [m["name"] for m in json.loads(out)] == ["h"]
+    assert os.path.isdir(os.path.join(home, "index")) and os.path.isdir(os.path.join(home, "segments"))
 
 
 def test_usage_errors_exit_2():
