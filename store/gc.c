@@ -298,9 +298,24 @@ static void place_blobs(const lms__blobset *bs, lms__segset *ss, bool live_only,
     }
 }
 
+/* Every blob record of a fresh snapshot, placed in the segment files. */
+static int load_layout(lms_store *s, lms__blobset *bs, lms__segset *ss)
+{
+    MDB_txn *txn;
+    int rc = lms__txn_read(s, &txn);
+    if (rc)
+        return rc;
+    rc = lms__blobset_load(s, txn, bs);
+    lms__txn_end(s, txn);
+    if (!rc)
+        rc = lms__segset_load(s, ss);
+    if (!rc)
+        place_blobs(bs, ss, false, s->alignment);
+    return rc;
+}
+
 static int compact(lms_store *s, double below, lms_gc_report *rep)
 {
-    MDB_txn *txn = NULL;
     lms__blobset bs = {0};
     lms__segset ss = {0};
     move *moves = NULL;
@@ -311,15 +326,8 @@ static int compact(lms_store *s, double below, lms_gc_report *rep)
     int rc = lms__append_begin(s, &a);
     if (rc)
         return rc;
-    if ((rc = lms__txn_read(s, &txn)))
+    if ((rc = load_layout(s, &bs, &ss)))
         goto out;
-    rc = lms__blobset_load(s, txn, &bs);
-    lms__txn_end(s, txn);
-    if (rc)
-        goto out;
-    if ((rc = lms__segset_load(s, &ss)))
-        goto out;
-    place_blobs(&bs, &ss, false, s->alignment);
     const lms__segent *last = ss.n ? &ss.v[ss.n - 1] : NULL;
     if (!(idx = lms__blobset_by_place(&bs)) || !(moves = lms__calloc(bs.n ? bs.n : 1, sizeof *moves))) {
         rc = LMS_ENOMEM;
@@ -413,7 +421,6 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
                   busy_set *seen)
 {
     int lock = -1;
-    MDB_txn *txn = NULL;
     lms__blobset bs = {0};
     lms__segset ss = {0};
     int rc = lms__admin_lock(s, &lock);
@@ -425,15 +432,8 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
      * readers between reading records and locking their segments */
     double grace = p->grace_seconds > 0 ? p->grace_seconds : 5.0;
     bool quiet = lms__admin_wait_readers(s, grace) && lms__read_barrier_wait(s, grace);
-    if ((rc = lms__txn_read(s, &txn)))
+    if ((rc = load_layout(s, &bs, &ss)))
         goto out;
-    rc = lms__blobset_load(s, txn, &bs);
-    lms__txn_end(s, txn);
-    if (rc)
-        goto out;
-    if ((rc = lms__segset_load(s, &ss)))
-        goto out;
-    place_blobs(&bs, &ss, false, s->alignment);
     for (size_t i = 0; i < ss.n; i++) {
         lms__segent *g = &ss.v[i];
         uint64_t keep = g->has_blobs ? g->live_end : 0;
