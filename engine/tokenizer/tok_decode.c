@@ -437,7 +437,7 @@ void lms_stop_matcher_free(lms_stop_matcher *m)
 {
     if (!m)
         return;
-    for (size_t i = 0; i < m->n; i++)
+    for (size_t i = 0; m->stops && i < m->n; i++)
         lms__free(m->stops[i]);
     lms__free(m->stops);
     lms__free(m->lens);

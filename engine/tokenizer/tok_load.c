@@ -205,8 +205,10 @@ int lms__tok_compile_regex(const char *src, size_t n, const char *where, pcre2_c
     PCRE2_SIZE erroff;
     tok_buf tr = {0};
     int rc = translate_regex(src, n, &tr);
-    if (rc)
+    if (rc) {
+        lms__tb_free(&tr);
         return rc;
+    }
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)(tr.p ? tr.p : ""), tr.len, PCRE2_UTF | PCRE2_UCP, &errcode, &erroff, NULL);
     lms__tb_free(&tr);
     if (!re) {

@@ -514,6 +514,83 @@ static void allocation_failures_during_load_and_encode_leak_nothing(void **state
     lms__free(json);
 }
 
+/* The fuzz seeds: tokenizers with added tokens (lstrip, rstrip, single_word,
+ * normalized), byte fallback, ByteLevel with a Split regex, a template. */
+static void allocation_failures_loading_richer_tokenizers_leak_nothing(void **state)
+{
+    (void)state;
+    static const char *const seeds[] = {"bytefallback.json", "bytelevel-regex.json", "tiny-metaspace.json"};
+    for (size_t f = 0; f < LMS_ARRAY_LEN(seeds); f++) {
+        char *path = lms__asprintf("%s/tests/fuzz/corpus/fuzz_tokenizer_load/%s", lms_test_src(), seeds[f]);
+        size_t len;
+        char *json = lms_test_slurp(path, &len);
+        assert_non_null(json);
+        int rc = -1;
+        for (long k = 1; k < 20000 && rc != 0; k++) {
+            lms_tokenizer *t = NULL;
+            int32_t *ids = NULL;
+            size_t n;
+            lms__fault_arm(LMS_FAULT_ALLOC, k, false);
+            rc = lms_tokenizer_load(json, len, NULL, &t);
+            if (!rc)
+                rc = lms_tokenizer_encode(t, "hello \xC3\xA9t\xC3\xA9 ab a", 16, LMS_TOK_ADD_SPECIAL, &ids, &n);
+            lms__fault_disarm_all();
+            if (rc)
+                assert_int_equal(rc, LMS_ENOMEM);
+            lms_tokenizer_buf_free(ids);
+            lms_tokenizer_free(t);
+        }
+        assert_int_equal(rc, 0);
+        free(json);
+        lms__free(path);
+    }
+}
+
+static void allocation_failures_in_decode_stream_and_chat_leak_nothing(void **state)
+{
+    (void)state;
+    const lms_tokenizer *t = toks[2]; /* Gemma: Replace, ByteFallback, Fuse */
+    const char *text = "caf\xC3\xA9 \xF0\x9F\xAB\xA8 <start_of_turn>";
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(lms_tokenizer_encode(t, text, strlen(text), LMS_TOK_PARSE_SPECIAL, &ids, &n), 0);
+    lms_chat_message m[2] = {{"system", "Be brief."}, {"user", "Hi"}};
+    const char *stops[] = {"<end"};
+    int rc = -1;
+    for (long k = 1; k < 5000 && rc != 0; k++) {
+        char *out = NULL, *chat = NULL;
+        lms_detokenizer *d = NULL;
+        lms_stop_matcher *sm = NULL;
+        lms__fault_arm(LMS_FAULT_ALLOC, k, false);
+        rc = lms_tokenizer_decode(t, ids, n, false, &out, NULL);
+        if (!rc)
+            rc = lms_chat_apply(LMS_CHAT_GEMMA, m, 2, LMS_CHAT_ADD_GENERATION_PROMPT, &chat);
+        if (!rc)
+            rc = lms_detokenizer_create(t, false, &d);
+        if (!rc)
+            rc = lms_stop_matcher_create(stops, 1, &sm);
+        for (size_t i = 0; i <= n && !rc; i++) {
+            const char *p, *q;
+            size_t pn, qn;
+            bool stopped;
+            rc = i < n ? lms_detokenizer_push(d, ids[i], &p, &pn) : lms_detokenizer_flush(d, &p, &pn);
+            if (!rc)
+                rc = lms_stop_matcher_push(sm, p, pn, &q, &qn, &stopped, NULL);
+        }
+        lms__fault_disarm_all();
+        if (rc)
+            assert_int_equal(rc, LMS_ENOMEM);
+        else
+            assert_string_equal(chat, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
+        lms_tokenizer_buf_free(out);
+        lms_tokenizer_buf_free(chat);
+        lms_detokenizer_free(d);
+        lms_stop_matcher_free(sm);
+    }
+    assert_int_equal(rc, 0);
+    lms_tokenizer_buf_free(ids);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -529,6 +606,8 @@ int main(void)
         cmocka_unit_test(unsupported_components_fail_at_load_naming_them),
         cmocka_unit_test(tiny_tokenizer_applies_unk_metaspace_and_template),
         cmocka_unit_test(allocation_failures_during_load_and_encode_leak_nothing),
+        cmocka_unit_test(allocation_failures_loading_richer_tokenizers_leak_nothing),
+        cmocka_unit_test(allocation_failures_in_decode_stream_and_chat_leak_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
