@@ -95,7 +95,7 @@ def test_verify_model_checks_only_that_model():
 
 def test_export_is_byte_identical_to_the_source_and_reimports_to_the_same_id():
     # F32: the safetensors package reads it with plain numpy
-    store, d = new_store("export", ("a", TINY_A + ("--shard-size", "60K", "--dtype", "F32")))
+    store, d = new_store("export", ("a", TINY_A + ("--shard-size", "60K", "--dtype", "F32", "--metadata")))
     src = source_tensors(os.path.join(d, "src-a"))
     for shard in ("40K", "10G"):
         out = os.path.join(d, "out-" + shard)
@@ -117,6 +117,10 @@ def test_export_is_byte_identical_to_the_source_and_reimports_to_the_same_id():
                 assert len(t) == 1 or sum(v.nbytes for v in t.values()) <= 40 * 1024
         with open(os.path.join(d, "src-a", "config.json"), "rb") as a, open(os.path.join(out, "config.json"), "rb") as b:
             assert a.read() == b.read()
+        for f in shards:  # the safetensors __metadata__ the import kept goes back into every shard
+            with open(os.path.join(out, f), "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                assert json.loads(fh.read(n))["__metadata__"] == {"format": "pt"}
         lms("import", out, "--store", store, "--name", "re-" + shard, "--quiet", check=0)
         assert info(store, "re-" + shard)["id"] == info(store, "a")["id"]
     # a non-empty folder is refused and left alone
