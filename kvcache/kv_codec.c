@@ -217,6 +217,18 @@ int lms__kv_decode(lms__kv_codec_ctx *c, int codec, const uint8_t *in, size_t in
     return 0;
 }
 
+int lms__kv_hash_begin(lms__kv_codec_ctx *c)
+{
+    if (!c->hstate && !(c->hstate = XXH3_createState()))
+        return lms__err(LMS_ENOMEM, "out of memory creating a hash state");
+    XXH3_64bits_reset(c->hstate);
+    return 0;
+}
+
+void lms__kv_hash_update(lms__kv_codec_ctx *c, const void *p, size_t n) { XXH3_64bits_update(c->hstate, p, n); }
+
+uint64_t lms__kv_hash_end(lms__kv_codec_ctx *c) { return XXH3_64bits_digest(c->hstate); }
+
 void lms__kv_codec_ctx_free(lms__kv_codec_ctx *c)
 {
     if (!c)

@@ -36,4 +36,10 @@ int lms__kv_decode(lms__kv_codec_ctx *c, int codec, const uint8_t *in, size_t in
                    size_t es, uint64_t *hash);
 void lms__kv_codec_ctx_free(lms__kv_codec_ctx *c);
 
+/* Streaming XXH3-64 (seed 0) with the context's state: equal to
+ * lms__hash64(all bytes, 0). begin returns LMS_ENOMEM if no state. */
+int lms__kv_hash_begin(lms__kv_codec_ctx *c);
+void lms__kv_hash_update(lms__kv_codec_ctx *c, const void *p, size_t n);
+uint64_t lms__kv_hash_end(lms__kv_codec_ctx *c);
+
 #endif

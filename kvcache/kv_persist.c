@@ -596,8 +596,16 @@ static void res_decode_one(void *arg, size_t i, int worker)
      * by page; a raw page reads straight into its destination. */
     uint64_t h = 0;
     if (rp->rec.codec == LMS__KV_CODEC_RAW) {
-        rc = lms__pread_all(m->fd, out, n, rp->blob.offset, m->path);
-        h = lms__hash64(out, n, 0);
+        /* Read and hash in 256 KiB pieces: each is hashed while in cache. */
+        rc = lms__kv_hash_begin(&c->codec[worker]);
+        for (size_t o = 0; !rc && o < n; o += 256 * 1024) {
+            size_t len = LMS_MIN(n - o, (size_t)256 * 1024);
+            rc = lms__pread_all(m->fd, out + o, len, rp->blob.offset + o, m->path);
+            if (!rc)
+                lms__kv_hash_update(&c->codec[worker], out + o, len);
+        }
+        if (!rc)
+            h = lms__kv_hash_end(&c->codec[worker]);
     } else {
         uint8_t *in = c->inbuf[worker];
         rc = lms__pread_all(m->fd, in, rp->blob.size, rp->blob.offset, m->path);
