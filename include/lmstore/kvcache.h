@@ -231,7 +231,9 @@ uint32_t lms_kv_seq_tokens(const lms_kv *kv, const lms_kv_seq *seq, int32_t *out
 /*
  * A new sequence sharing all of src's pages (refs + 1 each), same tokens and
  * committed count. The first append to either one copies a shared partial
- * last page. LMS_ENOSPACE when max_seqs sequences are live.
+ * last page. Positions reserved but not yet committed are shared as well:
+ * fork after commit, or write those positions once, through one of the two.
+ * LMS_ENOSPACE when max_seqs sequences are live.
  */
 int lms_kv_seq_fork(lms_kv *kv, const lms_kv_seq *src, lms_kv_seq **out);
 
