@@ -43,6 +43,7 @@ typedef struct lms__strmap {
 int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val); /* overwrites */
 int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n);    /* -1 if absent */
 void lms__sm_free(lms__strmap *m);
+int lms__sm_reserve(lms__strmap *m, size_t n); /* room for n keys without growing */
 
 /* uint64 -> uint64 (key UINT64_MAX reserved); key and value side by side so
  * a lookup touches one cache line. */
@@ -56,6 +57,7 @@ typedef struct lms__u64map {
 int lms__um_put(lms__u64map *m, uint64_t k, uint64_t v);
 bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v);
 void lms__um_free(lms__u64map *m);
+int lms__um_reserve(lms__u64map *m, size_t n);
 
 /* ---- components -------------------------------------------------------------- */
 

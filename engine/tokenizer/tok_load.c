@@ -601,7 +601,10 @@ static int load_model(lms_tokenizer *t, const cJSON *model, const cJSON *added, 
         t->tok_len[i] = UINT32_MAX;
 
     char *tmp = NULL;
-    size_t tmp_cap = 0;
+    size_t tmp_cap = 0, nvocab = (size_t)cJSON_GetArraySize(vocab);
+    if ((rc = lms__sm_reserve(&t->vocab, nvocab)) || (t->byte_level && (rc = lms__sm_reserve(&t->enc, nvocab))) ||
+        (rc = lms__um_reserve(&t->merges, (size_t)cJSON_GetArraySize(merges))))
+        return rc;
     cJSON_ArrayForEach(it, vocab)
     {
         int32_t id = (int32_t)it->valuedouble;

@@ -49,9 +49,8 @@ void lms__tb_free(tok_buf *b)
 
 /* ---- string map ---------------------------------------------------------------- */
 
-static int sm_grow(lms__strmap *m)
+static int sm_grow_to(lms__strmap *m, size_t ncap)
 {
-    size_t ncap = m->cap ? m->cap * 2 : 1024;
     struct lms__sm_ent *ne = lms__malloc(ncap * sizeof *ne);
     if (!ne)
         return LMS_ENOMEM;
@@ -69,6 +68,16 @@ static int sm_grow(lms__strmap *m)
     m->ent = ne;
     m->cap = ncap;
     return 0;
+}
+
+static int sm_grow(lms__strmap *m) { return sm_grow_to(m, m->cap ? m->cap * 2 : 1024); }
+
+int lms__sm_reserve(lms__strmap *m, size_t n)
+{
+    size_t cap = m->cap ? m->cap : 1024;
+    while (n * 4 > cap * 3)
+        cap *= 2;
+    return cap > m->cap ? sm_grow_to(m, cap) : 0;
 }
 
 int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val)
@@ -149,9 +158,8 @@ static inline size_t um_slot(uint64_t k, size_t cap)
     return (size_t)k & (cap - 1);
 }
 
-static int um_grow(lms__u64map *m)
+static int um_grow_to(lms__u64map *m, size_t ncap)
 {
-    size_t ncap = m->cap ? m->cap * 2 : 1024;
     struct lms__um_ent *ne = lms__malloc(ncap * sizeof *ne);
     if (!ne)
         return LMS_ENOMEM;
@@ -169,6 +177,16 @@ static int um_grow(lms__u64map *m)
     m->ent = ne;
     m->cap = ncap;
     return 0;
+}
+
+static int um_grow(lms__u64map *m) { return um_grow_to(m, m->cap ? m->cap * 2 : 1024); }
+
+int lms__um_reserve(lms__u64map *m, size_t n)
+{
+    size_t cap = m->cap ? m->cap : 1024;
+    while (n * 2 > cap)
+        cap *= 2;
+    return cap > m->cap ? um_grow_to(m, cap) : 0;
 }
 
 int lms__um_put(lms__u64map *m, uint64_t k, uint64_t v)
