@@ -115,6 +115,7 @@ typedef struct lms_gc_report {
     uint64_t segments_removed;
     uint64_t segments_truncated;
     uint64_t segments_busy;       /* skipped: mapped by another process or an old snapshot */
+    uint64_t bytes_punched;       /* disk blocks of dead ranges inside segments given back (size kept) */
     uint64_t bytes_before, bytes_after; /* total size of the segment files */
     uint64_t bytes_freed;         /* dry run: what would be freed */
     double seconds;

@@ -16,6 +16,8 @@
  *             the bytes past its last blob (left by crashed imports or by
  *             deleted blobs); each only under flock(LOCK_EX|LOCK_NB) on the
  *             segment, skipping (and reporting) segments a reader maps.
+ *             Dead ranges between blobs (and the tail of a mapped segment)
+ *             get their disk blocks punched out (see punch_range).
  *
  * Every blob record still in the index at step 3, whatever its count,
  * keeps its bytes: an import may revive a 0-reference blob at any time.
@@ -23,6 +25,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,6 +404,47 @@ out:
 
 /* ---- step 3: shrink ----------------------------------------------------------------------------- */
 
+/*
+ * Give the disk blocks of dead ranges inside a segment back to the file
+ * system (FALLOC_FL_PUNCH_HOLE, size kept): bytes a crashed import left that
+ * later imports appended after, and the tail of a segment another process
+ * keeps mapped. Safe while the segment is mapped: called only after the
+ * reader wait, no snapshot reaches a range no blob record covers, and
+ * imports only ever append past the end. Best effort; returns bytes freed.
+ */
+#define PUNCH_MIN (64u << 10)
+
+static uint64_t punch_range(int fd, uint64_t a, uint64_t b)
+{
+    a = lms__align_up(a, 4096);
+    b &= ~(uint64_t)4095;
+    if (b <= a || b - a < PUNCH_MIN)
+        return 0;
+    off_t d = lseek(fd, (off_t)a, SEEK_DATA); /* already a hole? */
+    if (d < 0 || (uint64_t)d >= b)
+        return 0;
+    if (lms__fault_hit(LMS_FAULT_WRITE))
+        return 0;
+    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)d, (off_t)(b - (uint64_t)d)))
+        return 0;
+    return b - (uint64_t)d;
+}
+
+/* Punch every dead range of segment g before byte `end` (blobs of bs by
+ * place in idx). */
+static uint64_t punch_segment(int fd, const lms__segent *g, const lms__blobset *bs, const size_t *idx, uint64_t end)
+{
+    uint64_t cur = LMS__SEG_HEADER_SIZE, freed = 0;
+    for (size_t j = 0; j < bs->n; j++) {
+        const lms__blobent *b = &bs->v[idx[j]];
+        if (b->bad || b->rec.segment != g->id)
+            continue;
+        freed += punch_range(fd, cur, b->rec.offset);
+        cur = LMS_MAX(cur, b->rec.offset + b->rec.size);
+    }
+    return freed + punch_range(fd, cur, end);
+}
+
 /* Segments reported busy in this gc run (shrink may run twice). */
 typedef struct busy_set {
     uint32_t ids[256];
@@ -423,6 +467,7 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
     int lock = -1;
     lms__blobset bs = {0};
     lms__segset ss = {0};
+    size_t *idx = NULL;
     int rc = lms__admin_lock(s, &lock);
     if (rc)
         return rc;
@@ -434,16 +479,32 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
     bool quiet = lms__admin_wait_readers(s, grace) && lms__read_barrier_wait(s, grace);
     if ((rc = load_layout(s, &bs, &ss)))
         goto out;
+    if (!(idx = lms__blobset_by_place(&bs))) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
     for (size_t i = 0; i < ss.n; i++) {
         lms__segent *g = &ss.v[i];
         uint64_t keep = g->has_blobs ? g->live_end : 0;
         if (g->has_blobs && keep < LMS__SEG_HEADER_SIZE)
             keep = LMS__SEG_HEADER_SIZE;
-        if (g->has_blobs && (!g->header_ok || g->size <= keep))
+        if (g->has_blobs && !g->header_ok)
             continue;
         char path[4096];
         if ((rc = lms__segment_path(s, g->id, path, sizeof path)))
             goto out;
+        if (g->has_blobs && g->size <= keep) {
+            /* nothing to cut off: only holes inside to give back */
+            int pfd = quiet ? lms__open(path, O_RDWR, 0) : -1;
+            if (pfd >= 0) {
+                rep->bytes_punched += punch_segment(pfd, g, &bs, idx, g->size);
+                close(pfd);
+            } else if (pfd == LMS_ENOMEM) {
+                rc = pfd;
+                goto out;
+            }
+            continue;
+        }
         int fd = quiet ? lms__open(path, O_RDWR, 0) : -1;
         if (quiet && fd < 0) {
             if (fd == LMS_ENOMEM) {
@@ -453,8 +514,12 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
             continue; /* gone already */
         }
         if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB)) {
-            if (fd >= 0)
+            if (fd >= 0) {
+                /* mapped elsewhere: no truncation, but dead ranges can go */
+                if (g->has_blobs)
+                    rep->bytes_punched += punch_segment(fd, g, &bs, idx, g->size);
                 close(fd);
+            }
             if (!busy_seen(seen, g->id)) {
                 rep->segments_busy++;
                 if (busy)
@@ -472,6 +537,7 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
             rep->segments_removed++;
             lms__crashpoint("gc:after-unlink");
         } else {
+            rep->bytes_punched += punch_segment(fd, g, &bs, idx, keep);
             lms__crashpoint("gc:before-truncate");
             rc = lms__ftruncate(fd, keep, path);
             if (!rc)
@@ -488,6 +554,7 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
     if (rep->segments_removed)
         rc = lms__fsync_dir(s->seg_dir);
 out:
+    lms__free(idx);
     lms__segset_free(&ss);
     lms__blobset_free(&bs);
     lms__admin_unlock(lock);

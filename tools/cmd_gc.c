@@ -61,11 +61,12 @@ int lms_cmd_gc(int argc, char **argv)
                (double)r.bytes_moved / 1e6, (unsigned long long)r.segments_truncated, (double)r.bytes_before / 1e6);
     else
         printf("freed %.2f MB (segments %.2f MB -> %.2f MB): %llu unreferenced blobs and %llu KV pages deleted, "
-               "%llu blobs (%.2f MB) moved, %llu segments removed, %llu trimmed, %llu busy; %.2f s\n",
+               "%llu blobs (%.2f MB) moved, %llu segments removed, %llu trimmed, %.2f MB of holes punched, "
+               "%llu busy; %.2f s\n",
                (double)r.bytes_freed / 1e6, (double)r.bytes_before / 1e6, (double)r.bytes_after / 1e6,
                (unsigned long long)r.blobs_deleted, (unsigned long long)r.kvpages_deleted,
                (unsigned long long)r.blobs_moved, (double)r.bytes_moved / 1e6,
                (unsigned long long)r.segments_removed, (unsigned long long)r.segments_truncated,
-               (unsigned long long)r.segments_busy, r.seconds);
+               (double)r.bytes_punched / 1e6, (unsigned long long)r.segments_busy, r.seconds);
     return LMS_EXIT_OK;
 }
