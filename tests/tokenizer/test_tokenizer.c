@@ -10,6 +10,7 @@
  * component, invalid UTF-8, allocation failures, long runs.
  */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -591,6 +592,57 @@ static void allocation_failures_in_decode_stream_and_chat_leak_nothing(void **st
     lms_tokenizer_buf_free(ids);
 }
 
+/* One tokenizer, four threads encoding the whole corpus at once: every
+ * thread must get exactly the single-threaded ids (the tokenizer is
+ * immutable; all scratch state is per call). */
+typedef struct {
+    const lms_tokenizer *t;
+    const cJSON *texts;
+    uint64_t digest;
+    int rc;
+} enc_job;
+
+static void *encode_all(void *arg)
+{
+    enc_job *j = arg;
+    j->digest = 0;
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < cJSON_GetArraySize(j->texts); i++) {
+            size_t len, n;
+            char *s = unhex(cJSON_GetArrayItem(j->texts, i)->valuestring, &len);
+            int32_t *ids;
+            int rc = lms_tokenizer_encode(j->t, s, len, LMS_TOK_ADD_SPECIAL | LMS_TOK_PARSE_SPECIAL, &ids, &n);
+            if (rc)
+                j->rc = rc;
+            else
+                j->digest = j->digest * 31 + lms__hash64(ids, n * sizeof *ids, (uint64_t)i);
+            lms_tokenizer_buf_free(ids);
+            free(s);
+        }
+    return NULL;
+}
+
+static void concurrent_encodes_of_one_tokenizer_agree(void **state)
+{
+    (void)state;
+    const cJSON *texts = cJSON_GetObjectItem(corpus, "texts_hex");
+    for (int t = 0; t < 3; t++) {
+        enc_job ref = {toks[t], texts, 0, 0}, jobs[4];
+        encode_all(&ref);
+        assert_int_equal(ref.rc, 0);
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) {
+            jobs[k] = (enc_job){toks[t], texts, 0, 0};
+            assert_int_equal(pthread_create(&th[k], NULL, encode_all, &jobs[k]), 0);
+        }
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            assert_int_equal(jobs[k].rc, 0);
+            assert_true(jobs[k].digest == ref.digest);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +658,7 @@ int main(void)
         cmocka_unit_test(unsupported_components_fail_at_load_naming_them),
         cmocka_unit_test(tiny_tokenizer_applies_unk_metaspace_and_template),
         cmocka_unit_test(allocation_failures_during_load_and_encode_leak_nothing),
+        cmocka_unit_test(concurrent_encodes_of_one_tokenizer_agree),
         cmocka_unit_test(allocation_failures_loading_richer_tokenizers_leak_nothing),
         cmocka_unit_test(allocation_failures_in_decode_stream_and_chat_leak_nothing),
     };
