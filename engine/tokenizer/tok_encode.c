@@ -204,6 +204,23 @@ static int norm_step(enc_ctx *c, const tok_norm *nm, const char *s, size_t n, to
         if (n && (rc = lms__tb_add(out, nm->content, nm->content_len)))
             return rc;
         return lms__tb_add(out, s, n);
+    case NORM_STRIP: {
+        size_t a = 0, b = n;
+        uint32_t cp;
+        size_t k;
+        while (nm->strip_left && a < b && (k = lms__utf8_next((const uint8_t *)s + a, b - a, &cp)) &&
+               lms__is_unicode_ws(cp))
+            a += k;
+        while (nm->strip_right && b > a) {
+            size_t j = b - 1;
+            while (j > a && ((uint8_t)s[j] & 0xC0) == 0x80)
+                j--;
+            if (!lms__utf8_next((const uint8_t *)s + j, b - j, &cp) || !lms__is_unicode_ws(cp))
+                break;
+            b = j;
+        }
+        return lms__tb_add(out, s + a, b - a);
+    }
     case NORM_REPLACE: {
         if ((rc = find_matches(c, &nm->pat, s, n)))
             return rc;
@@ -613,11 +630,42 @@ static int bpe_word(enc_ctx *c, const char *w, size_t n)
 
 /* Split work[in.s, in.e) by matches of pat (relative offsets in c->m), with
  * HF's SplitDelimiterBehavior; pieces appended to out (empty ones dropped). */
+/* Every character of class `chars` as a one-character match (HF's split by
+ * a char predicate): numeric = Rust char::is_numeric (Nd, Nl, No),
+ * punctuation = ASCII punctuation or P*, space = White_Space. */
+static int find_char_matches(enc_ctx *c, int chars, const char *s, size_t n)
+{
+    int rc;
+    c->m.n = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = lms__utf8_next((const uint8_t *)s + i, n - i, &cp);
+        if (!k)
+            k = 1, cp = 0xFFFD;
+        bool hit;
+        if (chars == CHARS_SPACE)
+            hit = lms__is_unicode_ws(cp);
+        else {
+            utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
+            if (chars == CHARS_NUMERIC)
+                hit = cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO;
+            else
+                hit = (cp < 0x80 && cp > 0x20 && cp != 0x7F && !(cp >= '0' && cp <= '9') &&
+                       !((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z')) ||
+                      (cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO);
+        }
+        if (hit && (rc = spans_add(&c->m, i, i + k, false)))
+            return rc;
+        i += k;
+    }
+    return 0;
+}
+
 static int split_by(enc_ctx *c, const tok_pattern *pat, int behavior, bool invert, span in, spans *out)
 {
     int rc;
     size_t n = in.e - in.s;
-    if ((rc = find_matches(c, pat, c->work.p + in.s, n)))
+    if ((rc = pat ? find_matches(c, pat, c->work.p + in.s, n) : 0))
         return rc;
     /* the whole piece as (s, e, is_match) covering [0, n) */
     typedef struct {
@@ -729,6 +777,10 @@ static int pre_step(enc_ctx *c, const tok_pre *p, span in, spans *out)
     switch (p->type) {
     case PRE_SPLIT:
         return split_by(c, &p->pat, p->behavior, p->invert, in, out);
+    case PRE_CHARS:
+        if ((rc = find_char_matches(c, p->chars, c->work.p + in.s, in.e - in.s)))
+            return rc;
+        return split_by(c, NULL, p->behavior, false, in, out);
     case PRE_BYTELEVEL:
         if (p->add_prefix_space && (in.e == in.s || c->work.p[in.s] != ' ')) {
             if ((rc = rewrite(c, in, " ", 1, NULL, 0, NULL, 0, &in)))

@@ -68,15 +68,18 @@ typedef struct tok_pattern {
     pcre2_code *re; /* Regex, JIT-compiled when possible */
 } tok_pattern;
 
-enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND };
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND, NORM_STRIP };
 typedef struct tok_norm {
     int type;
+    bool strip_left, strip_right; /* Strip */
     tok_pattern pat;
     char *content;
     size_t content_len;
 } tok_norm;
 
-enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_METASPACE };
+enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_METASPACE, PRE_CHARS };
+/* PRE_CHARS: split on characters of a class (Digits, Punctuation, WhitespaceSplit) */
+enum { CHARS_NUMERIC, CHARS_PUNCT, CHARS_SPACE };
 enum { BEH_REMOVED, BEH_ISOLATED, BEH_MERGED_PREV, BEH_MERGED_NEXT, BEH_CONTIGUOUS };
 enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
 typedef struct tok_pre {
@@ -90,6 +93,7 @@ typedef struct tok_pre {
     size_t repl_len;
     int prepend_scheme;     /* Metaspace */
     bool split;             /* Metaspace */
+    int chars;              /* PRE_CHARS: CHARS_* */
 } tok_pre;
 
 enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };

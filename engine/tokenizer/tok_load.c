@@ -270,7 +270,11 @@ static int add_norm(lms_tokenizer *t, const cJSON *o, int depth)
     else if (!strcmp(type, "NFD")) nm.type = NORM_NFD;
     else if (!strcmp(type, "NFKC")) nm.type = NORM_NFKC;
     else if (!strcmp(type, "NFKD")) nm.type = NORM_NFKD;
-    else if (!strcmp(type, "Replace") || !strcmp(type, "Prepend")) {
+    else if (!strcmp(type, "Strip")) {
+        nm.type = NORM_STRIP;
+        nm.strip_left = jbool(o, "strip_left", true);
+        nm.strip_right = jbool(o, "strip_right", true);
+    } else if (!strcmp(type, "Replace") || !strcmp(type, "Prepend")) {
         bool rep = type[0] == 'R';
         const char *c;
         size_t cn;
@@ -361,6 +365,25 @@ static int add_pre(lms_tokenizer *t, const cJSON *o, int depth)
         p.use_regex = jbool(o, "use_regex", true);
         if (p.use_regex && (rc = lms__tok_compile_regex(gpt2_regex, sizeof gpt2_regex - 1, "ByteLevel", &p.pat.re)))
             return rc;
+    } else if (!strcmp(type, "Digits")) {
+        p.type = PRE_CHARS;
+        p.chars = CHARS_NUMERIC;
+        p.behavior = jbool(o, "individual_digits", false) ? BEH_ISOLATED : BEH_CONTIGUOUS;
+    } else if (!strcmp(type, "WhitespaceSplit")) {
+        p.type = PRE_CHARS;
+        p.chars = CHARS_SPACE;
+        p.behavior = BEH_REMOVED;
+    } else if (!strcmp(type, "Punctuation")) {
+        const char *b = jstr(o, "behavior");
+        p.type = PRE_CHARS;
+        p.chars = CHARS_PUNCT;
+        p.behavior = BEH_ISOLATED;
+        if (!b || !strcmp(b, "Isolated")) p.behavior = BEH_ISOLATED;
+        else if (!strcmp(b, "Removed")) p.behavior = BEH_REMOVED;
+        else if (!strcmp(b, "MergedWithPrevious")) p.behavior = BEH_MERGED_PREV;
+        else if (!strcmp(b, "MergedWithNext")) p.behavior = BEH_MERGED_NEXT;
+        else if (!strcmp(b, "Contiguous")) p.behavior = BEH_CONTIGUOUS;
+        else return lms__err(LMS_EUNSUPPORTED, "tokenizer.json: pre_tokenizer Punctuation behavior '%s' is not supported", b);
     } else if (!strcmp(type, "Metaspace")) {
         p.type = PRE_METASPACE;
         if ((rc = metaspace_fields(o, "pre_tokenizer Metaspace", p.repl, &p.repl_len, &p.prepend_scheme)))

@@ -7,10 +7,11 @@
  * LMS_EUNSUPPORTED naming the component, never by mis-tokenizing):
  *   model          BPE (vocab, merges "a b" or ["a","b"], ignore_merges,
  *                  byte_fallback, unk_token, fuse_unk)
- *   normalizer     NFC, Replace, Prepend, Sequence
+ *   normalizer     NFC, NFD, NFKC, NFKD, Replace, Prepend, Strip, Sequence
  *   pre_tokenizer  Split (PCRE2 regex or string; Removed, Isolated,
  *                  MergedWithPrevious, MergedWithNext, Contiguous; invert),
- *                  ByteLevel, Metaspace, Sequence
+ *                  ByteLevel (last), Metaspace, Digits, Punctuation,
+ *                  WhitespaceSplit, Sequence
  *   post_processor TemplateProcessing, ByteLevel, Sequence
  *   decoder        ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
  *                  Sequence

@@ -16,7 +16,9 @@ assembled from the components real models rarely combine (Metaspace in every
 prepend scheme, every Split behavior and invert, Replace/Prepend/NFKC
 normalizers, TemplateProcessing with a suffix, ByteLevel with its own regex,
 Strip/Replace/ByteFallback/Fuse/Metaspace decoders, unk with fuse_unk, added
-tokens with lstrip/rstrip/single_word/normalized), each on 2,000 strings.
+tokens with lstrip/rstrip/single_word/normalized, Strip normalizer,
+WhitespaceSplit/Punctuation/Digits pre-tokenizers, no decoder), each on
+1,000 strings.
 
 Each batch of strings costs one lmstore process (--jsonl). The corpus size
 is LMS_TOK_RANDOM_N (default 10000). In a sanitizer build (LMS_SANITIZE set in
@@ -245,6 +247,22 @@ def synthetic(train_texts):
                                                          special_tokens=[("<s>", 0), ("</s>", 1)])
         return True
     cfgs["bytelevel-template"] = (models.BPE(), bytelevel)
+
+    def chars_split(t):  # WordPiece-style splitting on a BPE model, no decoder (tokens joined by spaces)
+        t.normalizer = normalizers.Sequence([normalizers.Strip(left=True, right=True), normalizers.NFC()])
+        t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                   pre_tokenizers.Punctuation(behavior="contiguous"),
+                                                   pre_tokenizers.Digits(individual_digits=True)])
+    cfgs["whitespace-punct-digits"] = (models.BPE(unk_token="<unk>", fuse_unk=True), chars_split)
+
+    def digits_bytelevel(t):  # StarCoder-style: digit runs, then byte-level
+        t.normalizer = normalizers.Strip(left=False, right=True)
+        t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Punctuation(),
+                                                   pre_tokenizers.Digits(individual_digits=False),
+                                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        t.decoder = decoders.ByteLevel()
+        return True
+    cfgs["punct-digits-bytelevel"] = (models.BPE(), digits_bytelevel)
 
     def fallback(t):
         t.normalizer = normalizers.Replace(" ", "▁")
