@@ -569,6 +569,205 @@ static void device_arenas_save_and_resume_through_host_copies(void **st_)
     free(dir);
 }
 
+/* ---- randomized: sequences with shared prefixes, saved and resumed at random ---- */
+
+/* K/V value of position pos for a sequence whose tokens are toks: a function
+ * of the whole prefix, as in a real model, so equal prefixes have equal K/V. */
+static uint64_t prefix_hash(const int32_t *toks, uint32_t n)
+{
+    uint64_t h = 0x1234;
+    for (uint32_t i = 0; i < n; i++)
+        h = lms__hash64(&toks[i], 4, h);
+    return h;
+}
+
+static void rnd_write(lms_kv *kv, lms_kv_seq *s, const int32_t *toks, uint32_t from, uint32_t to)
+{
+    lms_kv_layout L;
+    lms_kv_get_layout(kv, &L);
+    for (uint32_t pos = from; pos < to; pos++) {
+        uint64_t ph = prefix_hash(toks, pos + 1);
+        uint32_t page, slot;
+        assert_int_equal(lms_kv_seq_slot(kv, s, pos, &page, &slot), 0);
+        for (uint32_t l = 0; l < L.n_layers; l++)
+            for (uint32_t c = 0; c < 2; c++) {
+                uint16_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
+                for (uint32_t h = 0; h < L.n_kv_heads; h++)
+                    for (uint32_t d = 0; d < L.head_dim; d++)
+                        blk[((size_t)h * L.page_tokens + slot) * L.head_dim + d] = kvt_val((uint32_t)ph, (uint32_t)(ph >> 32), l, c, h, d);
+            }
+    }
+}
+
+static bool rnd_check(lms_kv *kv, const lms_kv_seq *s, const int32_t *toks, uint32_t n)
+{
+    lms_kv_layout L;
+    lms_kv_get_layout(kv, &L);
+    if (lms_kv_seq_len(s) != n)
+        return false;
+    for (uint32_t pos = 0; pos < n; pos++) {
+        if (lms_kv_seq_token(kv, s, pos) != toks[pos])
+            return false;
+        uint64_t ph = prefix_hash(toks, pos + 1);
+        uint32_t page, slot;
+        lms_kv_seq_slot(kv, s, pos, &page, &slot);
+        for (uint32_t l = 0; l < L.n_layers; l++)
+            for (uint32_t c = 0; c < 2; c++) {
+                const uint16_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
+                for (uint32_t h = 0; h < L.n_kv_heads; h++)
+                    for (uint32_t d = 0; d < L.head_dim; d++)
+                        if (blk[((size_t)h * L.page_tokens + slot) * L.head_dim + d] !=
+                            kvt_val((uint32_t)ph, (uint32_t)(ph >> 32), l, c, h, d))
+                            return false;
+            }
+    }
+    return true;
+}
+
+#define RS_SEQS 3
+#define RS_MAX 30
+typedef struct {
+    lms_kv_seq *s;
+    int32_t toks[RS_MAX];
+    uint32_t n;
+} rs_seq;
+
+static uint64_t rs_rng;
+static uint32_t rs_rnd(uint32_t n)
+{
+    rs_rng = rs_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)((rs_rng >> 33) % n);
+}
+
+static void random_saves_and_resumes_restore_exact_prefix_shared_sequences(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-random");
+    lms_store *st = open_store(dir);
+    int saves = 0, resumes = 0, reused = 0, full = 0, nospace = 0;
+    for (uint64_t seed = 1; seed <= 10; seed++) {
+        rs_rng = seed;
+        lms_kv *a = kvt_make(NULL, 40, 0), *b = kvt_make(NULL, 9 + rs_rnd(6), 0);
+        rs_seq sa[RS_SEQS] = {0}, sb[RS_SEQS] = {0};
+        struct {
+            bool saved;
+            int32_t toks[RS_MAX];
+            uint32_t n;
+        } sessions[3] = {0};
+        for (int step = 0; step < 60; step++) {
+            int i = (int)rs_rnd(RS_SEQS);
+            uint32_t op = rs_rnd(8);
+            rs_seq *q = &sa[i];
+            if (!q->s) { /* new: tokens from a tiny alphabet, so prefixes repeat */
+                if (lms_kv_seq_new(a, &q->s))
+                    continue;
+                q->n = 0;
+                op = 0;
+            }
+            if (op < 3 && q->n < RS_MAX) { /* append, write, commit */
+                uint32_t k = 1 + rs_rnd(LMS_MIN(9u, RS_MAX - q->n));
+                for (uint32_t j = 0; j < k; j++)
+                    q->toks[q->n + j] = (int32_t)rs_rnd(2);
+                if (lms_kv_seq_append(a, q->s, q->toks + q->n, k) == 0) {
+                    rnd_write(a, q->s, q->toks, q->n, q->n + k);
+                    assert_int_equal(lms_kv_seq_commit(a, q->s, q->n + k), 0);
+                    q->n += k;
+                }
+            } else if (op < 4) { /* truncate */
+                q->n = q->n ? rs_rnd(q->n + 1) : 0;
+                assert_int_equal(lms_kv_seq_truncate(a, q->s, q->n), 0);
+            } else if (op < 5) { /* fork into another slot */
+                int j = (int)rs_rnd(RS_SEQS);
+                if (!sa[j].s && lms_kv_seq_fork(a, q->s, &sa[j].s) == 0) {
+                    memcpy(sa[j].toks, q->toks, sizeof q->toks);
+                    sa[j].n = q->n;
+                }
+            } else if (op < 6 && q->n) { /* save */
+                int k = (int)rs_rnd(3);
+                char name[24];
+                snprintf(name, sizeof name, "r%d-%llu", k, (unsigned long long)seed);
+                lms_kv_save_params sp = lms_kv_default_save_params();
+                sp.codec = (lms_kv_codec)rs_rnd(3);
+                int rc = lms_kv_save_ex(a, q->s, st, name, &sp, NULL);
+                if (rc)
+                    fail_msg("save: %s", lms_last_error());
+                sessions[k].saved = true;
+                memcpy(sessions[k].toks, q->toks, sizeof q->toks);
+                sessions[k].n = q->n;
+                saves++;
+            } else if (op < 7) { /* resume a session into b, busy with its own sequences */
+                int k = (int)rs_rnd(3), j = (int)rs_rnd(RS_SEQS);
+                char name[24];
+                snprintf(name, sizeof name, "r%d-%llu", k, (unsigned long long)seed);
+                if (sb[j].s) {
+                    lms_kv_seq_free(b, sb[j].s);
+                    sb[j].s = NULL;
+                }
+                kvt_snap before = kvt_snapshot(b);
+                lms_kv_io_stats rs;
+                int rc = lms_kv_resume_ex(b, st, name, NULL, &sb[j].s, &rs);
+                if (!sessions[k].saved) {
+                    assert_int_equal(rc, LMS_ENOENT);
+                } else if (rc == LMS_ENOSPACE) {
+                    nospace++;
+                    kvt_snap after = kvt_snapshot(b);
+                    kvt_assert_same(&before, &after);
+                    free(after.buf);
+                } else {
+                    if (rc)
+                        fail_msg("resume: %s", lms_last_error());
+                    memcpy(sb[j].toks, sessions[k].toks, sizeof sb[j].toks);
+                    sb[j].n = sessions[k].n;
+                    resumes++;
+                    reused += rs.pages_reused > 0;
+                }
+                free(before.buf);
+            } else if (rs_rnd(2)) { /* free */
+                lms_kv_seq_free(a, q->s);
+                q->s = NULL;
+            } else { /* b: a sequence of its own, then freed: its pages become cached in b */
+                lms_kv_seq *t;
+                int32_t toks[RS_MAX];
+                uint32_t k = 4 + rs_rnd(RS_MAX - 4);
+                for (uint32_t j = 0; j < k; j++)
+                    toks[j] = (int32_t)(5 + rs_rnd(1000));
+                if (lms_kv_seq_new(b, &t) == 0) {
+                    if (lms_kv_seq_append(b, t, toks, k) == 0) {
+                        rnd_write(b, t, toks, 0, k);
+                        assert_int_equal(lms_kv_seq_commit(b, t, k), 0);
+                    }
+                    lms_kv_seq_free(b, t);
+                }
+            }
+            /* every live sequence of both caches holds exactly its K/V */
+            for (int j = 0; j < RS_SEQS; j++) {
+                if (sa[j].s && !rnd_check(a, sa[j].s, sa[j].toks, sa[j].n))
+                    fail_msg("seed %llu step %d: cache a, sequence %d differs", (unsigned long long)seed, step, j);
+                if (sb[j].s && !rnd_check(b, sb[j].s, sb[j].toks, sb[j].n))
+                    fail_msg("seed %llu step %d: cache b, sequence %d differs", (unsigned long long)seed, step, j);
+            }
+            assert_int_equal(lms__kv_check(a), 0);
+            assert_int_equal(lms__kv_check(b), 0);
+        }
+        lms_kv_stats stb;
+        lms_kv_get_stats(b, &stb);
+        full += stb.evictions > 0;
+        for (int j = 0; j < RS_SEQS; j++) {
+            lms_kv_seq_free(a, sa[j].s);
+            lms_kv_seq_free(b, sb[j].s);
+        }
+        assert_int_equal(lms_kv_destroy(a), 0);
+        assert_int_equal(lms_kv_destroy(b), 0);
+    }
+    print_message("%d saves, %d resumes (%d reusing cached pages, %d out of space), %d runs evicting\n", saves, resumes,
+                  reused, nospace, full);
+    assert_true(saves > 20 && resumes > 20 && reused > 0 && full > 0);
+    kvt_check_store(st);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
 static int child_save(int argc, char **argv)
 {
     if (argc != 6)
@@ -614,6 +813,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
         cmocka_unit_test(injected_faults_leave_cache_and_store_consistent),
         cmocka_unit_test(device_arenas_save_and_resume_through_host_copies),
+        cmocka_unit_test(random_saves_and_resumes_restore_exact_prefix_shared_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
