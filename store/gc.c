@@ -16,8 +16,8 @@
  *             the bytes past its last blob (left by crashed imports or by
  *             deleted blobs); each only under flock(LOCK_EX|LOCK_NB) on the
  *             segment, skipping (and reporting) segments a reader maps.
- *             Dead ranges between blobs (and the tail of a mapped segment)
- *             get their disk blocks punched out (see punch_range).
+ *             Dead ranges between blobs get their disk blocks punched out
+ *             (see punch_range), also only under that lock.
  *
  * Every blob record still in the index at step 3, whatever its count,
  * keeps its bytes: an import may revive a 0-reference blob at any time.
@@ -407,14 +407,14 @@ out:
 /*
  * Give the disk blocks of dead ranges inside a segment back to the file
  * system (FALLOC_FL_PUNCH_HOLE, size kept): bytes a crashed import left that
- * later imports appended after, and the tail of a segment another process
- * keeps mapped. Safe while the segment is mapped: called only after the
- * reader wait, no snapshot reaches a range no blob record covers, and
- * imports only ever append past the end. Best effort; returns bytes freed.
+ * later imports appended after, and bytes of deleted blobs between live
+ * ones. Like truncation, only under flock(LOCK_EX) on the segment: a reader
+ * that mapped it may still use ranges the index no longer reaches (an open
+ * model that was removed meanwhile). Best effort; returns bytes freed.
  */
 #define PUNCH_MIN (64u << 10)
 
-static uint64_t punch_range(int fd, uint64_t a, uint64_t b)
+static uint64_t punch_range(int fd, uint64_t a, uint64_t b, bool dry)
 {
     a = lms__align_up(a, 4096);
     b &= ~(uint64_t)4095;
@@ -423,6 +423,8 @@ static uint64_t punch_range(int fd, uint64_t a, uint64_t b)
     off_t d = lseek(fd, (off_t)a, SEEK_DATA); /* already a hole? */
     if (d < 0 || (uint64_t)d >= b)
         return 0;
+    if (dry)
+        return b - (uint64_t)d;
     if (lms__fault_hit(LMS_FAULT_WRITE))
         return 0;
     if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)d, (off_t)(b - (uint64_t)d)))
@@ -431,18 +433,19 @@ static uint64_t punch_range(int fd, uint64_t a, uint64_t b)
 }
 
 /* Punch every dead range of segment g before byte `end` (blobs of bs by
- * place in idx). */
-static uint64_t punch_segment(int fd, const lms__segent *g, const lms__blobset *bs, const size_t *idx, uint64_t end)
+ * place in idx); dry: only count what would be punched. */
+static uint64_t punch_segment(int fd, const lms__segent *g, const lms__blobset *bs, const size_t *idx, uint64_t end,
+                              bool dry)
 {
     uint64_t cur = LMS__SEG_HEADER_SIZE, freed = 0;
     for (size_t j = 0; j < bs->n; j++) {
         const lms__blobent *b = &bs->v[idx[j]];
         if (b->bad || b->rec.segment != g->id)
             continue;
-        freed += punch_range(fd, cur, b->rec.offset);
+        freed += punch_range(fd, cur, b->rec.offset, dry);
         cur = LMS_MAX(cur, b->rec.offset + b->rec.size);
     }
-    return freed + punch_range(fd, cur, end);
+    return freed + punch_range(fd, cur, end, dry);
 }
 
 /* Segments reported busy in this gc run (shrink may run twice). */
@@ -493,33 +496,25 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
         char path[4096];
         if ((rc = lms__segment_path(s, g->id, path, sizeof path)))
             goto out;
-        if (g->has_blobs && g->size <= keep) {
-            /* nothing to cut off: only holes inside to give back */
-            int pfd = quiet ? lms__open(path, O_RDWR, 0) : -1;
-            if (pfd >= 0) {
-                rep->bytes_punched += punch_segment(pfd, g, &bs, idx, g->size);
-                close(pfd);
-            } else if (pfd == LMS_ENOMEM) {
-                rc = pfd;
-                goto out;
-            }
-            continue;
-        }
-        int fd = quiet ? lms__open(path, O_RDWR, 0) : -1;
-        if (quiet && fd < 0) {
+        int fd = lms__open(path, O_RDWR, 0);
+        if (fd < 0) {
             if (fd == LMS_ENOMEM) {
                 rc = fd;
                 goto out;
             }
             continue; /* gone already */
         }
-        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB)) {
-            if (fd >= 0) {
-                /* mapped elsewhere: no truncation, but dead ranges can go */
-                if (g->has_blobs)
-                    rep->bytes_punched += punch_segment(fd, g, &bs, idx, g->size);
-                close(fd);
-            }
+        /* anything to do? (holes: dead ranges still holding blocks) */
+        bool holes = g->has_blobs && punch_segment(fd, g, &bs, idx, keep, true) > 0;
+        if (g->has_blobs && g->size <= keep && !holes) {
+            close(fd);
+            continue;
+        }
+        /* Every change below needs the segment to ourselves: a process that
+         * mapped it may still use bytes its (ended) snapshot showed it, even
+         * ones the index no longer reaches (verify, an open model). */
+        if (!quiet || flock(fd, LOCK_EX | LOCK_NB)) {
+            close(fd);
             if (!busy_seen(seen, g->id)) {
                 rep->segments_busy++;
                 if (busy)
@@ -537,17 +532,20 @@ static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, voi
             rep->segments_removed++;
             lms__crashpoint("gc:after-unlink");
         } else {
-            rep->bytes_punched += punch_segment(fd, g, &bs, idx, keep);
-            lms__crashpoint("gc:before-truncate");
-            rc = lms__ftruncate(fd, keep, path);
-            if (!rc)
-                rc = lms__fsync(fd, path);
-            if (rc) {
-                close(fd);
-                goto out;
+            if (holes)
+                rep->bytes_punched += punch_segment(fd, g, &bs, idx, keep, false);
+            if (g->size > keep) {
+                lms__crashpoint("gc:before-truncate");
+                rc = lms__ftruncate(fd, keep, path);
+                if (!rc)
+                    rc = lms__fsync(fd, path);
+                if (rc) {
+                    close(fd);
+                    goto out;
+                }
+                rep->segments_truncated++;
+                lms__crashpoint("gc:after-truncate");
             }
-            rep->segments_truncated++;
-            lms__crashpoint("gc:after-truncate");
         }
         close(fd);
     }
