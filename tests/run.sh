@@ -8,10 +8,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LMS_JOBS:-$(nproc)}
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLMS_BUILD_TESTS=ON >/dev/null
+# Python tests compare against numpy, safetensors and HF tokenizers. Use the
+# python3 on PATH when it has them, else a private virtual environment.
+py=python3
+if ! $py -c 'import numpy, safetensors, tokenizers' 2>/dev/null; then
+  if [ ! -x .venv-test/bin/python ]; then
+    python3 -m venv .venv-test
+    .venv-test/bin/python -m pip install -q numpy safetensors tokenizers
+  fi
+  py=$PWD/.venv-test/bin/python
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLMS_BUILD_TESTS=ON \
+      -DPython3_EXECUTABLE="$(command -v $py)" >/dev/null
 cmake --build build -j "$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLMS_CUDA=OFF -DLMS_SANITIZE=address,undefined \
-      -DLMS_BUILD_TESTS=ON >/dev/null
+      -DLMS_BUILD_TESTS=ON -DPython3_EXECUTABLE="$(command -v $py)" >/dev/null
 cmake --build build-asan -j "$jobs"
 
 status=0

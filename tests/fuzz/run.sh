@@ -5,6 +5,7 @@
 #   LMS_FUZZ_SECONDS=N  fuzzing time per target (default 20)
 #   LMS_FUZZ_BUILD=DIR  build folder (default build-fuzz)
 #   LMS_JOBS=N          build jobs (default: number of CPUs)
+#   LMS_FUZZ_SEED=N     libFuzzer seed (default 1, so a CI run is repeatable)
 # Inputs that crash are left as build-fuzz/crashes/<target>/crash-*; copy
 # them into tests/fuzz/corpus/<target>/ once fixed: the corpus replay makes
 # each one a regression test.
@@ -46,7 +47,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "$crashes"
   log=$bdir/$t.log
   printf 'fuzz: %-28s ' "$t"
-  if "$bdir/tests/fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+  if "$bdir/tests/fuzz/$t" -max_total_time="$secs" -seed="${LMS_FUZZ_SEED:-1}" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
        -print_final_stats=1 -artifact_prefix="$crashes/" "$work" "$seeds" >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
     echo "ok (${runs:-?} runs, ${secs}s)"
