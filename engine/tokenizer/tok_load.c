@@ -145,6 +145,18 @@ static int jstring_bytes(const cJSON *v, const char *what, const char **s, size_
     return unmark(v->valuestring, s, n);
 }
 
+/* n bytes (NULs included) + a terminating NUL; strndup would stop at a NUL */
+static char *memdup0(const char *s, size_t n)
+{
+    char *d = lms__malloc(n + 1);
+    if (d) {
+        if (n)
+            memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
 /* ---- patterns -------------------------------------------------------------------- */
 
 /*
@@ -232,7 +244,7 @@ static int parse_pattern(const cJSON *o, const char *where, tok_pattern *p)
     if (s) {
         if ((rc = jstring_bytes(s, where, &str, &n)))
             return rc;
-        p->lit = lms__strndup(str, n);
+        p->lit = memdup0(str, n);
         p->lit_len = n;
         return p->lit ? 0 : LMS_ENOMEM;
     }
@@ -281,7 +293,7 @@ static int add_norm(lms_tokenizer *t, const cJSON *o, int depth)
         nm.type = rep ? NORM_REPLACE : NORM_PREPEND;
         if ((rc = jstring_bytes(jget(o, rep ? "content" : "prepend"), rep ? "Replace.content" : "Prepend.prepend", &c, &cn)))
             return rc;
-        if (!(nm.content = lms__strndup(c, cn)))
+        if (!(nm.content = memdup0(c, cn)))
             return LMS_ENOMEM;
         nm.content_len = cn;
         if (rep && (rc = parse_pattern(o, "normalizer Replace", &nm.pat))) {
@@ -431,11 +443,11 @@ static int add_dec(lms_tokenizer *t, const cJSON *o, int depth)
             return rc;
         if (!n)
             return lms__err(LMS_EFORMAT, "tokenizer.json: decoder Replace with an empty pattern");
-        d.pat = lms__strndup(s, n);
+        d.pat = memdup0(s, n);
         d.pat_len = n;
         if ((rc = jstring_bytes(jget(o, "content"), "decoder Replace.content", &s, &n)))
             goto fail;
-        d.content = lms__strndup(s, n);
+        d.content = memdup0(s, n);
         d.content_len = n;
         if (!d.pat || !d.content) {
             rc = LMS_ENOMEM;
@@ -454,7 +466,7 @@ static int add_dec(lms_tokenizer *t, const cJSON *o, int depth)
             return lms__err(LMS_EFORMAT, "tokenizer.json: decoder Strip needs numbers \"start\" and \"stop\"");
         d.start = st->valueint;
         d.stop = sp->valueint;
-        if (!(d.content = lms__strndup(s, n)))
+        if (!(d.content = memdup0(s, n)))
             return LMS_ENOMEM;
         d.content_len = n;
     } else if (!strcmp(type, "Metaspace")) {
@@ -799,7 +811,7 @@ static int load_added(lms_tokenizer *t, const cJSON *added, tok_buf *arena)
         a->rstrip = jbool(it, "rstrip", false);
         a->single_word = jbool(it, "single_word", false);
         a->normalized = jbool(it, "normalized", !a->special);
-        if (!(a->content = lms__strndup(c, cn)))
+        if (!(a->content = memdup0(c, cn)))
             return LMS_ENOMEM;
         a->len = cn;
         t->n_added++;
