@@ -204,6 +204,27 @@ static int norm_step(enc_ctx *c, const tok_norm *nm, const char *s, size_t n, to
         if (n && (rc = lms__tb_add(out, nm->content, nm->content_len)))
             return rc;
         return lms__tb_add(out, s, n);
+    case NORM_LOWERCASE: { /* Rust char::to_lowercase: simple mappings + U+0130 -> "i\u0307" */
+        if ((rc = lms__tb_reserve(out, n * 2 + 1)))
+            return rc;
+        for (size_t i = 0; i < n;) {
+            uint32_t cp;
+            size_t k = (uint8_t)s[i] < 0x80 ? (cp = (uint8_t)s[i], 1) : lms__utf8_next((const uint8_t *)s + i, n - i, &cp);
+            if (!k)
+                k = 1, cp = 0xFFFD;
+            if (cp == 0x130) {
+                if ((rc = lms__tb_add(out, "i\xCC\x87", 3)))
+                    return rc;
+            } else {
+                uint8_t enc[4];
+                utf8proc_ssize_t m = utf8proc_encode_char(utf8proc_tolower((utf8proc_int32_t)cp), enc);
+                if ((rc = lms__tb_add(out, enc, (size_t)m)))
+                    return rc;
+            }
+            i += k;
+        }
+        return 0;
+    }
     case NORM_STRIP: {
         size_t a = 0, b = n;
         uint32_t cp;

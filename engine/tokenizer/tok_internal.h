@@ -68,7 +68,7 @@ typedef struct tok_pattern {
     pcre2_code *re; /* Regex, JIT-compiled when possible */
 } tok_pattern;
 
-enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND, NORM_STRIP };
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND, NORM_STRIP, NORM_LOWERCASE };
 typedef struct tok_norm {
     int type;
     bool strip_left, strip_right; /* Strip */

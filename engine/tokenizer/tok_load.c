@@ -282,6 +282,7 @@ static int add_norm(lms_tokenizer *t, const cJSON *o, int depth)
     else if (!strcmp(type, "NFD")) nm.type = NORM_NFD;
     else if (!strcmp(type, "NFKC")) nm.type = NORM_NFKC;
     else if (!strcmp(type, "NFKD")) nm.type = NORM_NFKD;
+    else if (!strcmp(type, "Lowercase")) nm.type = NORM_LOWERCASE;
     else if (!strcmp(type, "Strip")) {
         nm.type = NORM_STRIP;
         nm.strip_left = jbool(o, "strip_left", true);

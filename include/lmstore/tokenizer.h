@@ -7,7 +7,8 @@
  * LMS_EUNSUPPORTED naming the component, never by mis-tokenizing):
  *   model          BPE (vocab, merges "a b" or ["a","b"], ignore_merges,
  *                  byte_fallback, unk_token, fuse_unk)
- *   normalizer     NFC, NFD, NFKC, NFKD, Replace, Prepend, Strip, Sequence
+ *   normalizer     NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip,
+ *                  Sequence
  *   pre_tokenizer  Split (PCRE2 regex or string; Removed, Isolated,
  *                  MergedWithPrevious, MergedWithNext, Contiguous; invert),
  *                  ByteLevel (last), Metaspace, Digits, Punctuation,

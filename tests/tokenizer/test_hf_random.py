@@ -16,7 +16,7 @@ assembled from the components real models rarely combine (Metaspace in every
 prepend scheme, every Split behavior and invert, Replace/Prepend/NFKC
 normalizers, TemplateProcessing with a suffix, ByteLevel with its own regex,
 Strip/Replace/ByteFallback/Fuse/Metaspace decoders, unk with fuse_unk, added
-tokens with lstrip/rstrip/single_word/normalized, Strip normalizer,
+tokens with lstrip/rstrip/single_word/normalized, Strip/Lowercase normalizers,
 WhitespaceSplit/Punctuation/Digits pre-tokenizers, no decoder), each on
 1,000 strings.
 
@@ -249,7 +249,8 @@ def synthetic(train_texts):
     cfgs["bytelevel-template"] = (models.BPE(), bytelevel)
 
     def chars_split(t):  # WordPiece-style splitting on a BPE model, no decoder (tokens joined by spaces)
-        t.normalizer = normalizers.Sequence([normalizers.Strip(left=True, right=True), normalizers.NFC()])
+        t.normalizer = normalizers.Sequence([normalizers.Strip(left=True, right=True), normalizers.NFC(),
+                                             normalizers.Lowercase()])
         t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                    pre_tokenizers.Punctuation(behavior="contiguous"),
                                                    pre_tokenizers.Digits(individual_digits=True)])
