@@ -802,14 +802,30 @@ static int pre_step(enc_ctx *c, const tok_pre *p, span in, spans *out)
         if ((rc = find_char_matches(c, p->chars, c->work.p + in.s, in.e - in.s)))
             return rc;
         return split_by(c, NULL, p->behavior, false, in, out);
-    case PRE_BYTELEVEL:
+    case PRE_BYTELEVEL: {
         if (p->add_prefix_space && (in.e == in.s || c->work.p[in.s] != ' ')) {
             if ((rc = rewrite(c, in, " ", 1, NULL, 0, NULL, 0, &in)))
                 return rc;
         }
+        size_t first = out->n;
         if (p->use_regex)
-            return split_by(c, &p->pat, BEH_ISOLATED, false, in, out);
-        return in.e > in.s ? spans_add(out, in.s, in.e, in.origin) : 0;
+            rc = split_by(c, &p->pat, BEH_ISOLATED, false, in, out);
+        else
+            rc = in.e > in.s ? spans_add(out, in.s, in.e, in.origin) : 0;
+        for (size_t i = first; i < out->n && !rc && p->map_bytes; i++) {
+            span sp = out->v[i];
+            if ((rc = lms__tb_reserve(&c->work, (sp.e - sp.s) * 2 + 1)))
+                break;
+            size_t start = c->work.len;
+            for (size_t k = sp.s; k < sp.e; k++) {
+                uint32_t cp = lms__bl_byte_to_cp((uint8_t)c->work.p[k]);
+                c->work.len += (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)c->work.p + c->work.len);
+            }
+            out->v[i].s = start;
+            out->v[i].e = c->work.len;
+        }
+        return rc;
+    }
     default: { /* PRE_METASPACE */
         if ((rc = rewrite(c, in, "", 0, " ", 1, p->repl, p->repl_len, &in)))
             return rc;

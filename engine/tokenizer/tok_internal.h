@@ -89,6 +89,7 @@ typedef struct tok_pre {
     bool invert;
     bool add_prefix_space;  /* ByteLevel */
     bool use_regex;         /* ByteLevel */
+    bool map_bytes;         /* ByteLevel not last: write the GPT-2 alphabet into the text */
     char repl[8];           /* Metaspace replacement (UTF-8) */
     size_t repl_len;
     int prepend_scheme;     /* Metaspace */
@@ -132,7 +133,7 @@ struct lms_tokenizer {
     uint32_t *tok_off, *tok_len; /* per id; tok_len UINT32_MAX = no token */
     uint8_t *tok_flags;  /* per id: TOKF_* */
     size_t vocab_size;   /* max id + 1 */
-    bool byte_level;     /* pre-tokenizer ends with ByteLevel */
+    bool byte_level;     /* pre-tokenizer ends with its only ByteLevel: raw-byte encode space */
     bool ignore_merges, byte_fallback, fuse_unk;
     int32_t unk_id;
     int32_t byte_id[256];     /* byte-level: id of each single byte; fallback: <0xNN> */

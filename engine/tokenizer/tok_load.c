@@ -980,14 +980,17 @@ int lms_tokenizer_load(const char *json, size_t len, const char *config, lms_tok
         goto fail;
     if ((o = jget(root, "pre_tokenizer")) && !cJSON_IsNull(o) && (rc = add_pre(t, o, 0)))
         goto fail;
+    /* One ByteLevel at the end: encode in raw bytes (design note 2). Else
+     * each ByteLevel step writes the GPT-2 alphabet into the text, as HF
+     * does, so that the steps after it see what HF's see. */
+    size_t n_bl = 0;
     for (size_t i = 0; i < t->n_pres; i++)
-        if (t->pres[i].type == PRE_BYTELEVEL) {
-            if (i + 1 != t->n_pres) {
-                rc = lms__err(LMS_EUNSUPPORTED, "tokenizer.json: a ByteLevel pre_tokenizer followed by other pre_tokenizers is not supported");
-                goto fail;
-            }
-            t->byte_level = true;
-        }
+        n_bl += t->pres[i].type == PRE_BYTELEVEL;
+    if (n_bl == 1 && t->pres[t->n_pres - 1].type == PRE_BYTELEVEL)
+        t->byte_level = true;
+    else
+        for (size_t i = 0; i < t->n_pres; i++)
+            t->pres[i].map_bytes = t->pres[i].type == PRE_BYTELEVEL;
     if ((rc = load_model(t, model, added, &arena)))
         goto fail;
     if (added && (rc = load_added(t, added, &arena)))

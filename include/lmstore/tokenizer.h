@@ -11,7 +11,7 @@
  *                  Sequence
  *   pre_tokenizer  Split (PCRE2 regex or string; Removed, Isolated,
  *                  MergedWithPrevious, MergedWithNext, Contiguous; invert),
- *                  ByteLevel (last), Metaspace, Digits, Punctuation,
+ *                  ByteLevel, Metaspace, Digits, Punctuation,
  *                  WhitespaceSplit, Sequence
  *   post_processor TemplateProcessing, ByteLevel, Sequence
  *   decoder        ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,

@@ -17,7 +17,8 @@ prepend scheme, every Split behavior and invert, Replace/Prepend/NFKC
 normalizers, TemplateProcessing with a suffix, ByteLevel with its own regex,
 Strip/Replace/ByteFallback/Fuse/Metaspace decoders, unk with fuse_unk, added
 tokens with lstrip/rstrip/single_word/normalized, Strip/Lowercase normalizers,
-WhitespaceSplit/Punctuation/Digits pre-tokenizers, no decoder), each on
+WhitespaceSplit/Punctuation/Digits pre-tokenizers, ByteLevel followed by
+other pre-tokenizers, no decoder), each on
 1,000 strings.
 
 Each batch of strings costs one lmstore process (--jsonl). The corpus size
@@ -264,6 +265,15 @@ def synthetic(train_texts):
         t.decoder = decoders.ByteLevel()
         return True
     cfgs["punct-digits-bytelevel"] = (models.BPE(), digits_bytelevel)
+
+    def bytelevel_middle(t):  # Falcon-style: steps after ByteLevel see the byte alphabet
+        t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Punctuation(behavior="contiguous"),
+                                                   pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
+                                                   pre_tokenizers.Digits(individual_digits=False),
+                                                   pre_tokenizers.Split(Regex("[0-9][0-9][0-9]|Ġ"), behavior="isolated")])
+        t.decoder = decoders.ByteLevel()
+        return True
+    cfgs["bytelevel-in-the-middle"] = (models.BPE(ignore_merges=True), bytelevel_middle)
 
     def fallback(t):
         t.normalizer = normalizers.Replace(" ", "▁")
