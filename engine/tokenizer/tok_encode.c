@@ -7,7 +7,8 @@
  *   2. normalize each remaining piece (NFC, Replace, Prepend, ...);
  *   3. split the normalized pieces on normalized added tokens;
  *   4. pre-tokenize each remaining piece into words (Split regexes run by
- *      PCRE2 exactly as written, ByteLevel, Metaspace);
+ *      PCRE2 as written, ByteLevel, Metaspace, Digits, Punctuation,
+ *      WhitespaceSplit);
  *   5. BPE each word: symbols merged lowest rank first (ties: leftmost)
  *      with a binary heap over a linked list, O(n log n) in the word length;
  *   6. add what the post-processor adds (LMS_TOK_ADD_SPECIAL).

@@ -6,10 +6,13 @@
  * Design notes
  *  (1) A loaded tokenizer is immutable; encode keeps all scratch state in a
  *      per-call context, so one tokenizer serves many threads.
- *  (2) Byte-level models (a ByteLevel pre-tokenizer) are keyed in "encode
- *      space": their vocabulary strings are mapped back from the GPT-2 byte
- *      alphabet to raw bytes once at load, so encoding never converts text
- *      to that alphabet. id_to_token still returns the strings as written.
+ *  (2) Byte-level models (one ByteLevel pre-tokenizer, the last step) are
+ *      keyed in "encode space": their vocabulary strings are mapped back
+ *      from the GPT-2 byte alphabet to raw bytes once at load, so encoding
+ *      never converts text to that alphabet. id_to_token still returns the
+ *      strings as written. When other steps follow a ByteLevel, it writes
+ *      the alphabet into the text instead (as HF does) and BPE works on the
+ *      vocabulary as written.
  *  (3) Merges are keyed by (left id, right id) -> (rank, merged id); a
  *      repeated pair keeps its last rank, as HF does.
  */
