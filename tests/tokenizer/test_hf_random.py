@@ -321,6 +321,9 @@ def synthetic(train_texts):
 def main():
     with open(os.path.join(SRC, "tests", "fixtures", "tokenizer", "corpus.json")) as f:
         fixture = [bytes.fromhex(h).decode("utf-8") for h in json.load(f)["texts_hex"]]
+    import tokenizers
+    print(f"HF tokenizers {tokenizers.__version__}; {N} strings per tokenizer{' (sanitizer build)' if LIGHT else ''}",
+          file=sys.stderr)
     texts = random_corpus(N, fixture, 20261122)
     real_tokenizers(texts)
     synthetic(fixture)
