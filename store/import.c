@@ -14,6 +14,23 @@
  *      model records (the model becomes visible atomically);
  *   6. on any failure before 5 commits, the appender truncates the segments
  *      back and unlinks new ones: the store is as before.
+ *
+ * Crash points (common/crashpoint.h), in the order an import passes them;
+ * the crash tests kill the process at each (tests/store/test_crash_import.py):
+ *   import:data-written    after each batch's blobs are copied into segments
+ *                          (not yet durable; no record reaches them)
+ *   import:data-synced     after the fsync of the new bytes (and of the
+ *                          segment folder when a segment was created)
+ *   import:before-commit   inside the LMDB write transaction, all records
+ *                          put, before the commit
+ *   import:after-commit    after the commit (the model is visible), before
+ *                          the append lock is released
+ *   import:done            after the append lock is released
+ * and on the failure path (step 6) only:
+ *   import:before-rollback / import:after-rollback  around the truncation
+ *                          and unlinking of what the failed attempt appended
+ * A kill at any of them leaves either no model (its bytes unreferenced,
+ * reclaimed by lms_store_gc) or the whole model.
  */
 #include <assert.h>
 #include <cjson/cJSON.h>
@@ -28,6 +45,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/crashpoint.h"
 #include "store/safetensors.h"
 #include "store/store_internal.h"
 
@@ -657,6 +675,8 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
         lms__pool_run(pool, m->ntasks, run_task, m);
         if ((rc = worker_rc(m)))
             return rc;
+        if (m->njobs > jobs0)
+            lms__crashpoint("import:data-written");
         from = to;
         to = next;
     }
@@ -792,6 +812,8 @@ static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
         return rc;
     rc = lms__db_put(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), rec, rl, 0);
     lms__free(rec);
+    if (!rc)
+        lms__crashpoint("import:before-commit");
     return rc;
 }
 
@@ -924,13 +946,16 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     double t_sync = lms__now();
     if ((rc = lms__append_sync(m.app)))
         goto out;
+    lms__crashpoint("import:data-synced");
     lms__debug("import: fsync in %.3f s", lms__now() - t_sync);
 
     /* 5. one transaction makes it visible */
     if ((rc = lms__txn_write(s, commit_fn, &m)))
         goto out;
+    lms__crashpoint("import:after-commit");
     lms__append_end(m.app, true);
     m.app = NULL;
+    lms__crashpoint("import:done");
     if (stats) {
         stats->tensors = m.nt;
         stats->bytes_total = bytes_total;
@@ -942,7 +967,11 @@ out:
     if (rc && m.name)
         rc = lms__err_prefix(rc, "import '%s': ", m.name);
     lms__progress_done(m.prog);
-    lms__append_end(m.app, false); /* 6. roll back; NULL after a commit */
+    if (m.app) { /* 6. roll back; NULL after a commit */
+        lms__crashpoint("import:before-rollback");
+        lms__append_end(m.app, false);
+        lms__crashpoint("import:after-rollback");
+    }
     lms__pool_destroy(pool);
     if (m.maps) {
         for (size_t i = 0; i < m.src->n_shards; i++) {
