@@ -49,7 +49,7 @@
 #include "store/safetensors.h"
 #include "store/store_internal.h"
 
-#define SIDE_FILE_MAX (256u << 20)
+#define SIDE_FILE_MAX LMS__FILE_RAW_MAX
 #define COPY_CHUNK (64ull << 20)
 
 enum { BLOB_NEW, BLOB_STORED };

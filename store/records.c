@@ -222,17 +222,32 @@ int lms__file_rec_decode(const void *buf, size_t len, lms__file_rec *r)
 int lms__file_rec_inflate(const lms__file_rec *r, const char *what, char **data, size_t *len)
 {
     *data = NULL;
+    /* Bound what the record claims before allocating for it: a damaged
+     * record is LMS_ECORRUPT, never an allocation of its claimed size. */
+    if (r->raw_size > LMS__FILE_RAW_MAX)
+        return lms__err(LMS_ECORRUPT, "%s: record claims %llu bytes, more than the %u MiB limit of stored files", what,
+                        (unsigned long long)r->raw_size, LMS__FILE_RAW_MAX >> 20);
+    if (r->codec == LMS__CODEC_RAW) {
+        if (r->payload_len != r->raw_size)
+            return lms__err(LMS_ECORRUPT, "%s: record claims %llu bytes but holds %zu", what,
+                            (unsigned long long)r->raw_size, r->payload_len);
+    } else if (r->codec == LMS__CODEC_ZSTD) {
+        unsigned long long fs = ZSTD_getFrameContentSize(r->payload, r->payload_len);
+        if (fs == ZSTD_CONTENTSIZE_ERROR || fs == ZSTD_CONTENTSIZE_UNKNOWN)
+            return lms__err(LMS_ECORRUPT, "%s: stored zstd frame has %s", what,
+                            fs == ZSTD_CONTENTSIZE_ERROR ? "a damaged header" : "no content size");
+        if (fs != r->raw_size)
+            return lms__err(LMS_ECORRUPT, "%s: stored frame holds %llu bytes, the record claims %llu", what, fs,
+                            (unsigned long long)r->raw_size);
+    } else {
+        return lms__err(LMS_ECORRUPT, "%s: record has unknown codec %u", what, (unsigned)r->codec);
+    }
     char *buf = lms__malloc((size_t)r->raw_size + 1);
     if (!buf)
         return LMS_ENOMEM;
     if (r->codec == LMS__CODEC_RAW) {
         memcpy(buf, r->payload, r->payload_len);
     } else {
-        unsigned long long fs = ZSTD_getFrameContentSize(r->payload, r->payload_len);
-        if (fs != r->raw_size) {
-            lms__free(buf);
-            return lms__err(LMS_ECORRUPT, "%s: stored frame size does not match the record", what);
-        }
         size_t z = ZSTD_decompress(buf, (size_t)r->raw_size, r->payload, r->payload_len);
         if (ZSTD_isError(z) || z != r->raw_size) {
             lms__free(buf);

@@ -203,8 +203,13 @@ typedef struct lms__file_rec {
 /* Compress raw into a new record; allocates *out (lms__free). */
 int lms__file_rec_encode(const void *raw, size_t raw_len, int zstd_level, uint8_t **out, size_t *len);
 int lms__file_rec_decode(const void *buf, size_t len, lms__file_rec *r);
+/* Largest stored side file (import refuses larger ones). */
+#define LMS__FILE_RAW_MAX (256u << 20)
 /* Decompress and check size and hash; *data is NUL-terminated (lms__free).
- * `what` names the file in errors. */
+ * The size the record claims is checked before anything is allocated: over
+ * LMS__FILE_RAW_MAX, or unequal to the zstd frame's content size (or to the
+ * raw payload's length), it is LMS_ECORRUPT. `what` names the model and
+ * file in errors. */
 int lms__file_rec_inflate(const lms__file_rec *r, const char *what, char **data, size_t *len);
 
 /* meta values */
