@@ -65,7 +65,7 @@ typedef struct enc_ctx {
     /* word cache: word -> run of ids in cache_ids */
     lms__strmap cache;
     uint32_t *cache_off, *cache_cnt;
-    size_t cache_n;
+    size_t cache_n, cache_cap;
     int32_t *cache_ids;
     size_t cache_ids_n, cache_ids_cap;
 } enc_ctx;
@@ -514,14 +514,20 @@ static int cache_put(enc_ctx *c, const char *w, size_t n, const int32_t *ids, si
 {
     if (c->cache_n >= CACHE_MAX_ENTRIES)
         return 0;
-    if (!c->cache_off) {
-        c->cache_off = lms__malloc(CACHE_MAX_ENTRIES * sizeof *c->cache_off);
-        c->cache_cnt = lms__malloc(CACHE_MAX_ENTRIES * sizeof *c->cache_cnt);
-        if (!c->cache_off || !c->cache_cnt)
+    if (c->cache_n == c->cache_cap) { /* grows with use: short texts stay cheap */
+        size_t cap = c->cache_cap ? c->cache_cap * 2 : 256;
+        uint32_t *o = lms__realloc(c->cache_off, cap * sizeof *o);
+        if (!o)
             return LMS_ENOMEM;
+        c->cache_off = o;
+        uint32_t *k = lms__realloc(c->cache_cnt, cap * sizeof *k);
+        if (!k)
+            return LMS_ENOMEM;
+        c->cache_cnt = k;
+        c->cache_cap = cap;
     }
     if (c->cache_ids_cap - c->cache_ids_n < cnt) {
-        size_t cap = c->cache_ids_cap ? c->cache_ids_cap * 2 : 4096;
+        size_t cap = c->cache_ids_cap ? c->cache_ids_cap * 2 : 256;
         while (cap - c->cache_ids_n < cnt)
             cap *= 2;
         int32_t *a = lms__realloc(c->cache_ids, cap * sizeof *a);
