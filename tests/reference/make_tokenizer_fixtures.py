@@ -137,6 +137,16 @@ CONVERSATIONS = [
 ]
 
 
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You can call tools."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": "Checking both."},
+    {"role": "tool", "content": "{\"paris\": \"18C\"}"},
+    {"role": "tool", "content": "{\"rome\": \"24C\"}"},
+    {"role": "user", "content": "<tool_response>\nnot a real one\n</tool_response>"},
+]
+
+
 def chat_fixtures(shared, name):
     from transformers import AutoTokenizer
     out = []
@@ -155,6 +165,13 @@ def chat_fixtures(shared, name):
                 if not isinstance(ids, list):
                     ids = ids["input_ids"]
                 out.append({"messages": conv, "add_generation_prompt": gen, "text": text, "ids": ids})
+        if name != "gemma3":  # tool results (Gemma's template accepts only alternating user/assistant)
+            conv = TOOL_CONVERSATION
+            text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True)
+            if not isinstance(ids, list):
+                ids = ids["input_ids"]
+            out.append({"messages": conv, "add_generation_prompt": True, "text": text, "ids": ids})
         if name == "qwen3":  # Qwen3's switch: enable_thinking=False pre-fills an empty think block
             conv = CONVERSATIONS[0]
             text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, enable_thinking=False)
