@@ -171,7 +171,7 @@ typedef enum lms_chat_format {
 } lms_chat_format;
 
 typedef struct lms_chat_message {
-    const char *role;    /* "system", "user", "assistant" */
+    const char *role;    /* "system", "user", "assistant"; "tool" in ChatML and Llama 3 */
     const char *content; /* NUL-terminated UTF-8 */
 } lms_chat_message;
 
