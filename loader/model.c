@@ -513,8 +513,9 @@ static bool records_differ(const reclist *a, const reclist *b)
 static int check_params(const lms_model_params *p)
 {
     if ((unsigned)p->placement > LMS_PLACE_RESIDENT || (unsigned)p->prefetch > LMS_PREFETCH_POPULATE ||
-        (unsigned)p->order > LMS_ORDER_FILE || (unsigned)p->copy > LMS_COPY_STAGE_DIRECT)
-        return lms__err(LMS_EINVAL, "model params: placement, prefetch, order or copy out of range");
+        (unsigned)p->order > LMS_ORDER_FILE || (unsigned)p->copy > LMS_COPY_SPLIT ||
+        p->register_percent < 0 || p->register_percent > 100)
+        return lms__err(LMS_EINVAL, "model params: placement, prefetch, order, copy or register_percent out of range");
     if (p->streams < 0 || p->streams > 64 || p->threads < 0 || p->threads > 256 || p->ring_slots < 0 ||
         p->ring_slots > 1024)
         return lms__err(LMS_EINVAL, "model params: streams (0..64), threads (0..256) or ring_slots (0..1024) "
@@ -550,6 +551,8 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
     p.chunk_bytes = lms__align_up(p.chunk_bytes, LMS__CHUNK_ALIGN);
     if (p.ring_slots == 0)
         p.ring_slots = 2 * p.threads;
+    if (p.register_percent == 0)
+        p.register_percent = LMS__DEFAULT_REGISTER_PERCENT;
 
     lms_model *m = lms__calloc(1, sizeof *m);
     if (!m)

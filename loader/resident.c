@@ -16,14 +16,16 @@
  *   STAGE_MAP     a pinned ring slot                 memcpy from the mapping
  *   STAGE_READ    a pinned ring slot                 pread from the file (page cache)
  *   STAGE_DIRECT  a pinned ring slot                 pread with O_DIRECT where aligned
+ *   SPLIT         registered blocks / ring slots     both of the above at once, block by block
  *   DIRECT        the mapping as it is               nothing (devices that read host memory: CPU)
  *
  * lms_copy_source picks one; AUTO takes STAGE_DIRECT when most of the model
  * is not in the page cache (mincore sample: parallel large reads keep the
  * disk busy ahead of the copies) and AUTO_WARM_MODE otherwise. A refused
- * registration falls back to STAGE_READ. Ring slots are pinned on first
- * use, and refilled only after the event recorded behind their last copy
- * completed.
+ * registration falls back to STAGE_READ. Ring slots (huge-page host memory
+ * registered with the device, or the device's pinned allocator) are pinned
+ * on first use by the worker that fills them, and refilled only after the
+ * copy out of the slot's previous chunk was issued and its event completed.
  *
  * States of the loader thread (r->mu guards issued/ready/failed/done):
  *   started --each chunk: wait ready[c], copy, record events--> issuing
@@ -38,7 +40,7 @@
 
 #include "loader/loader_internal.h"
 
-enum { MODE_DIRECT, MODE_REGISTERED, MODE_STAGE_MAP, MODE_STAGE_READ, MODE_STAGE_DIRECT };
+enum { MODE_DIRECT, MODE_REGISTERED, MODE_STAGE_MAP, MODE_STAGE_READ, MODE_STAGE_DIRECT, MODE_SPLIT };
 
 static bool ring_mode(int mode) { return mode >= MODE_STAGE_MAP; }
 
@@ -55,6 +57,8 @@ typedef struct chunk {
     uint64_t dst;       /* offset in the arena */
     uint64_t grid;      /* registration block size (REGISTERED) */
     uint64_t srcoff;    /* offset of the bytes in their ring slot */
+    int slot;           /* ring slot it is staged in; -1 = copied from the mapping */
+    size_t prev;        /* the chunk staged in that slot before it (SIZE_MAX = none) */
 } chunk;
 
 typedef struct extent {
@@ -71,7 +75,8 @@ struct lms__resident {
     uint8_t *arena;
     uint64_t arena_bytes;
     int mode;
-    uint64_t chunk;   /* bytes per chunk in effect */
+    uint64_t chunk;   /* bytes per chunk in effect (staged chunks in SPLIT) */
+    uint64_t grid_want; /* registration grid asked for (REGISTERED, SPLIT) */
     chunk *c;
     size_t nc;
     extent *e;
@@ -89,6 +94,7 @@ struct lms__resident {
     /* staging ring */
     int nslots;
     uint8_t **slot_raw, **slot;
+    bool *slot_reg;   /* slot is host memory registered with the device (else alloc_host) */
     lms_event **sev;
     uint64_t slot_bytes;
     /* threads */
@@ -211,13 +217,19 @@ static int plan(lms__resident *r)
     }
     for (size_t k = 0; k < r->ne; k++) {
         extent *x = &r->e[k];
-        uint64_t grid = r->mode == MODE_REGISTERED ? lms__reg_grid(x->map, r->dev, cb) : 0;
+        bool regs = r->mode == MODE_REGISTERED || r->mode == MODE_SPLIT;
+        uint64_t grid = regs ? lms__reg_grid(x->map, r->dev, r->grid_want) : 0;
         x->c0 = r->nc;
         size_t cut = x->cut0;
         for (uint64_t a = x->start; a < x->end;) {
-            uint64_t b = LMS_MIN(x->end, a + cb);
+            /* SPLIT: whole registration blocks go in place, spread evenly (percent of them) */
+            uint64_t blk = grid ? a / grid : 0;
+            bool reg = r->mode == MODE_REGISTERED ||
+                       (r->mode == MODE_SPLIT && blk * (uint64_t)p->register_percent % 100 <
+                                                     (uint64_t)p->register_percent);
+            uint64_t b = reg && r->mode == MODE_SPLIT ? x->end : LMS_MIN(x->end, a + cb);
             if (grid)
-                b = LMS_MIN(b, (a / grid + 1) * grid);
+                b = LMS_MIN(b, (blk + 1) * grid);
             while (cut < x->cut1 && r->cuts[cut] <= a)
                 cut++;
             if (cut < x->cut1)
@@ -232,7 +244,7 @@ static int plan(lms__resident *r)
                 capc = 2 * capc;
             }
             r->c[r->nc++] = (chunk){.map = x->map, .off = a, .len = b - a, .dst = x->dst + (a - x->start),
-                                    .grid = grid};
+                                    .grid = reg ? grid : 0, .slot = -1, .prev = SIZE_MAX};
             a = b;
         }
         x->c1 = r->nc;
@@ -288,16 +300,43 @@ out:
     return rc;
 }
 
+/* Ring slots, round-robin over the staged chunks (all chunks, except SPLIT's
+ * registered blocks): a slot is refilled only once the copy out of its
+ * previous chunk is issued and complete. */
+static int assign_slots(lms__resident *r)
+{
+    size_t *lastuse = lms__malloc((size_t)LMS_MAX(r->nslots, 1) * sizeof *lastuse);
+    if (!lastuse)
+        return LMS_ENOMEM;
+    for (int k = 0; k < r->nslots; k++)
+        lastuse[k] = SIZE_MAX;
+    size_t staged = 0;
+    for (size_t ci = 0; ci < r->nc; ci++) {
+        r->c[ci].slot = -1;
+        r->c[ci].prev = SIZE_MAX;
+        if (r->mode == MODE_SPLIT && r->c[ci].grid)
+            continue; /* copied from the registered mapping */
+        int si = (int)(staged++ % (size_t)r->nslots);
+        r->c[ci].slot = si;
+        r->c[ci].prev = lastuse[si];
+        lastuse[si] = ci;
+    }
+    lms__free(lastuse);
+    return 0;
+}
+
 /* Fraction of the model's pages in the page cache (mincore), 0..1, from
- * about 8192 sampled pages spread over the unique tensors (checking every
- * page of 16 GB costs ~100 ms; a sample, a few). */
+ * about 1024 sampled pages spread over the unique tensors (checking every
+ * page of 16 GB costs ~100 ms; 8192 samples cost ~10 ms of the first-layer
+ * time on the H200 host, one mincore call each; 1024 decide the same 50%
+ * threshold to within a few percent). */
 static double cached_fraction(const lms_model *m)
 {
     uint64_t total = 0, in = 0, pages = 0;
     for (size_t i = 0; i < m->n; i++)
         if (m->ti[i].canon == i)
             total += m->t[i].nbytes;
-    uint64_t stride = lms__align_up(LMS_MAX(total / 8192, (uint64_t)LMS__PAGE), LMS__PAGE);
+    uint64_t stride = lms__align_up(LMS_MAX(total / 1024, (uint64_t)LMS__PAGE), LMS__PAGE);
     for (size_t i = 0; i < m->n; i++) {
         if (m->ti[i].canon != i || m->t[i].nbytes == 0)
             continue;
@@ -316,11 +355,43 @@ static double cached_fraction(const lms_model *m)
 
 /* ---- workers --------------------------------------------------------------------- */
 
+/* Pin ring slot si. Default: huge-page host memory registered with the
+ * device (pinning populated huge pages is much cheaper than cudaHostAlloc,
+ * which cost ~8 ms per 16 MiB slot on the H200 host); the device's pinned
+ * allocator when asked (ring_host_alloc) or when registration is refused. */
+static int alloc_slot(lms__resident *r, int si)
+{
+    lms_device *d = r->dev;
+    if (!r->m->params.ring_host_alloc && d->ops->host_register && d->ops->host_unregister) {
+        size_t bytes = (size_t)lms__align_up(r->slot_bytes, LMS__CHUNK_ALIGN);
+        void *p = lms__aligned_alloc((size_t)LMS__CHUNK_ALIGN, bytes);
+        if (!p)
+            return lms__err(LMS_ENOMEM, "staging ring slot of %zu bytes", bytes);
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, bytes, MADV_HUGEPAGE); /* best effort */
+#endif
+        void *dp = NULL;
+        if (d->ops->host_register(d, p, bytes, 0, &dp) == 0) {
+            r->slot_raw[si] = r->slot[si] = p;
+            r->slot_reg[si] = true;
+            return 0;
+        }
+        lms__free(p); /* refused: the pinned allocator below */
+    }
+    void *raw = NULL;
+    int rc = d->ops->alloc_host(d, (size_t)(r->slot_bytes + LMS__PAGE), &raw);
+    if (rc)
+        return lms__err_prefix(rc, "staging ring slot of %llu bytes: ", (unsigned long long)r->slot_bytes);
+    r->slot_raw[si] = raw;
+    r->slot[si] = (uint8_t *)lms__align_up((uintptr_t)raw, LMS__PAGE); /* O_DIRECT wants it aligned */
+    return 0;
+}
+
 static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
 {
     chunk *c = &r->c[ci];
     *ready = 1;
-    if (r->mode == MODE_REGISTERED) {
+    if (c->slot < 0) { /* REGISTERED, and SPLIT's registered blocks */
         void *dp = NULL;
         int rc = lms__reg_acquire(c->map, r->dev, c->grid, (size_t)(c->off / c->grid), REG_FLAGS, &dp);
         if (rc) {
@@ -334,14 +405,11 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
         atomic_fetch_add(&r->registered, c->len);
         return 0;
     }
-    size_t si = ci % (size_t)r->nslots;
+    int si = c->slot;
     if (!r->slot[si]) { /* ring slots are pinned on first use, by the worker that fills them */
-        void *raw = NULL;
-        int rc = r->dev->ops->alloc_host(r->dev, (size_t)(r->slot_bytes + LMS__PAGE), &raw);
+        int rc = alloc_slot(r, si);
         if (rc)
-            return lms__err_prefix(rc, "staging ring slot of %llu bytes: ", (unsigned long long)r->slot_bytes);
-        r->slot_raw[si] = raw;
-        r->slot[si] = (uint8_t *)lms__align_up((uintptr_t)raw, LMS__PAGE); /* O_DIRECT wants it aligned */
+            return rc;
     }
     uint8_t *slot = r->slot[si];
     if (r->mode == MODE_STAGE_MAP) {
@@ -373,20 +441,26 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
 static void *worker_main(void *arg)
 {
     lms__resident *r = arg;
-    size_t window = r->mode == MODE_REGISTERED ? (size_t)LMS_MAX(8, 2 * r->nworkers) : (size_t)r->nslots;
+    /* how far ahead of the issuing thread chunks are prepared; a staged chunk
+     * also waits until the copy out of its slot's previous chunk is issued */
+    size_t window = r->mode == MODE_REGISTERED ? (size_t)LMS_MAX(8, 2 * r->nworkers)
+                    : r->mode == MODE_SPLIT    ? (size_t)LMS_MAX(8, 2 * r->nslots)
+                                               : (size_t)r->nslots;
     pthread_mutex_lock(&r->mu);
     for (;;) {
         if (r->failed || r->stop || r->next_take >= r->nc)
             break;
         size_t ci = r->next_take++;
-        while (!r->failed && !r->stop && ci >= r->issued + window)
+        const chunk *c = &r->c[ci];
+        while (!r->failed && !r->stop &&
+               (ci >= r->issued + window || (c->prev != SIZE_MAX && c->prev >= r->issued)))
             pthread_cond_wait(&r->cv, &r->mu);
         if (r->failed || r->stop)
             break;
         pthread_mutex_unlock(&r->mu);
         int rc = 0;
-        if (ring_mode(r->mode)) /* the slot's last copy must be done */
-            rc = r->dev->ops->event_sync(r->dev, r->sev[ci % (size_t)r->nslots]);
+        if (c->slot >= 0 && c->prev != SIZE_MAX) /* the slot's last copy must be done */
+            rc = r->dev->ops->event_sync(r->dev, r->sev[c->slot]);
         uint8_t ready = 0;
         if (!rc)
             rc = prepare_chunk(r, ci, &ready);
@@ -455,12 +529,13 @@ static void *loader_main(void *arg)
         chunk *c = &r->c[ci];
         lms_stream *s = r->st[ci % (size_t)r->ns];
         const uint8_t *src = c->map->sm.base + c->off;
-        bool ring = ring_mode(r->mode) && ready == 1;
+        bool ring = c->slot >= 0;
+        (void)ready; /* 2: a refused registration, copied from pageable memory */
         if (ring)
-            src = r->slot[ci % (size_t)r->nslots] + c->srcoff;
+            src = r->slot[c->slot] + c->srcoff;
         rc = d->ops->copy_h2d(d, r->arena + c->dst, src, (size_t)c->len, s);
         if (!rc && ring)
-            rc = d->ops->event_record(d, r->sev[ci % (size_t)r->nslots], s);
+            rc = d->ops->event_record(d, r->sev[c->slot], s);
         for (int ls = 0; !rc && ls < r->nl; ls++)
             if (r->last[ls] == ci + 1)
                 for (int k = 0; !rc && k < r->ns; k++)
@@ -513,12 +588,12 @@ static void *loader_main(void *arg)
 static int alloc_ring(lms__resident *r)
 {
     lms_device *d = r->dev;
-    r->nslots = r->m->params.ring_slots;
     r->slot_bytes = r->chunk + 2 * LMS__PAGE;
     r->slot_raw = lms__calloc((size_t)r->nslots, sizeof *r->slot_raw);
     r->slot = lms__calloc((size_t)r->nslots, sizeof *r->slot);
+    r->slot_reg = lms__calloc((size_t)r->nslots, sizeof *r->slot_reg);
     r->sev = lms__calloc((size_t)r->nslots, sizeof *r->sev);
-    if (!r->slot_raw || !r->slot || !r->sev)
+    if (!r->slot_raw || !r->slot || !r->slot_reg || !r->sev)
         return LMS_ENOMEM;
     if (!d->ops->alloc_host)
         return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory for a staging ring", d->ops->name);
@@ -542,10 +617,16 @@ static void free_resident(lms__resident *r)
         for (int i = 0; i < r->nslots; i++)
             if (r->sev[i])
                 d->ops->event_destroy(d, r->sev[i]);
-    if (r->slot_raw)
-        for (int i = 0; i < r->nslots; i++)
-            if (r->slot_raw[i])
+    if (r->slot_raw) {
+        for (int i = 0; i < r->nslots; i++) {
+            if (r->slot_raw[i] && r->slot_reg && r->slot_reg[i]) {
+                (void)d->ops->host_unregister(d, r->slot_raw[i]);
+                lms__free(r->slot_raw[i]);
+            } else if (r->slot_raw[i]) {
                 d->ops->free_host(d, r->slot_raw[i]);
+            }
+        }
+    }
     if (r->st)
         for (int i = 0; i < r->ns; i++)
             if (r->st[i])
@@ -560,6 +641,7 @@ static void free_resident(lms__resident *r)
     lms__free(r->sev);
     lms__free(r->slot_raw);
     lms__free(r->slot);
+    lms__free(r->slot_reg);
     lms__free(r->st);
     lms__free(r->workers);
     lms__free(r->ready);
@@ -597,6 +679,7 @@ int lms__resident_start(lms_model *m)
     case LMS_COPY_STAGE_MAP: r->mode = MODE_STAGE_MAP; break;
     case LMS_COPY_STAGE_READ: r->mode = MODE_STAGE_READ; break;
     case LMS_COPY_STAGE_DIRECT: r->mode = MODE_STAGE_DIRECT; break;
+    case LMS_COPY_SPLIT: r->mode = d->ops->host_register ? MODE_SPLIT : MODE_STAGE_READ; break;
     default:
         if (!d->ops->host_register) {
             r->mode = MODE_DIRECT; /* the device reads host memory as it is (CPU) */
@@ -609,6 +692,8 @@ int lms__resident_start(lms_model *m)
     }
     r->chunk = m->chunk_given || r->mode == MODE_REGISTERED || r->mode == MODE_DIRECT ? p->chunk_bytes
                                                                                       : LMS__DEFAULT_RING_CHUNK;
+    r->grid_want = r->mode == MODE_SPLIT && !m->chunk_given ? LMS__DEFAULT_CHUNK : r->chunk;
+    r->nslots = p->ring_slots;
     if ((rc = plan(r)))
         return rc;
     if (r->mode == MODE_REGISTERED && r->nc) {
@@ -635,7 +720,7 @@ int lms__resident_start(lms_model *m)
         r->next_take = 1; /* the probe prepared chunk 0 */
     }
     if (ring_mode(r->mode)) {
-        if ((rc = alloc_ring(r)))
+        if ((rc = assign_slots(r)) || (rc = alloc_ring(r)))
             return rc;
         m->stats.readers = r->mode != MODE_STAGE_MAP;
     }

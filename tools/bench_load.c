@@ -23,8 +23,9 @@
 static const char usage[] =
     "usage: lmstore bench load MODEL [--store DIR] [--device cpu|cuda|cuda:N] [--place host|mapped|resident]\n"
     "           [--prefetch none|willneed|populate] [--staging] [--readers] [--no-readers]\n"
-    "           [--copy auto|register|stage-map|stage-read|stage-direct]\n"
-    "           [--streams N] [--threads N] [--chunk SIZE] [--slots N] [--order blocks|file] [--verify]\n"
+    "           [--copy auto|register|stage-map|stage-read|stage-direct|split] [--register-percent P]\n"
+    "           [--streams N] [--threads N] [--chunk SIZE] [--slots N] [--ring-hostalloc]\n"
+    "           [--order blocks|file] [--verify]\n"
     "           [--json]\n";
 
 /* VmHWM, VmRSS, RssAnon, RssFile, RssShmem from /proc/self/status (bytes). */
@@ -93,7 +94,13 @@ int lms_bench_load(int argc, char **argv)
             else if (!strcmp(v, "stage-map")) p.copy = LMS_COPY_STAGE_MAP;
             else if (!strcmp(v, "stage-read")) p.copy = LMS_COPY_STAGE_READ;
             else if (!strcmp(v, "stage-direct")) p.copy = LMS_COPY_STAGE_DIRECT;
-            else return lms_cli_usage("bench", "--copy wants auto, register, stage-map, stage-read or stage-direct");
+            else if (!strcmp(v, "split")) p.copy = LMS_COPY_SPLIT;
+            else return lms_cli_usage("bench", "--copy wants auto, register, stage-map, stage-read, stage-direct "
+                                               "or split");
+        } else if (lms_cli_opt(argc, argv, &i, "--register-percent", &v)) {
+            if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 100)
+                return lms_cli_usage("bench", "--register-percent wants 1..100");
+            p.register_percent = (int)n;
         } else if (lms_cli_opt(argc, argv, &i, "--order", &v)) {
             if (!strcmp(v, "blocks")) p.order = LMS_ORDER_BLOCKS_FIRST;
             else if (!strcmp(v, "file")) p.order = LMS_ORDER_FILE;
@@ -106,6 +113,8 @@ int lms_bench_load(int argc, char **argv)
             p.force_readers = true, i++;
         } else if (!strcmp(argv[i], "--no-readers")) {
             p.no_readers = true, i++;
+        } else if (!strcmp(argv[i], "--ring-hostalloc")) {
+            p.ring_host_alloc = true, i++;
         } else if (!strcmp(argv[i], "--verify")) {
             p.verify = true, i++;
         } else if (!strcmp(argv[i], "--help")) {
@@ -170,7 +179,8 @@ int lms_bench_load(int argc, char **argv)
     read_mem(&ms);
     double gbs = t_all > 0 ? (double)s.tensor_bytes / t_all / 1e9 : 0;
     const char *path = s.placement == LMS_PLACE_RESIDENT
-                           ? (s.readers ? (s.direct_io ? "readers-odirect" : "readers")
+                           ? (s.readers && s.registered_bytes ? "split"
+                              : s.readers ? (s.direct_io ? "readers-odirect" : "readers")
                               : s.staging ? "staging" : s.registered_bytes ? "registered" : "direct")
                            : place_name(s.placement);
     if (json) {

@@ -88,6 +88,8 @@ typedef enum lms_copy_source {
     LMS_COPY_STAGE_MAP,    /* memcpy from the mapping into a pinned ring, DMA from the ring */
     LMS_COPY_STAGE_READ,   /* parallel pread (page cache) into a pinned ring */
     LMS_COPY_STAGE_DIRECT, /* parallel pread with O_DIRECT (where aligned) into a pinned ring */
+    LMS_COPY_SPLIT,        /* both at once: register_percent of the registration blocks pinned in
+                            * place and DMA'd from there, the rest pread into the pinned ring */
 } lms_copy_source;
 
 /* Layer indices of lms_tensor.layer and lms_model_wait_layer. */
@@ -111,7 +113,7 @@ typedef struct lms_model_params {
     int streams;             /* copy streams; 0 = 4 */
     int threads;             /* register / reader / verify threads; 0 = online CPUs, 2..8 */
     uint64_t chunk_bytes;    /* register and copy granularity, rounded up to 2 MiB; 0 = 64 MiB
-                              * when registering, 16 MiB through the staging ring */
+                              * when registering, 8 MiB through the staging ring */
     int ring_slots;          /* staging ring buffers of chunk_bytes each; 0 = 2 x threads */
     lms_load_order order;    /* resident copy order; 0 = BLOCKS_FIRST */
     bool sync;               /* resident: return from open only when every weight is resident
@@ -120,6 +122,11 @@ typedef struct lms_model_params {
     lms_copy_source copy;    /* resident: 0 = AUTO. force_staging / force_readers, when set,
                               * mean STAGE_MAP / STAGE_DIRECT. A refused registration falls
                               * back to STAGE_READ */
+    int register_percent;    /* resident, copy SPLIT: share of the registration blocks (chunk grid,
+                              * 64 MiB) copied from the mapping pinned in place, 1..100; 0 = 50 */
+    bool ring_host_alloc;    /* staging ring slots from the device's pinned allocator
+                              * (cudaHostAlloc) rather than huge-page host memory registered
+                              * with the device (the default, cheaper to pin) */
 } lms_model_params;
 
 lms_model_params lms_model_default_params(void);

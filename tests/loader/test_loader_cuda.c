@@ -23,6 +23,7 @@
 static char *g_dir, g_store[1024];
 static tm_model g_m;
 static lms_device *g_dev;
+static bool g_ring_host_alloc; /* open_with: ring slots from cudaHostAlloc */
 
 static int setup_all(void **state)
 {
@@ -108,6 +109,7 @@ static lms_model *open_with(lms_store *st, lms_placement pl, lms_copy_source cop
     p.copy = copy;
     p.chunk_bytes = chunk;
     p.order = order;
+    p.ring_host_alloc = g_ring_host_alloc;
     lms_model *m = NULL;
     int rc = lms_model_open(st, "m", &p, &m);
     if (rc)
@@ -117,7 +119,8 @@ static lms_model *open_with(lms_store *st, lms_placement pl, lms_copy_source cop
 
 static const char *path_of(const lms_model_stats *s)
 {
-    return s->readers ? (s->direct_io ? "readers-odirect" : "readers")
+    return s->readers && s->registered_bytes ? "split"
+           : s->readers ? (s->direct_io ? "readers-odirect" : "readers")
                       : s->staging ? "staging" : s->registered_bytes ? "registered" : "direct";
 }
 
@@ -162,6 +165,16 @@ static void resident_staging_ring_device_bytes_equal_host(void **state)
     run_resident(LMS_COPY_STAGE_MAP, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "staging");
     run_resident(LMS_COPY_STAGE_READ, LMS__REFUSE_NONE, LMS_ORDER_FILE, 0, "readers");
     run_resident(LMS_COPY_AUTO, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 0, "readers"); /* warm cache */
+    g_ring_host_alloc = true; /* the ring from cudaHostAlloc instead of registered huge pages */
+    run_resident(LMS_COPY_STAGE_READ, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "readers");
+    g_ring_host_alloc = false;
+}
+
+static void resident_split_device_bytes_equal_host(void **state)
+{
+    (void)state; /* registered blocks and staged chunks in flight together */
+    run_resident(LMS_COPY_SPLIT, LMS__REFUSE_NONE, LMS_ORDER_BLOCKS_FIRST, 2 << 20, "split");
+    run_resident(LMS_COPY_SPLIT, LMS__REFUSE_NONE, LMS_ORDER_FILE, 0, "split");
 }
 
 static void resident_parallel_readers_device_bytes_equal_host(void **state)
@@ -242,6 +255,7 @@ int main(void)
         cmocka_unit_test(resident_registered_device_bytes_equal_host),
         cmocka_unit_test(resident_staging_ring_device_bytes_equal_host),
         cmocka_unit_test(resident_parallel_readers_device_bytes_equal_host),
+        cmocka_unit_test(resident_split_device_bytes_equal_host),
         cmocka_unit_test(refused_registration_falls_back_to_staging),
         cmocka_unit_test(mapped_device_reads_the_mapping_in_place),
     };
