@@ -1,6 +1,6 @@
 /*
  * store/admin.c - `lmstore rm`, `cp` and `mv` (one LMDB write transaction
- * each, store/admin.h design note 1), and the pieces verify, gc and export
+ * each, lmstore/store.h guarantee 1), and the pieces verify, gc and export
  * share (store/admin_internal.h): the blob table of a snapshot, the segment
  * files on disk, KV references, the append lock, the reader grace period.
  */
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/crashpoint.h"
-#include "store/admin.h"
+#include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/kv_records.h"
 

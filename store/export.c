@@ -1,6 +1,6 @@
 /*
  * store/export.c - `lmstore export`: writes a stored model back out as a
- * HuggingFace folder (store/admin.h, design note 4): safetensors shards of
+ * HuggingFace folder (lmstore/store.h, guarantee 4): safetensors shards of
  * at most max_shard_size tensor bytes (model.safetensors when one is
  * enough, else model-0000K-of-0000N.safetensors plus
  * model.safetensors.index.json), and the stored side files.
@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store/admin.h"
+#include "lmstore/store.h"
 #include "store/admin_internal.h"
 
 lms_export_params lms_export_default_params(void)

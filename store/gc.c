@@ -1,5 +1,5 @@
 /*
- * store/gc.c - `lmstore gc`: gives space back (store/admin.h, design note 2).
+ * store/gc.c - `lmstore gc`: gives space back (lmstore/store.h, guarantee 2).
  *
  * Three steps, each leaving the index consistent if the process dies in it:
  *
@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "common/crashpoint.h"
-#include "store/admin.h"
+#include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/kv_records.h"
 

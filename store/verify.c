@@ -1,7 +1,7 @@
 /*
  * store/verify.c - `lmstore verify`: checks the index against itself and
  * against the segment files, and recomputes every blob's XXH3-128 from a
- * shared mapping on several threads (store/admin.h, design note 3).
+ * shared mapping on several threads (lmstore/store.h, guarantee 3).
  *
  * One read snapshot gives the records; the segments holding the blobs to
  * hash are mapped (with the readers' shared lock, so gc leaves them alone)
@@ -21,7 +21,7 @@
 #include <xxhash.h>
 
 #include "common/common.h"
-#include "store/admin.h"
+#include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/store_internal.h"
 

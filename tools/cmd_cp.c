@@ -5,7 +5,6 @@
 #include <stdio.h>
 
 #include "lmstore/store.h"
-#include "store/admin.h"
 #include "tools/cli.h"
 
 const char lms_cmd_cp_help[] = "copy a model under a new name (metadata only, no tensor bytes written): cp MODEL NEWNAME";

@@ -5,7 +5,6 @@
 #include <stdio.h>
 
 #include "lmstore/store.h"
-#include "store/admin.h"
 #include "tools/cli.h"
 
 const char lms_cmd_export_help[] = "write a model as a HuggingFace folder: export MODEL DIR [--max-shard-size SIZE]";

@@ -6,7 +6,6 @@
 #include <stdio.h>
 
 #include "lmstore/store.h"
-#include "store/admin.h"
 #include "tools/cli.h"
 
 const char lms_cmd_gc_help[] = "give unused space back: gc [--dry-run] [--compact-below FRACTION]";

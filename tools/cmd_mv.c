@@ -4,7 +4,6 @@
 #include <stdio.h>
 
 #include "lmstore/store.h"
-#include "store/admin.h"
 #include "tools/cli.h"
 
 const char lms_cmd_mv_help[] = "rename a model: mv MODEL NEWNAME";

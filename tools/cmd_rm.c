@@ -5,7 +5,6 @@
 #include <stdio.h>
 
 #include "lmstore/store.h"
-#include "store/admin.h"
 #include "tools/cli.h"
 
 const char lms_cmd_rm_help[] = "remove models from the store (bytes are freed by gc): rm MODEL...";

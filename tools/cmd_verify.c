@@ -8,7 +8,6 @@
 #include <cjson/cJSON.h>
 
 #include "lmstore/store.h"
-#include "store/admin.h"
 #include "tools/cli.h"
 
 const char lms_cmd_verify_help[] = "check the store: index consistency and every blob's hash: verify [MODEL] [--json]";

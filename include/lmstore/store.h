@@ -154,6 +154,178 @@ int lms_store_file(lms_store *store, const char *model, const char *file, void *
 /* Path of segment file `segment` into buf. */
 int lms_store_segment_path(const lms_store *store, uint32_t segment, char *buf, size_t len);
 
+/* ---- administration and durability: rm, cp, mv, verify, gc, export -------------
+ *
+ * What a store guarantees (docs/DURABILITY.md tells how):
+ * (1) A model is visible whole or not at all: import, rm, cp and mv each end
+ *     in one LMDB write transaction, which also changes the blobs' reference
+ *     counts. A process killed at any point, or a call that fails, leaves the
+ *     store consistent; at worst it leaves unreferenced bytes that
+ *     lms_store_gc reclaims.
+ * (2) gc never rewrites bytes a committed record reaches. It shrinks or
+ *     unlinks a segment only after every reader that could still reach the
+ *     old bytes has gone (LMDB snapshots that began before its commit, and
+ *     processes holding the segment mapped: those hold a shared flock on
+ *     it); segments still in use are skipped and reported, and a later gc
+ *     takes them.
+ * (3) verify reads one snapshot and hashes blobs from a shared mapping held
+ *     under the readers' lock, so a concurrent gc leaves them in place.
+ * (4) export writes a new folder and removes what it wrote on failure.
+ *
+ * All of these are safe to call while other processes read, import, remove
+ * or gc in the same store. Every string they pass to a callback is valid
+ * during the callback only. Functions that change the store return
+ * LMS_EINVAL on a store opened LMS_STORE_RDONLY.
+ */
+
+/*
+ * Remove a model: its model, tensor and file records go and its blobs'
+ * reference counts drop, in one transaction; the bytes are freed by
+ * lms_store_gc. Models and open handles sharing those blobs are unaffected.
+ * Errors: LMS_ENOENT (no such model), LMS_EINVAL, LMS_EDB, LMS_ENOSPACE.
+ * On failure the store is unchanged.
+ */
+int lms_model_remove(lms_store *store, const char *model);
+
+/*
+ * Metadata-only copy: `dst` gets the same tensors (blob references + 1, no
+ * tensor bytes written) and side files, in one transaction. Waits for the
+ * store's append lock (an import or gc in progress) so that no blob it
+ * references is being deleted. Errors: LMS_ENOENT (no `src`), LMS_EEXIST
+ * (`dst` exists), LMS_EINVAL (`dst` is not a valid model name: 1 to 200
+ * bytes of UTF-8 without control characters), LMS_EDB, LMS_ENOSPACE. On
+ * failure the store is unchanged.
+ */
+int lms_model_copy(lms_store *store, const char *src, const char *dst);
+
+/* Rename `src` to `dst` in one transaction; reference counts unchanged.
+ * Errors and state after failure as lms_model_copy. */
+int lms_model_rename(lms_store *store, const char *src, const char *dst);
+
+typedef struct lms_verify_params {
+    const char *model; /* NULL = every model and every blob; else only that model's blobs are hashed
+                        * (the index checks always cover the whole store) */
+    int threads;       /* hashing threads; 0 = online CPUs */
+    bool hash;         /* recompute blob hashes (false: index checks only); default true */
+    bool progress;     /* progress bar on stderr when it is a terminal */
+} lms_verify_params;
+
+lms_verify_params lms_verify_default_params(void);
+
+/* One problem found. `kind` is one of "corrupt" (bytes fail their hash),
+ * "missing-blob", "refcount", "blob-range" (outside its segment or
+ * misaligned), "blob-overlap", "segment-header", "record" (undecodable),
+ * "model" (totals disagree with its tensors), "file" (a side file fails its
+ * check), "kv" (KV page or session). Every string is valid during the
+ * callback only. */
+typedef struct lms_verify_problem {
+    const char *kind;
+    const char *model;   /* model or KV session name, or NULL */
+    const char *item;    /* tensor or file name, or NULL */
+    uint32_t segment;    /* UINT32_MAX if not about a segment */
+    uint64_t offset;     /* byte offset in that segment */
+    const char *detail;  /* a sentence for a user */
+} lms_verify_problem;
+
+typedef void (*lms_verify_cb)(void *ctx, const lms_verify_problem *p);
+
+typedef struct lms_verify_report {
+    uint64_t models, tensors, blobs, segments;
+    uint64_t bytes_hashed;
+    uint64_t problems;
+    uint64_t garbage_bytes;   /* bytes gc would reclaim (unreferenced blobs, unreachable tails, stray
+                               * segments): what a crashed import leaves; not a problem */
+    double seconds;
+} lms_verify_report;
+
+/*
+ * Check the store, read-only (guarantee 3): index consistency (records
+ * decode, every tensor's blob exists with its size, reference counts equal
+ * the referencing records, blobs lie aligned inside their segments without
+ * overlapping, segment headers are valid, side files pass their checksums)
+ * and, with params->hash, every blob's XXH3-128. params may be NULL
+ * (defaults), report may be NULL. Each problem is passed to cb (may be
+ * NULL) as it is found, on the calling thread.
+ * Returns 0 when the check ran, whatever it found (report->problems says
+ * how many); an error code when it could not run: LMS_ENOENT (unknown
+ * params->model), LMS_EIO, LMS_ENOMEM, LMS_EDB. Nothing is ever written.
+ */
+int lms_store_verify(lms_store *store, const lms_verify_params *params, lms_verify_cb cb, void *ctx,
+                     lms_verify_report *report);
+
+typedef struct lms_gc_params {
+    bool dry_run;           /* report what would be freed, change nothing */
+    double compact_below;   /* compact a segment whose live fraction is below this; 0 = 0.5; < 0 = never */
+    double grace_seconds;   /* how long to wait for older LMDB readers to end before skipping; 0 = 5 */
+    bool progress;          /* progress bar on stderr when it is a terminal */
+} lms_gc_params;
+
+lms_gc_params lms_gc_default_params(void);
+
+typedef struct lms_gc_report {
+    uint64_t blobs_deleted;       /* blob records with no references removed */
+    uint64_t kvpages_deleted;     /* KV pages no session references, removed */
+    uint64_t blobs_moved, bytes_moved;  /* compaction */
+    uint64_t segments_removed;
+    uint64_t segments_truncated;
+    uint64_t segments_busy;       /* skipped: mapped by another process or reachable from an old snapshot */
+    uint64_t bytes_punched;       /* disk blocks of dead ranges inside segments given back (size kept) */
+    uint64_t bytes_before, bytes_after; /* total size of the segment files */
+    uint64_t bytes_freed;         /* bytes_before - bytes_after; dry run: what would be freed */
+    double seconds;
+} lms_gc_report;
+
+/* Called, on the calling thread, for each segment gc skips because another
+ * process holds it; `path` is valid during the call only. */
+typedef void (*lms_gc_busy_cb)(void *ctx, uint32_t segment, const char *path);
+
+/*
+ * Reclaim space (guarantee 2): delete blob records nothing references,
+ * copy live blobs out of segments whose live fraction is below
+ * params->compact_below and repoint them in one transaction, then truncate,
+ * hole-punch or unlink what no record reaches. params may be NULL
+ * (defaults), busy may be NULL, report may be NULL. Runs under the store's
+ * append lock (waits for an import, cp or another gc).
+ * Returns 0 when it ran, busy segments included (report->segments_busy);
+ * an error code (LMS_EIO, LMS_ENOMEM, LMS_EDB, LMS_ENOSPACE, LMS_EINVAL on
+ * a read-only store unless dry_run) when a step failed. After a failure
+ * the index is as the last committed step left it, always consistent with
+ * the segments, and no model changed content; a later gc finishes the work.
+ */
+int lms_store_gc(lms_store *store, const lms_gc_params *params, lms_gc_busy_cb busy, void *ctx,
+                 lms_gc_report *report);
+
+/* Total size of the segment files (sum of st_size) and their count; either
+ * pointer may be NULL. LMS_EIO, LMS_ENOMEM. */
+int lms_store_segment_bytes(lms_store *store, uint64_t *bytes, uint64_t *count);
+
+typedef struct lms_export_params {
+    uint64_t max_shard_size; /* bytes of tensor data per shard; 0 = 5 GiB (HF's default) */
+    bool progress;           /* progress bar on stderr when it is a terminal */
+} lms_export_params;
+
+lms_export_params lms_export_default_params(void);
+
+typedef struct lms_export_stats {
+    uint64_t tensors, bytes, shards, files;
+    double seconds;
+} lms_export_stats;
+
+/*
+ * Write `model` as a HuggingFace folder `dir` (created; if it exists it
+ * must be an empty folder): model.safetensors, or model-0000K-of-0000N
+ * .safetensors shards plus model.safetensors.index.json, and the stored side
+ * files. The tensors are byte-identical to those imported: each is
+ * hash-checked while copied. params and stats may be NULL.
+ * Errors: LMS_ENOENT (no such model), LMS_EEXIST (`dir` is not an empty
+ * folder), LMS_ECORRUPT (a blob fails its hash; the message names the
+ * tensor), LMS_EIO, LMS_ENOMEM, LMS_EINVAL. On failure the files written
+ * (and `dir`, if this call created it) are removed; the store is never
+ * changed.
+ */
+int lms_model_export(lms_store *store, const char *model, const char *dir, const lms_export_params *params,
+                     lms_export_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

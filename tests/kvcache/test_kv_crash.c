@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "kv_testlib.h"
-#include "store/admin.h"
+#include "lmstore/store.h"
 
 static char self_exe[4096];
 

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "store/admin.h"
+#include "lmstore/store.h"
 #include "store/kv_records.h"
 #include "store/store_internal.h"
 #include "testutil.h"

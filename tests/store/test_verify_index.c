@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "store/admin.h"
+#include "lmstore/store.h"
 #include "store/store_internal.h"
 #include "testutil.h"
 
