@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -183,4 +184,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        for d in glob.glob(os.path.join(tempfile.gettempdir(), "lmstore-bench-tok-*")):
+            if os.path.isdir(d) and os.stat(d).st_uid == os.getuid():
+                shutil.rmtree(d, ignore_errors=True)
