@@ -141,6 +141,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="lmstore-bench-tok-")
+    try:
+        run(a, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(a, tmp):
     docs = make_docs(a.mb)
     nbytes = sum(len(d.encode()) for d in docs)
     docs_path = os.path.join(tmp, "docs.jsonl")
@@ -184,9 +191,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        for d in glob.glob(os.path.join(tempfile.gettempdir(), "lmstore-bench-tok-*")):
-            if os.path.isdir(d) and os.stat(d).st_uid == os.getuid():
-                shutil.rmtree(d, ignore_errors=True)
+    main()
