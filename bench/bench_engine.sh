@@ -50,6 +50,7 @@ gen() { # name -> model folder in $work/name
   case $name in
     qwen3-0.6b) args="--arch qwen3 --hidden 1024 --intermediate 3072 --layers 28 --heads 16 --kv-heads 8 --head-dim 128 --vocab 151936 --max-pos 40960 --tied" ;;
     llama-3.2-1b) args="--arch llama --hidden 2048 --intermediate 8192 --layers 16 --heads 32 --kv-heads 8 --head-dim 64 --vocab 128256 --max-pos 131072 --tied" ;;
+    llama-3-8b) args="--arch llama --hidden 4096 --intermediate 14336 --layers 32 --heads 32 --kv-heads 8 --head-dim 128 --vocab 128256 --max-pos 8192" ;;
     *) echo "unknown model $name" >&2; exit 2 ;;
   esac
   python3 "$src/tests/gen_model.py" "$dir" $args --dtype BF16 --shard-size 2G --force >/dev/null
