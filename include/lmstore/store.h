@@ -147,8 +147,11 @@ int lms_store_model(lms_store *store, const char *model, lms_model_cb cb, void *
 int lms_store_tensors(lms_store *store, const char *model, lms_tensor_cb cb, void *ctx);
 /* Stored side files (config.json, tokenizer.json, ...), by name. */
 int lms_store_files(lms_store *store, const char *model, lms_file_cb cb, void *ctx);
-/* One side file, decompressed; *data is NUL-terminated, free with lms_free.
- * LMS_ENOENT naming the model and file when absent. */
+/* One side file, decompressed; *data is NUL-terminated, free with lms_free
+ * (NULL after a failure). LMS_ENOENT naming the model and file when absent;
+ * LMS_ECORRUPT naming them when the stored record is damaged (its claimed
+ * size is checked before anything is allocated: at most 256 MiB, equal to
+ * the compressed frame's; then the bytes' checksum). */
 int lms_store_file(lms_store *store, const char *model, const char *file, void **data, size_t *len);
 
 /* Path of segment file `segment` into buf. */
