@@ -405,41 +405,40 @@ typedef struct rm_ctx {
     uint64_t tensors;
 } rm_ctx;
 
+typedef struct unref_ctx {
+    const char *model;
+    int64_t delta;
+    uint64_t *count;
+} unref_ctx;
+
+/* lms__prefix_fn: drop (or add) one reference to the blob of one tensor. */
+static int unref_one(lms_store *s, MDB_txn *txn, void *ctx, const char *name, size_t name_len, const MDB_val *d)
+{
+    unref_ctx *u = ctx;
+    lms__tensor_rec tr;
+    int rc;
+    if ((rc = lms__tensor_rec_decode(d->mv_data, d->mv_size, &tr)))
+        rc = lms__err_prefix(rc, "model '%s' tensor '%.*s': ", u->model, (int)name_len, name);
+    if (!rc) {
+        rc = lms__blob_ref(s, txn, tr.hash, u->delta, NULL);
+        if ((rc == LMS_ENOENT || rc == LMS_ECORRUPT) && u->delta < 0) {
+            /* a damaged store (verify reports it): removing the model
+             * must still work; there is no count to drop */
+            lms__warn("rm '%s' tensor '%.*s': %s", u->model, (int)name_len, name, lms_last_error());
+            rc = 0;
+        }
+    }
+    if (rc)
+        return rc;
+    (*u->count)++;
+    return 0;
+}
+
 /* Drop one reference from the blob of every tensor of `model`. */
 static int unref_tensors(lms_store *s, MDB_txn *txn, const char *model, int64_t delta, uint64_t *count)
 {
-    MDB_cursor *cur;
-    size_t plen = strlen(model) + 1;
-    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur);
-    if (mrc)
-        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    MDB_val k = {plen, (void *)model}, d;
-    int rc = 0;
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
-            break;
-        lms__tensor_rec tr;
-        if ((rc = lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr)))
-            rc = lms__err_prefix(rc, "model '%s' tensor '%.*s': ", model, (int)(k.mv_size - plen),
-                                 (const char *)k.mv_data + plen);
-        if (!rc) {
-            rc = lms__blob_ref(s, txn, tr.hash, delta, NULL);
-            if ((rc == LMS_ENOENT || rc == LMS_ECORRUPT) && delta < 0) {
-                /* a damaged store (verify reports it): removing the model
-                 * must still work; there is no count to drop */
-                lms__warn("rm '%s' tensor '%.*s': %s", model, (int)(k.mv_size - plen),
-                          (const char *)k.mv_data + plen, lms_last_error());
-                rc = 0;
-            }
-        }
-        if (rc)
-            break;
-        (*count)++;
-    }
-    mdb_cursor_close(cur);
-    if (!rc && mrc && mrc != MDB_NOTFOUND)
-        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
-    return rc;
+    unref_ctx u = {model, delta, count};
+    return lms__db_prefix_each(s, txn, LMS__DB_TENSORS, model, unref_one, &u);
 }
 
 static int rm_txn(lms_store *s, MDB_txn *txn, void *vctx)
@@ -499,63 +498,59 @@ static void free_items(kv_item *v, size_t n)
     lms__free(v);
 }
 
+typedef struct collect_ctx {
+    const char *dst;
+    size_t dlen; /* strlen(dst) + 1 */
+    kv_item *v;
+    size_t n, cap;
+} collect_ctx;
+
+/* lms__prefix_fn: copy one record, keyed "dst NUL item". */
+static int collect_one(lms_store *s, MDB_txn *txn, void *ctx, const char *item, size_t ilen, const MDB_val *d)
+{
+    (void)s;
+    (void)txn;
+    collect_ctx *c = ctx;
+    if (c->dlen + ilen > 511)
+        return lms__err(LMS_EINVAL, "model name '%s' is too long for item '%.*s'", c->dst, (int)ilen, item);
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 64;
+        kv_item *nv = lms__realloc(c->v, cap * sizeof *nv);
+        if (!nv)
+            return LMS_ENOMEM;
+        c->v = nv;
+        c->cap = cap;
+    }
+    kv_item *it = &c->v[c->n];
+    it->key = lms__malloc(c->dlen + ilen);
+    it->val = lms__malloc(d->mv_size ? d->mv_size : 1);
+    if (!it->key || !it->val) {
+        lms__free(it->key);
+        lms__free(it->val);
+        return LMS_ENOMEM;
+    }
+    c->n++;
+    memcpy(it->key, c->dst, c->dlen);
+    memcpy((char *)it->key + c->dlen, item, ilen);
+    it->klen = c->dlen + ilen;
+    memcpy(it->val, d->mv_data, d->mv_size);
+    it->vlen = d->mv_size;
+    return 0;
+}
+
 /* Copy every "src NUL item" record of db into memory, keyed "dst NUL item". */
 static int collect(lms_store *s, MDB_txn *txn, int db, const char *src, const char *dst, kv_item **out, size_t *n_out)
 {
     *out = NULL;
     *n_out = 0;
-    MDB_cursor *cur;
-    size_t plen = strlen(src) + 1, dlen = strlen(dst) + 1;
-    int mrc = mdb_cursor_open(txn, s->dbi[db], &cur);
-    if (mrc)
-        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    kv_item *v = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    MDB_val k = {plen, (void *)src}, d;
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        if (k.mv_size < plen || memcmp(k.mv_data, src, plen) != 0)
-            break;
-        size_t ilen = k.mv_size - plen;
-        if (dlen + ilen > 511) {
-            rc = lms__err(LMS_EINVAL, "model name '%s' is too long for item '%.*s'", dst, (int)ilen,
-                          (const char *)k.mv_data + plen);
-            break;
-        }
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64;
-            kv_item *nv = lms__realloc(v, cap * sizeof *nv);
-            if (!nv) {
-                rc = LMS_ENOMEM;
-                break;
-            }
-            v = nv;
-        }
-        kv_item *it = &v[n];
-        it->key = lms__malloc(dlen + ilen);
-        it->val = lms__malloc(d.mv_size ? d.mv_size : 1);
-        if (!it->key || !it->val) {
-            lms__free(it->key);
-            lms__free(it->val);
-            rc = LMS_ENOMEM;
-            break;
-        }
-        n++;
-        memcpy(it->key, dst, dlen);
-        memcpy((char *)it->key + dlen, (const char *)k.mv_data + plen, ilen);
-        it->klen = dlen + ilen;
-        memcpy(it->val, d.mv_data, d.mv_size);
-        it->vlen = d.mv_size;
-    }
-    mdb_cursor_close(cur);
-    if (!rc && mrc && mrc != MDB_NOTFOUND)
-        rc = lms__mdb_err(mrc, "%s: read %s", s->index_path, lms__db_names[db]);
+    collect_ctx c = {.dst = dst, .dlen = strlen(dst) + 1};
+    int rc = lms__db_prefix_each(s, txn, db, src, collect_one, &c);
     if (rc) {
-        free_items(v, n);
+        free_items(c.v, c.n);
         return rc;
     }
-    *out = v;
-    *n_out = n;
+    *out = c.v;
+    *n_out = c.n;
     return 0;
 }
 

@@ -56,19 +56,44 @@ static int cmp_order(const void *a, const void *b)
     return x->tr.order < y->tr.order ? -1 : x->tr.order > y->tr.order;
 }
 
+/* lms__prefix_fn: append one tensor record of e->model with its blob record. */
+static int collect_tensor(lms_store *s, MDB_txn *txn, void *ctx, const char *name, size_t name_len,
+                          const MDB_val *d)
+{
+    exp *e = ctx;
+    int rc;
+    if (e->n == e->cap) {
+        size_t cap = e->cap ? e->cap * 2 : 64;
+        etensor *nt = lms__realloc(e->t, cap * sizeof *nt);
+        if (!nt)
+            return LMS_ENOMEM;
+        e->t = nt;
+        e->cap = cap;
+    }
+    etensor *t = &e->t[e->n];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = lms__strndup(name, name_len)))
+        return LMS_ENOMEM;
+    e->n++;
+    if ((rc = lms__tensor_rec_decode(d->mv_data, d->mv_size, &t->tr)))
+        return lms__err_prefix(rc, "model '%s' tensor '%s': ", e->model, t->name);
+    rc = lms__blob_get(s, txn, t->tr.hash, &t->br);
+    if (rc == LMS_ENOENT)
+        rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': its blob is missing", e->model, t->name);
+    return rc;
+}
+
 /* One snapshot: model record, tensors, their blobs; the segments are mapped
  * (shared lock) before it ends, so gc cannot take the bytes away. */
 static int load(exp *e)
 {
     lms_store *s = e->s;
     MDB_txn *txn;
-    MDB_cursor *cur = NULL;
-    MDB_val k, d;
-    size_t plen = strlen(e->model) + 1;
-    int mrc, rc = lms__txn_read(s, &txn);
+    MDB_val d;
+    int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, e->model, plen - 1, &d);
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, e->model, strlen(e->model), &d);
     if (rc == LMS_ENOENT)
         rc = lms__err(LMS_ENOENT, "no model '%s' in %s", e->model, s->path);
     if (rc)
@@ -82,46 +107,8 @@ static int load(exp *e)
         rc = LMS_ENOMEM;
         goto out;
     }
-    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur))) {
-        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    if ((rc = lms__db_prefix_each(s, txn, LMS__DB_TENSORS, e->model, collect_tensor, e)))
         goto out;
-    }
-    k.mv_size = plen;
-    k.mv_data = (void *)e->model;
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        if (k.mv_size < plen || memcmp(k.mv_data, e->model, plen) != 0)
-            break;
-        if (e->n == e->cap) {
-            size_t cap = e->cap ? e->cap * 2 : 64;
-            etensor *nt = lms__realloc(e->t, cap * sizeof *nt);
-            if (!nt) {
-                rc = LMS_ENOMEM;
-                goto out;
-            }
-            e->t = nt;
-            e->cap = cap;
-        }
-        etensor *t = &e->t[e->n];
-        memset(t, 0, sizeof *t);
-        if (!(t->name = lms__strndup((const char *)k.mv_data + plen, k.mv_size - plen))) {
-            rc = LMS_ENOMEM;
-            goto out;
-        }
-        e->n++;
-        if ((rc = lms__tensor_rec_decode(d.mv_data, d.mv_size, &t->tr))) {
-            rc = lms__err_prefix(rc, "model '%s' tensor '%s': ", e->model, t->name);
-            goto out;
-        }
-        rc = lms__blob_get(s, txn, t->tr.hash, &t->br);
-        if (rc == LMS_ENOENT)
-            rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': its blob is missing", e->model, t->name);
-        if (rc)
-            goto out;
-    }
-    if (mrc && mrc != MDB_NOTFOUND) {
-        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
-        goto out;
-    }
     if ((rc = lms__segset_load(s, &e->segs)))
         goto out;
     for (size_t i = 0; i < e->n; i++) {
@@ -144,8 +131,6 @@ static int load(exp *e)
         qsort(e->t, e->n, sizeof *e->t, cmp_order);
     rc = 0;
 out:
-    if (cur)
-        mdb_cursor_close(cur);
     lms__txn_end(s, txn);
     return rc;
 }

@@ -225,6 +225,27 @@ int lms__db_del_prefix(lms_store *s, MDB_txn *txn, int db, const char *model)
     return 0;
 }
 
+int lms__db_prefix_each(lms_store *s, MDB_txn *txn, int db, const char *model, lms__prefix_fn fn, void *ctx)
+{
+    MDB_cursor *c;
+    size_t plen = strlen(model) + 1;
+    int mrc = mdb_cursor_open(txn, s->dbi[db], &c);
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    MDB_val k = {plen, (void *)model}, v;
+    int rc = 0;
+    for (mrc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
+            break;
+        if ((rc = fn(s, txn, ctx, (const char *)k.mv_data + plen, k.mv_size - plen, &v)))
+            break;
+    }
+    mdb_cursor_close(c);
+    if (!rc && mrc && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read %s", s->index_path, lms__db_names[db]);
+    return rc;
+}
+
 int lms__meta_get_u32(lms_store *s, MDB_txn *txn, const char *key, uint32_t *v)
 {
     MDB_val val;
@@ -655,86 +676,81 @@ static int cmp_order(const void *a, const void *b)
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
-int lms_store_tensors(lms_store *s, const char *model, lms_tensor_cb cb, void *ctx)
+/* Begin a read transaction on which `model` exists and run fn over its
+ * "model NUL item" records of db; the transaction is ended before return. */
+static int model_items(lms_store *s, const char *model, int db, lms__prefix_fn fn, void *ctx)
 {
     MDB_txn *txn;
-    MDB_cursor *c = NULL;
-    tensor_item *v = NULL;
-    size_t n = 0, cap = 0, plen = strlen(model) + 1;
-    MDB_val k, val;
+    MDB_val val;
     int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, plen - 1, &val);
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
     if (rc == LMS_ENOENT)
         rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
-    if (rc)
-        goto out;
-    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &c);
-    if (mrc) {
-        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
-        goto out;
-    }
-    k.mv_size = plen;
-    k.mv_data = (void *)model;
-    for (mrc = mdb_cursor_get(c, &k, &val, MDB_SET_RANGE); mrc == 0;
-         mrc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
-        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
-            break;
-        const char *tname = (const char *)k.mv_data + plen;
-        size_t tlen = k.mv_size - plen;
-        lms__tensor_rec tr;
-        lms__blob_rec br;
-        if ((rc = lms__tensor_rec_decode(val.mv_data, val.mv_size, &tr))) {
-            rc = lms__err_prefix(rc, "%s: model '%s' tensor '%.*s': ", s->index_path, model, (int)tlen, tname);
-            goto out;
-        }
-        rc = lms__blob_get(s, txn, tr.hash, &br);
-        if (rc == LMS_ENOENT)
-            rc = lms__err(LMS_ECORRUPT, "%s: model '%s' tensor '%.*s': its blob is missing", s->index_path, model,
-                          (int)tlen, tname);
-        if (rc)
-            goto out;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64;
-            tensor_item *nv = lms__realloc(v, cap * sizeof *v);
-            if (!nv) {
-                rc = LMS_ENOMEM;
-                goto out;
-            }
-            v = nv;
-        }
-        tensor_item *t = &v[n];
-        memset(t, 0, sizeof *t);
-        t->rec.name = dupn(tname, tlen);
-        if (!t->rec.name) {
-            rc = LMS_ENOMEM;
-            goto out;
-        }
-        n++;
-        t->order = tr.order;
-        t->rec.dtype = tr.dtype;
-        t->rec.ndim = tr.ndim;
-        memcpy(t->rec.shape, tr.shape, sizeof tr.shape);
-        t->rec.nbytes = tr.nbytes;
-        t->rec.layer = tr.layer;
-        memcpy(t->rec.hash, tr.hash, 16);
-        t->rec.segment = br.segment;
-        t->rec.offset = br.offset;
-    }
-    if (mrc != 0 && mrc != MDB_NOTFOUND)
-        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
-out:
-    if (c)
-        mdb_cursor_close(c);
+    if (!rc)
+        rc = lms__db_prefix_each(s, txn, db, model, fn, ctx);
     lms__txn_end(s, txn);
-    if (n)
-        qsort(v, n, sizeof *v, cmp_order);
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = cb(ctx, &v[i].rec);
-    for (size_t i = 0; i < n; i++)
-        lms__free((void *)v[i].rec.name);
-    lms__free(v);
+    return rc;
+}
+
+typedef struct tensor_list {
+    const char *model;
+    tensor_item *v;
+    size_t n, cap;
+} tensor_list;
+
+static int tensor_collect(lms_store *s, MDB_txn *txn, void *vctx, const char *tname, size_t tlen, const MDB_val *val)
+{
+    tensor_list *l = vctx;
+    lms__tensor_rec tr;
+    lms__blob_rec br;
+    int rc;
+    if ((rc = lms__tensor_rec_decode(val->mv_data, val->mv_size, &tr)))
+        return lms__err_prefix(rc, "%s: model '%s' tensor '%.*s': ", s->index_path, l->model, (int)tlen, tname);
+    rc = lms__blob_get(s, txn, tr.hash, &br);
+    if (rc == LMS_ENOENT)
+        rc = lms__err(LMS_ECORRUPT, "%s: model '%s' tensor '%.*s': its blob is missing", s->index_path, l->model,
+                      (int)tlen, tname);
+    if (rc)
+        return rc;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        tensor_item *nv = lms__realloc(l->v, cap * sizeof *nv);
+        if (!nv)
+            return LMS_ENOMEM;
+        l->v = nv;
+        l->cap = cap;
+    }
+    tensor_item *t = &l->v[l->n];
+    memset(t, 0, sizeof *t);
+    t->rec.name = dupn(tname, tlen);
+    if (!t->rec.name)
+        return LMS_ENOMEM;
+    l->n++;
+    t->order = tr.order;
+    t->rec.dtype = tr.dtype;
+    t->rec.ndim = tr.ndim;
+    memcpy(t->rec.shape, tr.shape, sizeof tr.shape);
+    t->rec.nbytes = tr.nbytes;
+    t->rec.layer = tr.layer;
+    memcpy(t->rec.hash, tr.hash, 16);
+    t->rec.segment = br.segment;
+    t->rec.offset = br.offset;
+    return 0;
+}
+
+int lms_store_tensors(lms_store *s, const char *model, lms_tensor_cb cb, void *ctx)
+{
+    tensor_list l = {.model = model};
+    int rc = model_items(s, model, LMS__DB_TENSORS, tensor_collect, &l);
+    if (l.n)
+        qsort(l.v, l.n, sizeof *l.v, cmp_order);
+    for (size_t i = 0; rc == 0 && i < l.n; i++)
+        rc = cb(ctx, &l.v[i].rec);
+    for (size_t i = 0; i < l.n; i++)
+        lms__free((void *)l.v[i].rec.name);
+    lms__free(l.v);
     return rc;
 }
 
@@ -743,65 +759,43 @@ typedef struct file_item {
     uint64_t size;
 } file_item;
 
+typedef struct file_list {
+    const char *model;
+    file_item *v;
+    size_t n, cap;
+} file_list;
+
+static int file_collect(lms_store *s, MDB_txn *txn, void *vctx, const char *fname, size_t flen, const MDB_val *val)
+{
+    (void)txn;
+    file_list *l = vctx;
+    lms__file_rec fr;
+    int rc;
+    if ((rc = lms__file_rec_decode(val->mv_data, val->mv_size, &fr)))
+        return lms__err_prefix(rc, "%s: model '%s' file '%.*s': ", s->index_path, l->model, (int)flen, fname);
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        file_item *nv = lms__realloc(l->v, cap * sizeof *nv);
+        if (!nv)
+            return LMS_ENOMEM;
+        l->v = nv;
+        l->cap = cap;
+    }
+    if (!(l->v[l->n].name = dupn(fname, flen)))
+        return LMS_ENOMEM;
+    l->v[l->n++].size = fr.raw_size;
+    return 0;
+}
+
 int lms_store_files(lms_store *s, const char *model, lms_file_cb cb, void *ctx)
 {
-    MDB_txn *txn;
-    MDB_cursor *c = NULL;
-    file_item *v = NULL;
-    size_t n = 0, cap = 0, plen = strlen(model) + 1;
-    MDB_val k, val;
-    int rc = lms__txn_read(s, &txn);
-    if (rc)
-        return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, plen - 1, &val);
-    if (rc == LMS_ENOENT)
-        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
-    if (rc)
-        goto out;
-    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_FILES], &c);
-    if (mrc) {
-        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
-        goto out;
-    }
-    k.mv_size = plen;
-    k.mv_data = (void *)model;
-    for (mrc = mdb_cursor_get(c, &k, &val, MDB_SET_RANGE); mrc == 0;
-         mrc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
-        if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
-            break;
-        lms__file_rec fr;
-        const char *fname = (const char *)k.mv_data + plen;
-        int flen = (int)(k.mv_size - plen);
-        if ((rc = lms__file_rec_decode(val.mv_data, val.mv_size, &fr))) {
-            rc = lms__err_prefix(rc, "%s: model '%s' file '%.*s': ", s->index_path, model, flen, fname);
-            goto out;
-        }
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            file_item *nv = lms__realloc(v, cap * sizeof *v);
-            if (!nv) {
-                rc = LMS_ENOMEM;
-                goto out;
-            }
-            v = nv;
-        }
-        if (!(v[n].name = dupn(fname, (size_t)flen))) {
-            rc = LMS_ENOMEM;
-            goto out;
-        }
-        v[n++].size = fr.raw_size;
-    }
-    if (mrc != 0 && mrc != MDB_NOTFOUND)
-        rc = lms__mdb_err(mrc, "%s: read files", s->index_path);
-out:
-    if (c)
-        mdb_cursor_close(c);
-    lms__txn_end(s, txn);
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = cb(ctx, v[i].name, v[i].size);
-    for (size_t i = 0; i < n; i++)
-        lms__free(v[i].name);
-    lms__free(v);
+    file_list l = {.model = model};
+    int rc = model_items(s, model, LMS__DB_FILES, file_collect, &l);
+    for (size_t i = 0; rc == 0 && i < l.n; i++)
+        rc = cb(ctx, l.v[i].name, l.v[i].size);
+    for (size_t i = 0; i < l.n; i++)
+        lms__free(l.v[i].name);
+    lms__free(l.v);
     return rc;
 }
 

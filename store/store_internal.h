@@ -145,6 +145,16 @@ bool lms__key_split(const void *key, size_t len, size_t *model_len);
 /* Delete every "model NUL *" key of db. */
 int lms__db_del_prefix(lms_store *s, MDB_txn *txn, int db, const char *model);
 
+/*
+ * Call fn, in key order, for every "model NUL item" record of db: item and
+ * val point into LMDB memory, valid until the transaction ends or writes to
+ * db (item is not NUL-terminated). Stops at the first non-zero return of fn
+ * and returns it; LMDB errors come back with detail ("index: read tensors").
+ */
+typedef int (*lms__prefix_fn)(lms_store *s, MDB_txn *txn, void *ctx, const char *item, size_t item_len,
+                              const MDB_val *val);
+int lms__db_prefix_each(lms_store *s, MDB_txn *txn, int db, const char *model, lms__prefix_fn fn, void *ctx);
+
 /* ---- records (pure; docs/FORMAT.md "Records") ------------------------------------
  * Decoders check versions, lengths and ranges and return LMS_ECORRUPT
  * (malformed) or LMS_EVERSION (newer record version) with detail; strings in
