@@ -126,6 +126,111 @@ static void kv_problem(void *ctx, const char *name, const char *detail)
     problem(v, "kv", name, NULL, UINT32_MAX, 0, "%s", detail);
 }
 
+/*
+ * Walk every "model NUL item" record of db (tensors, files) in key order: a
+ * malformed key is a problem and skipped; fn gets the model and item names
+ * NUL-terminated (valid during the call) and the record. Stops at fn's first
+ * non-zero return (ENOMEM: the check cannot go on) and returns it.
+ */
+typedef int (*item_fn)(vstate *v, vmodel *models, size_t n_models, const char *model, size_t mlen,
+                       const char *item, const MDB_val *d);
+
+static int each_item(vstate *v, MDB_txn *txn, int db, vmodel *models, size_t n_models, item_fn fn)
+{
+    lms_store *s = v->s;
+    MDB_cursor *cur;
+    MDB_val k, d;
+    char name[LMS__MODEL_NAME_MAX + LMS__ITEM_NAME_MAX + 2];
+    int rc = 0, mrc = mdb_cursor_open(txn, s->dbi[db], &cur);
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        size_t mlen;
+        if (!lms__key_split(k.mv_data, k.mv_size, &mlen) || k.mv_size >= sizeof name) {
+            problem(v, "record", NULL, NULL, UINT32_MAX, 0, "%s: malformed key of %zu bytes", lms__db_names[db],
+                    k.mv_size);
+            continue;
+        }
+        memcpy(name, k.mv_data, k.mv_size);
+        name[k.mv_size] = '\0';
+        if ((rc = fn(v, models, n_models, name, mlen, name + mlen + 1, &d)))
+            break;
+    }
+    mdb_cursor_close(cur);
+    if (!rc && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read %s", s->index_path, lms__db_names[db]);
+    return rc;
+}
+
+/* item_fn for tensors: each must reach an existing blob of its size; count references. */
+static int check_tensor(vstate *v, vmodel *models, size_t n_models, const char *model, size_t mlen,
+                        const char *tname, const MDB_val *d)
+{
+    bool wanted = model_wanted(v, model);
+    if (wanted)
+        v->rep->tensors++;
+    vmodel key = {.name = (char *)model};
+    vmodel *m = bsearch(&key, models, n_models, sizeof *models, cmp_vmodel);
+    if (!m)
+        problem(v, "record", model, tname, UINT32_MAX, 0,
+                "tensor '%s' belongs to model '%s', which has no model record", tname, model);
+    lms__tensor_rec tr;
+    if (lms__tensor_rec_decode(d->mv_data, d->mv_size, &tr)) {
+        problem(v, "record", model, tname, UINT32_MAX, 0, "model '%s' tensor '%s': %s", model, tname,
+                lms_last_error());
+        return 0;
+    }
+    if (m) {
+        m->seen_tensors++;
+        m->seen_bytes += tr.nbytes;
+    }
+    size_t bi;
+    if (!lms__blobset_find(&v->blobs, tr.hash, &bi)) {
+        char hex[33];
+        lms__admin_hex16(tr.hash, hex);
+        problem(v, "missing-blob", model, tname, UINT32_MAX, 0,
+                "model '%s' tensor '%s': its blob %s is not in the index", model, tname, hex);
+        return 0;
+    }
+    lms__blobent *b = &v->blobs.v[bi];
+    b->counted++;
+    if (wanted)
+        b->wanted = true;
+    if (b->rec.size != tr.nbytes)
+        problem(v, "record", model, tname, b->rec.segment, b->rec.offset,
+                "model '%s' tensor '%s' is %llu bytes but its blob is %llu bytes", model, tname,
+                (unsigned long long)tr.nbytes, (unsigned long long)b->rec.size);
+    return add_tensor(v, model, mlen, tname, strlen(tname), bi);
+}
+
+/* item_fn for side files: decodable, decompress to their recorded size and checksum. */
+static int check_file(vstate *v, vmodel *models, size_t n_models, const char *model, size_t mlen,
+                      const char *fname, const MDB_val *d)
+{
+    (void)mlen;
+    if (!model_wanted(v, model))
+        return 0;
+    vmodel key = {.name = (char *)model};
+    if (!bsearch(&key, models, n_models, sizeof *models, cmp_vmodel))
+        problem(v, "record", model, fname, UINT32_MAX, 0,
+                "file '%s' belongs to model '%s', which has no model record", fname, model);
+    lms__file_rec fr;
+    char *data = NULL;
+    int frc = lms__file_rec_decode(d->mv_data, d->mv_size, &fr);
+    if (!frc && fr.raw_size > (1ull << 32))
+        frc = lms__err(LMS_ECORRUPT, "file record: raw size %llu out of range",
+                       (unsigned long long)fr.raw_size);
+    if (!frc)
+        frc = lms__file_rec_inflate(&fr, fname, &data, NULL);
+    lms__free(data);
+    if (frc == LMS_ENOMEM)
+        return frc;
+    if (frc)
+        problem(v, "file", model, fname, UINT32_MAX, 0, "model '%s' file '%s': %s", model, fname,
+                lms_last_error());
+    return 0;
+}
+
 static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_models_out)
 {
     lms_store *s = v->s;
@@ -134,7 +239,6 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
     MDB_cursor *cur = NULL;
     MDB_val k, d;
     int rc, mrc;
-    char name[LMS__MODEL_NAME_MAX + LMS__ITEM_NAME_MAX + 2];
 
     /* models */
     if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_MODELS], &cur)))
@@ -179,62 +283,8 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
     v->rep->models = v->p->model ? 1 : n_models;
 
     /* tensors: each must reach an existing blob of its size; count references */
-    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur))) {
-        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    if ((rc = each_item(v, txn, LMS__DB_TENSORS, models, n_models, check_tensor)))
         goto out;
-    }
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        size_t mlen;
-        if (!lms__key_split(k.mv_data, k.mv_size, &mlen) || k.mv_size >= sizeof name) {
-            problem(v, "record", NULL, NULL, UINT32_MAX, 0, "tensors: malformed key of %zu bytes", k.mv_size);
-            continue;
-        }
-        memcpy(name, k.mv_data, k.mv_size);
-        name[k.mv_size] = '\0';
-        const char *model = name, *tname = name + mlen + 1;
-        bool wanted = model_wanted(v, model);
-        if (wanted)
-            v->rep->tensors++;
-        vmodel key = {.name = (char *)model};
-        vmodel *m = bsearch(&key, models, n_models, sizeof *models, cmp_vmodel);
-        if (!m)
-            problem(v, "record", model, tname, UINT32_MAX, 0,
-                    "tensor '%s' belongs to model '%s', which has no model record", tname, model);
-        lms__tensor_rec tr;
-        if (lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr)) {
-            problem(v, "record", model, tname, UINT32_MAX, 0, "model '%s' tensor '%s': %s", model, tname,
-                    lms_last_error());
-            continue;
-        }
-        if (m) {
-            m->seen_tensors++;
-            m->seen_bytes += tr.nbytes;
-        }
-        size_t bi;
-        if (!lms__blobset_find(&v->blobs, tr.hash, &bi)) {
-            char hex[33];
-            lms__admin_hex16(tr.hash, hex);
-            problem(v, "missing-blob", model, tname, UINT32_MAX, 0,
-                    "model '%s' tensor '%s': its blob %s is not in the index", model, tname, hex);
-            continue;
-        }
-        lms__blobent *b = &v->blobs.v[bi];
-        b->counted++;
-        if (wanted)
-            b->wanted = true;
-        if (b->rec.size != tr.nbytes)
-            problem(v, "record", model, tname, b->rec.segment, b->rec.offset,
-                    "model '%s' tensor '%s' is %llu bytes but its blob is %llu bytes", model, tname,
-                    (unsigned long long)tr.nbytes, (unsigned long long)b->rec.size);
-        if ((rc = add_tensor(v, model, mlen, tname, strlen(tname), bi)))
-            goto out;
-    }
-    mdb_cursor_close(cur);
-    cur = NULL;
-    if (mrc != MDB_NOTFOUND) {
-        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
-        goto out;
-    }
     for (size_t i = 0; i < n_models; i++) {
         vmodel *m = &models[i];
         if (m->bad)
@@ -247,48 +297,8 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
     }
 
     /* side files: decodable, decompress to their recorded size and checksum */
-    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_FILES], &cur))) {
-        rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    if ((rc = each_item(v, txn, LMS__DB_FILES, models, n_models, check_file)))
         goto out;
-    }
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        size_t mlen;
-        if (!lms__key_split(k.mv_data, k.mv_size, &mlen) || k.mv_size >= sizeof name) {
-            problem(v, "record", NULL, NULL, UINT32_MAX, 0, "files: malformed key of %zu bytes", k.mv_size);
-            continue;
-        }
-        memcpy(name, k.mv_data, k.mv_size);
-        name[k.mv_size] = '\0';
-        const char *model = name, *fname = name + mlen + 1;
-        if (!model_wanted(v, model))
-            continue;
-        vmodel key = {.name = (char *)model};
-        if (!bsearch(&key, models, n_models, sizeof *models, cmp_vmodel))
-            problem(v, "record", model, fname, UINT32_MAX, 0,
-                    "file '%s' belongs to model '%s', which has no model record", fname, model);
-        lms__file_rec fr;
-        char *data = NULL;
-        int frc = lms__file_rec_decode(d.mv_data, d.mv_size, &fr);
-        if (!frc && fr.raw_size > (1ull << 32))
-            frc = lms__err(LMS_ECORRUPT, "file record: raw size %llu out of range",
-                           (unsigned long long)fr.raw_size);
-        if (!frc)
-            frc = lms__file_rec_inflate(&fr, fname, &data, NULL);
-        lms__free(data);
-        if (frc == LMS_ENOMEM) {
-            rc = frc;
-            goto out;
-        }
-        if (frc)
-            problem(v, "file", model, fname, UINT32_MAX, 0, "model '%s' file '%s': %s", model, fname,
-                    lms_last_error());
-    }
-    mdb_cursor_close(cur);
-    cur = NULL;
-    if (mrc != MDB_NOTFOUND) {
-        rc = lms__mdb_err(mrc, "%s: read files", s->index_path);
-        goto out;
-    }
 
     /* KV pages and sessions hold references too */
     rc = lms__kv_count_refs(s, txn, &v->blobs, kv_problem, v);
