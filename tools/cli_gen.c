@@ -115,6 +115,34 @@ int lms_cli_gen_opt(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_
     return 1;
 }
 
+/* arg is "--name" or "--name=VALUE". */
+static bool names_opt(const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+int lms_cli_gen_positional(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_opts *o, unsigned only)
+{
+    const char *a = argv[*i];
+    if (!only || ((only & LMS_CLI_GEN_STORE) && names_opt(a, "--store")) ||
+        ((only & LMS_CLI_GEN_THREADS) && names_opt(a, "--threads")) ||
+        ((only & LMS_CLI_GEN_CTX) && names_opt(a, "--ctx"))) {
+        int r = lms_cli_gen_opt(cmd, argc, argv, i, o);
+        if (r == 1)
+            return LMS_EXIT_OK;
+        if (r != 0)
+            return r;
+    }
+    if (a[0] == '-' && a[1])
+        return lms_cli_usage(cmd, "unknown option '%s'", a);
+    if (o->model)
+        return lms_cli_usage(cmd, "unexpected argument '%s'", a);
+    o->model = a;
+    (*i)++;
+    return LMS_EXIT_OK;
+}
+
 /* ---- model ------------------------------------------------------------------------ */
 
 int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable, lms_cli_model *cm)

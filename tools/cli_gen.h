@@ -45,6 +45,18 @@ void lms_cli_gen_opts_init(lms_cli_gen_opts *o);
  */
 int lms_cli_gen_opt(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_opts *o);
 
+/* Subsets of the generation options for lms_cli_gen_positional (0 = all). */
+enum { LMS_CLI_GEN_STORE = 1, LMS_CLI_GEN_THREADS = 2, LMS_CLI_GEN_CTX = 4 };
+
+/*
+ * The end of a command's option loop, for an argv[*i] the command did not
+ * take itself: one of the generation options (all of them when `only` is 0,
+ * else those named in it), else the positional MODEL (into o->model). An
+ * unknown option or a second positional argument is a usage error. Returns 0
+ * with *i advanced, or LMS_EXIT_USAGE after printing the problem.
+ */
+int lms_cli_gen_positional(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_opts *o, unsigned only);
+
 /* Help text for those options (for the commands' --help). */
 extern const char lms_cli_gen_opts_help[];
 

@@ -69,11 +69,6 @@ int lms_cmd_chat(int argc, char **argv)
     bool json = false;
     for (int i = 1; i < argc;) {
         const char *v;
-        int r = lms_cli_gen_opt(cmd, argc, argv, &i, &o);
-        if (r == 1)
-            continue;
-        if (r != 0)
-            return r;
         if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
             usage(stdout);
             return LMS_EXIT_OK;
@@ -82,12 +77,10 @@ int lms_cmd_chat(int argc, char **argv)
         } else if (lms_cli_flag(argv, i, "--json")) {
             json = true;
             i++;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return lms_cli_usage(cmd, "unknown option '%s'", argv[i]);
-        } else if (!o.model) {
-            o.model = argv[i++];
         } else {
-            return lms_cli_usage(cmd, "unexpected argument '%s'", argv[i]);
+            int r = lms_cli_gen_positional(cmd, argc, argv, &i, &o, 0);
+            if (r)
+                return r;
         }
     }
     if (!o.model)

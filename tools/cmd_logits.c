@@ -70,18 +70,11 @@ int lms_cmd_logits(int argc, char **argv)
         } else if (lms_cli_flag(argv, i, "--json")) {
             json = true;
             i++;
-        } else if (!strcmp(argv[i], "--threads") || !strncmp(argv[i], "--threads=", 10) ||
-                   !strcmp(argv[i], "--store") || !strncmp(argv[i], "--store=", 8) ||
-                   !strcmp(argv[i], "--ctx") || !strncmp(argv[i], "--ctx=", 6)) {
-            int r = lms_cli_gen_opt(cmd, argc, argv, &i, &o);
-            if (r != 1)
-                return r;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return lms_cli_usage(cmd, "unknown option '%s'", argv[i]);
-        } else if (!o.model) {
-            o.model = argv[i++];
         } else {
-            return lms_cli_usage(cmd, "unexpected argument '%s'", argv[i]);
+            int r = lms_cli_gen_positional(cmd, argc, argv, &i, &o,
+                                           LMS_CLI_GEN_STORE | LMS_CLI_GEN_THREADS | LMS_CLI_GEN_CTX);
+            if (r)
+                return r;
         }
     }
     if (!o.model)
