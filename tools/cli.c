@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lmstore/error.h"
+#include "lmstore/store.h"
 #include "tools/cli.h"
 
 const char *lms_cli_store_path(const char *opt)
@@ -118,4 +119,39 @@ bool lms_cli_parse_size(const char *s, uint64_t *out)
         return false;
     *out = (uint64_t)v << shift;
     return true;
+}
+
+int lms_cli_model_pair(const char *cmd, int argc, char **argv,
+                       int (*op)(struct lms_store *s, const char *src, const char *dst), const char *done)
+{
+    const char *store_opt = NULL, *src = NULL, *dst = NULL;
+    for (int i = 1; i < argc;) {
+        if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
+            continue;
+        if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
+            printf("usage: lmstore %s MODEL NEWNAME [--store DIR]\n", cmd);
+            return LMS_EXIT_OK;
+        }
+        if (argv[i][0] == '-' && argv[i][1])
+            return lms_cli_usage(cmd, "unknown option %s", argv[i]);
+        if (!src)
+            src = argv[i];
+        else if (!dst)
+            dst = argv[i];
+        else
+            return lms_cli_usage(cmd, "too many arguments");
+        i++;
+    }
+    if (!src || !dst)
+        return lms_cli_usage(cmd, "want MODEL and NEWNAME");
+    lms_store *s = NULL;
+    int rc = lms_store_open(lms_cli_store_path(store_opt), 0, NULL, &s);
+    if (rc)
+        return lms_cli_fail(cmd, rc, "open store");
+    rc = op(s, src, dst);
+    lms_store_close(s);
+    if (rc)
+        return lms_cli_fail(cmd, rc, src);
+    printf("%s %s -> %s\n", done, src, dst);
+    return LMS_EXIT_OK;
 }

@@ -39,4 +39,13 @@ bool lms_cli_parse_f64(const char *s, double *out);
 /* Parse a size like 4096, 64K, 1M, 2G. */
 bool lms_cli_parse_size(const char *s, uint64_t *out);
 
+/*
+ * `lmstore CMD MODEL NEWNAME [--store DIR]` (cp, mv): parse the arguments,
+ * open the store read-write, run op(store, MODEL, NEWNAME) and print
+ * "<done> MODEL -> NEWNAME". Returns the exit status.
+ */
+struct lms_store;
+int lms_cli_model_pair(const char *cmd, int argc, char **argv,
+                       int (*op)(struct lms_store *s, const char *src, const char *dst), const char *done);
+
 #endif
