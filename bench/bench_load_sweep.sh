@@ -10,6 +10,9 @@
 #      one process and one JSON line in $OUT/results.jsonl; the fastest setting
 #      is run three more times, and the default (AUTO) three times;
 #   5. cold (LMS_BENCH_DROP=1 only): sequential read of the segments, AUTO.
+# LMS_SWEEP_SET=ring runs, instead of the settings of step 4, only the ring's
+# first-layer settings (--ring-first, 4 MiB chunks, 12 threads), each
+# LMS_SWEEP_REPS times (default 3), and the pinned H2D again at the end.
 #
 # Usage (repository root, CUDA build in $LMS_BUILD, LD_LIBRARY_PATH set):
 #   LMS_BUILD=build-cuda OUT=/tmp/out LMS_BENCH_DROP=1 bench/bench_load_sweep.sh [WORKDIR]
@@ -69,6 +72,22 @@ SEGS=$(ls "$ST"/segments/*.seg)
 say "4. warm"
 cat $SEGS >/dev/null
 timeout 120 $PY bench/bench_load_hf.py h2d 2>>"$LOG" | tail -1 | tee -a "$RES" "$LOG"
+if [ "${LMS_SWEEP_SET:-all}" = ring ]; then
+    # the ring's first layer: how many slots carry layer 0 (--ring-first; the
+    # whole ring = the behaviour before ring_first_slots), 4 MiB chunks, 12
+    # threads; LMS_SWEEP_REPS rounds, the settings interleaved in each
+    for i in $(seq "${LMS_SWEEP_REPS:-3}"); do
+        lmsload auto warm
+        lmsload ring_first_all warm --ring-first 1024
+        lmsload ring_first_2 warm --ring-first 2
+        lmsload ring_first_8 warm --ring-first 8
+        lmsload c4 warm --chunk 4M
+        lmsload c4_ring_first_all warm --chunk 4M --ring-first 1024
+        lmsload t12 warm --threads 12
+        lmsload t12_ring_first_all warm --threads 12 --ring-first 1024
+    done
+    timeout 120 $PY bench/bench_load_hf.py h2d 2>>"$LOG" | tail -1 | tee -a "$RES" "$LOG"
+else
 lmsload old_default warm --copy stage-read --threads 8 --ring-hostalloc
 lmsload stage_read_t8 warm --copy stage-read --threads 8
 lmsload old_default warm --copy stage-read --threads 8 --ring-hostalloc
@@ -101,6 +120,7 @@ EOF
 say "best: $best (three more runs)"
 for i in 1 2 3; do lmsload best warm $best; done
 for i in 1 2 3; do lmsload auto warm; done
+fi
 
 if [ "${LMS_BENCH_DROP:-0}" = 1 ]; then
     say "5. cold"

@@ -517,8 +517,8 @@ static int check_params(const lms_model_params *p)
         p->register_percent < 0 || p->register_percent > 100)
         return lms__err(LMS_EINVAL, "model params: placement, prefetch, order, copy or register_percent out of range");
     if (p->streams < 0 || p->streams > 64 || p->threads < 0 || p->threads > 256 || p->ring_slots < 0 ||
-        p->ring_slots > 1024)
-        return lms__err(LMS_EINVAL, "model params: streams (0..64), threads (0..256) or ring_slots (0..1024) "
+        p->ring_slots > 1024 || p->ring_first_slots < 0 || p->ring_first_slots > 1024)
+        return lms__err(LMS_EINVAL, "model params: streams (0..64), threads (0..256), ring_slots or ring_first_slots (0..1024) "
                         "out of range");
     if (p->chunk_bytes > (1ull << 34))
         return lms__err(LMS_EINVAL, "model params: chunk_bytes %llu is larger than 16 GiB",
@@ -551,6 +551,8 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
     p.chunk_bytes = lms__align_up(p.chunk_bytes, LMS__CHUNK_ALIGN);
     if (p.ring_slots == 0)
         p.ring_slots = 2 * p.threads;
+    if (p.ring_first_slots == 0)
+        p.ring_first_slots = LMS__DEFAULT_RING_FIRST;
     if (p.register_percent == 0)
         p.register_percent = LMS__DEFAULT_REGISTER_PERCENT;
 

@@ -26,6 +26,8 @@
  * registered with the device, or the device's pinned allocator) are pinned
  * on first use by the worker that fills them, and refilled only after the
  * copy out of the slot's previous chunk was issued and its event completed.
+ * The first layer is carried by a few slots (ring_first_slots); the rest of
+ * the ring is pinned once that layer's copies are queued.
  *
  * States of the loader thread (r->mu guards issued/ready/failed/done):
  *   started --each chunk: wait ready[c], copy, record events--> issuing
@@ -93,6 +95,7 @@ struct lms__resident {
     int first_slot;   /* the first layer in copy order */
     /* staging ring */
     int nslots;
+    size_t grow_at;   /* chunks from here may pin the slots the first layer did not use */
     uint8_t **slot_raw, **slot;
     bool *slot_reg;   /* slot is host memory registered with the device (else alloc_host) */
     lms_event **sev;
@@ -302,9 +305,15 @@ out:
 
 /* Ring slots, round-robin over the staged chunks (all chunks, except SPLIT's
  * registered blocks): a slot is refilled only once the copy out of its
- * previous chunk is issued and complete. */
+ * previous chunk is issued and complete. The first layer in copy order goes
+ * round-robin over only ring_first_slots slots; the chunks after it use all,
+ * and a chunk that is the first one of its slot waits until the first layer is
+ * issued (r->grow_at), so pinning the rest of the ring does not delay layer 0
+ * (worker_main). */
 static int assign_slots(lms__resident *r)
 {
+    int first = LMS_MIN(LMS_MAX(r->m->params.ring_first_slots, 1), r->nslots);
+    r->grow_at = first < r->nslots && r->first_slot < r->nl - 1 ? r->last[r->first_slot] : 0; /* no layers: all */
     size_t *lastuse = lms__malloc((size_t)LMS_MAX(r->nslots, 1) * sizeof *lastuse);
     if (!lastuse)
         return LMS_ENOMEM;
@@ -316,7 +325,7 @@ static int assign_slots(lms__resident *r)
         r->c[ci].prev = SIZE_MAX;
         if (r->mode == MODE_SPLIT && r->c[ci].grid)
             continue; /* copied from the registered mapping */
-        int si = (int)(staged++ % (size_t)r->nslots);
+        int si = ci < r->grow_at ? (int)(staged++ % (size_t)first) : (int)(staged++ % (size_t)r->nslots);
         r->c[ci].slot = si;
         r->c[ci].prev = lastuse[si];
         lastuse[si] = ci;
@@ -453,7 +462,8 @@ static void *worker_main(void *arg)
         size_t ci = r->next_take++;
         const chunk *c = &r->c[ci];
         while (!r->failed && !r->stop &&
-               (ci >= r->issued + window || (c->prev != SIZE_MAX && c->prev >= r->issued)))
+               (ci >= r->issued + window || (c->prev != SIZE_MAX && c->prev >= r->issued) ||
+                (c->slot >= 0 && c->prev == SIZE_MAX && ci >= r->grow_at && r->issued < r->grow_at)))
             pthread_cond_wait(&r->cv, &r->mu);
         if (r->failed || r->stop)
             break;

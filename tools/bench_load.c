@@ -24,7 +24,7 @@ static const char usage[] =
     "usage: lmstore bench load MODEL [--store DIR] [--device cpu|cuda|cuda:N] [--place host|mapped|resident]\n"
     "           [--prefetch none|willneed|populate] [--staging] [--readers] [--no-readers]\n"
     "           [--copy auto|register|stage-map|stage-read|stage-direct|split] [--register-percent P]\n"
-    "           [--streams N] [--threads N] [--chunk SIZE] [--slots N] [--ring-hostalloc]\n"
+    "           [--streams N] [--threads N] [--chunk SIZE] [--slots N] [--ring-first N] [--ring-hostalloc]\n"
     "           [--order blocks|file] [--verify]\n"
     "           [--json]\n";
 
@@ -113,6 +113,10 @@ int lms_bench_load(int argc, char **argv)
             p.force_readers = true, i++;
         } else if (!strcmp(argv[i], "--no-readers")) {
             p.no_readers = true, i++;
+        } else if (lms_cli_opt(argc, argv, &i, "--ring-first", &v)) {
+            if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 1024)
+                return lms_cli_usage("bench", "--ring-first wants 1..1024");
+            p.ring_first_slots = (int)n;
         } else if (!strcmp(argv[i], "--ring-hostalloc")) {
             p.ring_host_alloc = true, i++;
         } else if (!strcmp(argv[i], "--verify")) {

@@ -127,6 +127,10 @@ typedef struct lms_model_params {
     bool ring_host_alloc;    /* staging ring slots from the device's pinned allocator
                               * (cudaHostAlloc) rather than huge-page host memory registered
                               * with the device (the default, cheaper to pin) */
+    int ring_first_slots;    /* resident, staging ring: slots that carry the first layer in copy
+                              * order; the other slots are pinned only once that layer's copies
+                              * are queued, so it does not wait for the whole ring to be pinned.
+                              * 0 = 8; >= ring_slots = the whole ring from the start */
 } lms_model_params;
 
 lms_model_params lms_model_default_params(void);

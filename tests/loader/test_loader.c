@@ -408,6 +408,16 @@ typedef struct pin {
 static pin g_pins[4096];
 static int g_npins, g_pin_calls, g_unpin_calls, g_pin_errors;
 static lms_device_ops g_pin_ops;
+static pthread_mutex_t g_pin_mu = PTHREAD_MUTEX_INITIALIZER; /* workers pin ring slots in parallel */
+/* ring slots (pinned with no flags) pinned so far, and for each host-to-device
+ * copy in issue order: its destination and that count when it was issued */
+static int g_ring_pins;
+static struct {
+    uintptr_t dst;
+    int ring_pins;
+} g_copies[8192];
+static int g_ncopies;
+static int (*g_cpu_copy_h2d)(lms_device *, void *, const void *, size_t, lms_stream *);
 
 /* true when [a, a+n) lies in one writable mapping of this process (as the
  * driver sees it: a read-only mapping cannot be pinned for writing) */
@@ -434,33 +444,58 @@ static int pin_register(lms_device *dev, void *host, size_t bytes, unsigned flag
 {
     (void)dev;
     uintptr_t a = (uintptr_t)host;
+    int rc = 0;
     *dev_ptr = NULL;
+    pthread_mutex_lock(&g_pin_mu);
     g_pin_calls++;
-    if (!(flags & LMS_REG_READONLY) && !range_writable(a, bytes))
-        return lms__err(LMS_EDEVICE, "fake pin: read-only mapping pinned without READONLY");
+    if (!(flags & LMS_REG_READONLY) && !range_writable(a, bytes)) {
+        rc = lms__err(LMS_EDEVICE, "fake pin: read-only mapping pinned without READONLY");
+        goto out;
+    }
     for (int i = 0; i < g_npins; i++)
         if (a < g_pins[i].base + g_pins[i].len && g_pins[i].base < a + bytes) {
             g_pin_errors++;
-            return lms__err(LMS_EDEVICE, "fake pin: already registered");
+            rc = lms__err(LMS_EDEVICE, "fake pin: already registered");
+            goto out;
         }
-    if (g_npins == (int)LMS_ARRAY_LEN(g_pins))
-        return lms__err(LMS_EDEVICE, "fake pin: table full");
+    if (g_npins == (int)LMS_ARRAY_LEN(g_pins)) {
+        rc = lms__err(LMS_EDEVICE, "fake pin: table full");
+        goto out;
+    }
     g_pins[g_npins++] = (pin){a, bytes};
+    if (flags == 0)
+        g_ring_pins++;
     if (flags & LMS_REG_MAPPED)
         *dev_ptr = host;
-    return 0;
+out:
+    pthread_mutex_unlock(&g_pin_mu);
+    return rc;
+}
+
+static int pin_copy_h2d(lms_device *dev, void *dst, const void *src, size_t n, lms_stream *s)
+{
+    pthread_mutex_lock(&g_pin_mu);
+    if (g_ncopies < (int)LMS_ARRAY_LEN(g_copies)) {
+        g_copies[g_ncopies].dst = (uintptr_t)dst;
+        g_copies[g_ncopies++].ring_pins = g_ring_pins;
+    }
+    pthread_mutex_unlock(&g_pin_mu);
+    return g_cpu_copy_h2d(dev, dst, src, n, s);
 }
 
 static int pin_unregister(lms_device *dev, void *host)
 {
     (void)dev;
+    pthread_mutex_lock(&g_pin_mu);
     g_unpin_calls++;
     for (int i = 0; i < g_npins; i++)
         if (g_pins[i].base == (uintptr_t)host) {
             g_pins[i] = g_pins[--g_npins];
+            pthread_mutex_unlock(&g_pin_mu);
             return 0;
         }
     g_pin_errors++;
+    pthread_mutex_unlock(&g_pin_mu);
     return lms__err(LMS_EDEVICE, "fake pin: %p not registered", host);
 }
 
@@ -472,8 +507,10 @@ static lms_device *open_pin_device(void)
     g_pin_ops.name = "fakepin";
     g_pin_ops.host_register = pin_register;
     g_pin_ops.host_unregister = pin_unregister;
+    g_cpu_copy_h2d = dev->ops->copy_h2d;
+    g_pin_ops.copy_h2d = pin_copy_h2d;
     dev->ops = &g_pin_ops;
-    g_npins = g_pin_calls = g_unpin_calls = g_pin_errors = 0;
+    g_npins = g_pin_calls = g_unpin_calls = g_pin_errors = g_ring_pins = g_ncopies = 0;
     return dev;
 }
 
@@ -595,6 +632,65 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_int_equal(lms_store_close(st), 0);
 }
 
+/* ring_first_slots: layer 0 (the first in copy order) is copied out of at most
+ * that many ring slots, and the other slots are pinned only after all of its
+ * copies were issued; every byte still arrives, for each setting. */
+static void first_layer_uses_only_the_first_ring_slots(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = open_pin_device();
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.copy = LMS_COPY_STAGE_READ;
+    p.chunk_bytes = 2 << 20; /* layer 0 spans several chunks */
+    p.threads = 4;
+    p.ring_slots = 6;
+    const int firsts[] = {1, 2, 6, 1024};
+    for (size_t k = 0; k < LMS_ARRAY_LEN(firsts); k++) {
+        p.ring_first_slots = firsts[k];
+        pthread_mutex_lock(&g_pin_mu);
+        g_ring_pins = g_ncopies = 0;
+        pthread_mutex_unlock(&g_pin_mu);
+        lms_model *m = NULL;
+        assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+        assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+        check_bytes_equal_source(m, true);
+        uintptr_t lo = UINTPTR_MAX, hi = 0;
+        for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
+            const lms_tensor *t = lms_model_tensor_at(m, i);
+            if (t->layer == 0 && t->nbytes) {
+                lo = LMS_MIN(lo, (uintptr_t)t->device);
+                hi = LMS_MAX(hi, (uintptr_t)t->device + t->nbytes);
+            }
+        }
+        pthread_mutex_lock(&g_pin_mu);
+        int l0 = 0, most = 0;
+        for (int c = 0; c < g_ncopies; c++)
+            if (g_copies[c].dst >= lo && g_copies[c].dst < hi) {
+                l0++;
+                most = LMS_MAX(most, g_copies[c].ring_pins);
+            }
+        int pins = g_ring_pins;
+        pthread_mutex_unlock(&g_pin_mu);
+        assert_true(l0 > 2);
+        if (firsts[k] < p.ring_slots)
+            assert_true(most <= firsts[k]);
+        assert_true(pins <= p.ring_slots);
+        if (firsts[k] <= 2)
+            assert_true(pins > firsts[k]); /* the rest of the ring is used after layer 0 */
+        lms_model_close(m);
+        assert_int_equal(g_npins, 0);
+    }
+    p.ring_first_slots = -1;
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
+    assert_null(m);
+    assert_int_equal(g_pin_errors, 0);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
 
 static void read_error_during_resident_load_is_reported_by_wait(void **state)
 {
@@ -794,6 +890,7 @@ int main(void)
         cmocka_unit_test(resident_parallel_readers_copy_every_byte),
         cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
+        cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
         cmocka_unit_test(a_grown_segment_gets_a_second_mapping_and_both_stay_valid),
