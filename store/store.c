@@ -246,28 +246,36 @@ int lms__db_prefix_each(lms_store *s, MDB_txn *txn, int db, const char *model, l
     return rc;
 }
 
-int lms__meta_get_u32(lms_store *s, MDB_txn *txn, const char *key, uint32_t *v)
+/* A meta value that must be exactly `size` bytes (a little-endian integer). */
+static int meta_get_fixed(lms_store *s, MDB_txn *txn, const char *key, size_t size, const uint8_t **p)
 {
     MDB_val val;
     int rc = lms__db_get(s, txn, LMS__DB_META, key, strlen(key), &val);
     if (rc)
         return rc;
-    if (val.mv_size != 4)
-        return lms__err(LMS_ECORRUPT, "%s: meta '%s' has %zu bytes, expected 4", s->index_path, key, val.mv_size);
-    *v = lms__get_u32(val.mv_data);
+    if (val.mv_size != size)
+        return lms__err(LMS_ECORRUPT, "%s: meta '%s' has %zu bytes, expected %zu", s->index_path, key,
+                        val.mv_size, size);
+    *p = val.mv_data;
     return 0;
+}
+
+int lms__meta_get_u32(lms_store *s, MDB_txn *txn, const char *key, uint32_t *v)
+{
+    const uint8_t *p = NULL;
+    int rc = meta_get_fixed(s, txn, key, 4, &p);
+    if (!rc)
+        *v = lms__get_u32(p);
+    return rc;
 }
 
 int lms__meta_get_u64(lms_store *s, MDB_txn *txn, const char *key, uint64_t *v)
 {
-    MDB_val val;
-    int rc = lms__db_get(s, txn, LMS__DB_META, key, strlen(key), &val);
-    if (rc)
-        return rc;
-    if (val.mv_size != 8)
-        return lms__err(LMS_ECORRUPT, "%s: meta '%s' has %zu bytes, expected 8", s->index_path, key, val.mv_size);
-    *v = lms__get_u64(val.mv_data);
-    return 0;
+    const uint8_t *p = NULL;
+    int rc = meta_get_fixed(s, txn, key, 8, &p);
+    if (!rc)
+        *v = lms__get_u64(p);
+    return rc;
 }
 
 /* ---- blobs ------------------------------------------------------------------------------ */
