@@ -6,6 +6,9 @@
 #   3. page cache warm: pinned host-to-device bandwidth, a plain sequential read of
 #      the files, `lmstore bench load` (resident: several settings; mapped),
 #      safetensors load_file(device="cuda"), transformers from_pretrained(device_map="cuda");
+#      then LMS_BENCH_REPS (default 5) rounds of the default load with and without
+#      the staging ring reserved at device open (--reserve), interleaved, and the
+#      pinned host-to-device bandwidth again;
 #   4. page cache cold (echo 3 > /proc/sys/vm/drop_caches before each): the same
 #      sequential reads and loaders.
 # Every measurement is one process and one JSON line in $OUT/results.jsonl; a
@@ -129,10 +132,18 @@ pyload safetensors warm st "$HF"
 pyload transformers warm tf "$HF"
 lmsload lmstore_resident_auto warm --place resident
 lmsload lmstore_stage_read_t8 warm --place resident --copy stage-read --threads 8
+for i in $(seq "${LMS_BENCH_REPS:-5}"); do
+    lmsload lmstore_resident_auto warm --place resident
+    lmsload lmstore_resident_reserve warm --place resident --reserve
+    lmsload lmstore_resident_reserve_t12 warm --place resident --reserve --threads 12
+    lmsload lmstore_resident_reserve_c4 warm --place resident --reserve --chunk 4M --slots 32
+done
+pyload h2d warm h2d
 
 say "4. cold (drop_caches before each)"
 drop; seqread seqread_segments "$C" $SEGS
 drop; lmsload lmstore_resident_auto "$C" --place resident
+drop; lmsload lmstore_resident_reserve "$C" --place resident --reserve
 drop; lmsload lmstore_stage_direct_t8 "$C" --place resident --copy stage-direct --threads 8
 drop; lmsload lmstore_stage_read_t8 "$C" --place resident --copy stage-read --threads 8
 drop; lmsload lmstore_register_t4 "$C" --place resident --copy register
@@ -145,7 +156,9 @@ say "summary"
 $PY - "$RES" <<'EOF' | tee "$OUT/summary.txt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"{'what':34} {'cache':5} {'path':16} {'GB':>6} {'all s':>8} {'GB/s':>7} {'1st layer s':>11} {'peak RSS GB':>11} {'file share':>10}")
+h2d = [d for d in rows if d.get("what") == "h2d"]
+h2d = h2d[0]["pinned_gb_per_s"] if h2d else None
+print(f"{'what':34} {'cache':5} {'path':16} {'GB':>6} {'all s':>8} {'GB/s':>7} {'1st layer s':>11} {'peak RSS GB':>11} {'file share':>10} {'of H2D':>6} {'1st/all':>7} {'setup s':>7} {'1st copy':>8} {'resv s':>6}")
 for d in rows:
     if d.get("error"):
         print(f"{d['what']:34} {d.get('cache',''):5} ERROR {d.get('args','')}")
@@ -161,5 +174,10 @@ for d in rows:
     pr = d.get("peak_rss_bytes")
     print(f"{d['what']:34} {d.get('cache',''):5} {d.get('path',''):16} {d['bytes']/1e9:6.2f} {d['all_s']:8.3f} "
           f"{d['gb_per_s']:7.2f} {'' if fl is None else format(fl, '11.4f'):>11} "
-          f"{'' if pr is None else format(pr/1e9, '11.2f'):>11} {'' if fs is None else format(fs, '10.2f'):>10}")
+          f"{'' if pr is None else format(pr/1e9, '11.2f'):>11} {'' if fs is None else format(fs, '10.2f'):>10} "
+          f"{'' if not h2d else format(100 * d['gb_per_s'] / h2d, '5.1f') + '%':>6} "
+          f"{'' if fl is None else format(100 * fl / d['all_s'], '6.1f') + '%':>7} "
+          f"{'' if 'setup_s' not in d else format(d['setup_s'], '7.4f'):>7} "
+          f"{'' if 'first_copy_s' not in d else format(d['first_copy_s'], '8.4f'):>8} "
+          f"{'' if not d.get('ring_reserved') else format(d['reserve_s'], '6.3f'):>6}")
 EOF

@@ -7,6 +7,7 @@
 #include "common/common.h"
 #include "loader/device.h"
 #include "loader/device_backends.h"
+#include "loader/loader_internal.h"
 
 int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out)
 {
@@ -23,8 +24,10 @@ int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out)
 
 void lms_device_close(lms_device *dev)
 {
-    if (dev)
-        dev->ops->close(dev);
+    if (!dev)
+        return;
+    lms__staging_release(dev); /* unpinned while the backend still works */
+    dev->ops->close(dev);
 }
 
 bool lms_device_available(lms_device_kind kind)

@@ -94,6 +94,9 @@ struct lms_device {
     lms_device_kind kind;
     int ordinal;
     void *impl; /* backend state */
+    /* loader-owned: host memory pinned for staging copies by
+     * lms_device_reserve_staging (loader/staging.c), freed by lms_device_close */
+    struct lms__staging *staging;
 };
 
 /*

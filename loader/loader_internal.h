@@ -133,6 +133,15 @@ struct lms_model {
     double t0;
 };
 
+/* Staging memory pinned once per device (loader/staging.c). borrow returns
+ * the pool's base when it exists, holds `bytes` and is not lent (it is then
+ * lent to the caller until lms__staging_return), NULL otherwise. */
+typedef struct lms__staging lms__staging;
+size_t lms__staging_default_bytes(void);
+uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes);
+void lms__staging_return(lms_device *dev);
+void lms__staging_release(lms_device *dev); /* lms_device_close */
+
 /* Start the resident load (placement RESIDENT); m->t[i].device is set. */
 int lms__resident_start(lms_model *m);
 int lms__resident_wait(lms_model *m, int32_t layer, bool block);

@@ -22,12 +22,17 @@
  * lms_copy_source picks one; AUTO takes STAGE_DIRECT when most of the model
  * is not in the page cache (mincore sample: parallel large reads keep the
  * disk busy ahead of the copies) and AUTO_WARM_MODE otherwise. A refused
- * registration falls back to STAGE_READ. Ring slots (huge-page host memory
- * registered with the device, or the device's pinned allocator) are pinned
- * on first use by the worker that fills them, and refilled only after the
- * copy out of the slot's previous chunk was issued and its event completed.
- * The first layer is carried by a few slots (ring_first_slots); the rest of
- * the ring is pinned once that layer's copies are queued.
+ * registration falls back to STAGE_READ. The ring is the device's reserved
+ * staging memory when it is free and large enough (lms_device_reserve_staging,
+ * loader/staging.c: already pinned); otherwise its slots (huge-page host
+ * memory registered with the device, or the device's pinned allocator) are
+ * pinned on first use by the worker that fills them: the first layer is then
+ * carried by a few slots (ring_first_slots) and the rest of the ring is pinned
+ * once that layer's copies are queued. A slot is refilled only after the copy
+ * out of its previous chunk was issued and its event completed.
+ *
+ * The workers start before the device arena is allocated, so the first
+ * chunks are read (and their slots pinned) while cudaMalloc runs.
  *
  * States of the loader thread (r->mu guards issued/ready/failed/done):
  *   started --each chunk: wait ready[c], copy, record events--> issuing
@@ -98,6 +103,7 @@ struct lms__resident {
     size_t grow_at;   /* chunks from here may pin the slots the first layer did not use */
     uint8_t **slot_raw, **slot;
     bool *slot_reg;   /* slot is host memory registered with the device (else alloc_host) */
+    bool ring_borrowed; /* slots are the device's reserved staging memory (guarded by mu once started) */
     lms_event **sev;
     uint64_t slot_bytes;
     /* threads */
@@ -312,7 +318,8 @@ out:
  * (worker_main). */
 static int assign_slots(lms__resident *r)
 {
-    int first = LMS_MIN(LMS_MAX(r->m->params.ring_first_slots, 1), r->nslots);
+    int first = r->ring_borrowed ? r->nslots /* pinned already */
+                                 : LMS_MIN(LMS_MAX(r->m->params.ring_first_slots, 1), r->nslots);
     r->grow_at = first < r->nslots && r->first_slot < r->nl - 1 ? r->last[r->first_slot] : 0; /* no layers: all */
     size_t *lastuse = lms__malloc((size_t)LMS_MAX(r->nslots, 1) * sizeof *lastuse);
     if (!lastuse)
@@ -520,13 +527,6 @@ static void *loader_main(void *arg)
     lms__resident *r = arg;
     lms_device *d = r->dev;
     int rc = 0;
-    for (int w = 0; w < r->nworkers; w++) {
-        if (pthread_create(&r->workers[w], NULL, worker_main, r)) {
-            r->nworkers = w;
-            fail(r, lms__err(LMS_ENOMEM, "cannot start loader worker threads"));
-            break;
-        }
-    }
     for (size_t ci = 0; ci < r->nc; ci++) {
         pthread_mutex_lock(&r->mu);
         while (!r->failed && !r->stop && !r->ready[ci])
@@ -556,6 +556,8 @@ static void *loader_main(void *arg)
         }
         atomic_fetch_add(&r->copied, c->len);
         pthread_mutex_lock(&r->mu);
+        if (ci == 0)
+            r->m->stats.first_copy_s = lms__now() - r->m->t0;
         r->issued = ci + 1;
         for (int ls = 0; ls < r->nl; ls++)
             if (r->last[ls] == ci + 1)
@@ -566,11 +568,19 @@ static void *loader_main(void *arg)
     }
     for (int w = 0; w < r->nworkers; w++)
         pthread_join(r->workers[w], NULL);
+    r->nworkers = 0;
     for (int k = 0; k < r->ns; k++) {
         int src = d->ops->stream_sync(d, r->st[k]);
         if (src && !rc)
             fail(r, rc = src);
     }
+    /* no copy out of the ring is in flight any more: the next load may have it */
+    pthread_mutex_lock(&r->mu);
+    if (r->ring_borrowed) {
+        lms__staging_return(d);
+        r->ring_borrowed = false;
+    }
+    pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&r->mu);
     bool complete = !r->failed && r->issued == r->nc;
     pthread_mutex_unlock(&r->mu);
@@ -607,6 +617,14 @@ static int alloc_ring(lms__resident *r)
         return LMS_ENOMEM;
     if (!d->ops->alloc_host)
         return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory for a staging ring", d->ops->name);
+    uint8_t *pool = r->m->params.ring_host_alloc ? NULL
+                                                  : lms__staging_borrow(d, (size_t)r->nslots * (size_t)r->slot_bytes);
+    if (pool) { /* slot_raw stays NULL: not ours to free */
+        r->ring_borrowed = true;
+        r->m->stats.ring_reserved = true;
+        for (int i = 0; i < r->nslots; i++)
+            r->slot[i] = pool + (size_t)i * (size_t)r->slot_bytes;
+    }
     for (int i = 0; i < r->nslots; i++) { /* the slots themselves are pinned on first use */
         int rc = d->ops->event_create(d, &r->sev[i]);
         if (rc)
@@ -627,6 +645,8 @@ static void free_resident(lms__resident *r)
         for (int i = 0; i < r->nslots; i++)
             if (r->sev[i])
                 d->ops->event_destroy(d, r->sev[i]);
+    if (r->ring_borrowed) /* the loader thread never ran to its end */
+        lms__staging_return(d);
     if (r->slot_raw) {
         for (int i = 0; i < r->nslots; i++) {
             if (r->slot_raw[i] && r->slot_reg && r->slot_reg[i]) {
@@ -730,13 +750,25 @@ int lms__resident_start(lms_model *m)
         r->next_take = 1; /* the probe prepared chunk 0 */
     }
     if (ring_mode(r->mode)) {
-        if ((rc = assign_slots(r)) || (rc = alloc_ring(r)))
+        if ((rc = alloc_ring(r)) || (rc = assign_slots(r)))
             return rc;
         m->stats.readers = r->mode != MODE_STAGE_MAP;
     }
     if (r->mode == MODE_DIRECT)
         for (size_t ci = 0; ci < r->nc; ci++)
             r->ready[ci] = 1;
+
+    /* workers first: they read the first chunks (and pin their slots) while
+     * the arena is allocated below */
+    r->workers = lms__calloc((size_t)p->threads + 1, sizeof *r->workers);
+    if (!r->workers)
+        return LMS_ENOMEM;
+    int nw = r->mode == MODE_DIRECT ? 0 : p->threads;
+    for (int w = 0; w < nw; w++) {
+        if (pthread_create(&r->workers[w], NULL, worker_main, r))
+            return lms__err(LMS_ENOMEM, "model '%s': cannot start loader worker threads", m->name);
+        r->nworkers = w + 1;
+    }
 
     /* device arena, streams, events */
     if ((rc = d->ops->alloc(d, (size_t)(r->arena_bytes ? r->arena_bytes : 1), (void **)&r->arena)))
@@ -748,8 +780,7 @@ int lms__resident_start(lms_model *m)
             m->t[i].device = r->arena + (uintptr_t)m->t[i].device;
     r->st = lms__calloc((size_t)r->ns, sizeof *r->st);
     r->lev = lms__calloc((size_t)(r->nl * r->ns), sizeof *r->lev);
-    r->workers = lms__calloc((size_t)p->threads + 1, sizeof *r->workers);
-    if (!r->st || !r->lev || !r->workers)
+    if (!r->st || !r->lev)
         return LMS_ENOMEM;
     for (int i = 0; i < r->ns; i++)
         if ((rc = d->ops->stream_create(d, &r->st[i])))
@@ -760,7 +791,7 @@ int lms__resident_start(lms_model *m)
     for (int s = 0; s < r->nl; s++)
         if (!r->last[s])
             r->lrec[s] = true; /* nothing to copy */
-    r->nworkers = r->mode == MODE_DIRECT ? 0 : p->threads;
+    m->stats.setup_s = lms__now() - m->t0;
     if (pthread_create(&r->thread, NULL, loader_main, r))
         return lms__err(LMS_ENOMEM, "model '%s': cannot start the loader thread", m->name);
     r->thread_started = true;
@@ -811,8 +842,16 @@ void lms__resident_stop(lms_model *m)
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
         pthread_join(r->thread, NULL);
-    } else if (r->dev && r->st) {
-        r->dev->ops->sync(r->dev);
+    } else {
+        /* failed before the loader thread started: stop the workers */
+        pthread_mutex_lock(&r->mu);
+        r->stop = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        for (int w = 0; w < r->nworkers; w++)
+            pthread_join(r->workers[w], NULL);
+        if (r->dev && r->st)
+            r->dev->ops->sync(r->dev);
     }
     free_resident(r);
     m->res = NULL;

@@ -25,8 +25,10 @@ static const char usage[] =
     "           [--prefetch none|willneed|populate] [--staging] [--readers] [--no-readers]\n"
     "           [--copy auto|register|stage-map|stage-read|stage-direct|split] [--register-percent P]\n"
     "           [--streams N] [--threads N] [--chunk SIZE] [--slots N] [--ring-first N] [--ring-hostalloc]\n"
-    "           [--order blocks|file] [--verify]\n"
-    "           [--json]\n";
+    "           [--order blocks|file] [--verify] [--reserve]\n"
+    "           [--json]\n"
+    "--reserve pins the staging ring when the device is opened (lms_device_reserve_staging), before the\n"
+    "timed load; its time is reported as reserve.\n";
 
 /* VmHWM, VmRSS, RssAnon, RssFile, RssShmem from /proc/self/status (bytes). */
 typedef struct memstat {
@@ -64,7 +66,7 @@ static const char *place_name(lms_placement p)
 int lms_bench_load(int argc, char **argv)
 {
     const char *store_opt = NULL, *devname = "cpu", *place = NULL, *prefetch = NULL, *v = NULL, *model = NULL;
-    bool json = false;
+    bool json = false, reserve = false;
     lms_model_params p = lms_model_default_params();
     int64_t n;
     uint64_t sz;
@@ -119,6 +121,8 @@ int lms_bench_load(int argc, char **argv)
             p.ring_first_slots = (int)n;
         } else if (!strcmp(argv[i], "--ring-hostalloc")) {
             p.ring_host_alloc = true, i++;
+        } else if (!strcmp(argv[i], "--reserve")) {
+            reserve = true, i++;
         } else if (!strcmp(argv[i], "--verify")) {
             p.verify = true, i++;
         } else if (!strcmp(argv[i], "--help")) {
@@ -148,14 +152,25 @@ int lms_bench_load(int argc, char **argv)
     lms_device *dev = NULL;
     lms_model *m = NULL;
     int rc, status = LMS_EXIT_FAIL;
+    double t_dev = 0, t_reserve = 0;
     if ((rc = lms_store_open(lms_cli_store_path(store_opt), LMS_STORE_RDONLY, NULL, &st)))
         return lms_cli_fail("bench", rc, "open store");
     if (!cpu || p.placement != LMS_PLACE_HOST) {
+        double td = lms__now();
         if ((rc = lms_device_open_name(devname, &dev))) {
             lms_cli_fail("bench", rc, devname);
             goto out;
         }
+        t_dev = lms__now() - td;
         p.device = dev;
+        if (reserve) {
+            td = lms__now();
+            if ((rc = lms_device_reserve_staging(dev, 0))) {
+                lms_cli_fail("bench", rc, "reserve staging memory");
+                goto out;
+            }
+            t_reserve = lms__now() - td;
+        }
     }
 
     double t0 = lms__now();
@@ -191,16 +206,26 @@ int lms_bench_load(int argc, char **argv)
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"placement\": \"%s\", \"path\": \"%s\", "
                "\"tensors\": %zu, \"bytes\": %" PRIu64 ", \"device_bytes\": %" PRIu64 ", "
                "\"open_s\": %.6f, \"first_layer_s\": %.6f, \"all_s\": %.6f, \"gb_per_s\": %.3f, "
-               "\"first_layer_fraction\": %.4f, \"streams\": %d, \"threads\": %d, "
+               "\"first_layer_fraction\": %.4f, \"setup_s\": %.6f, \"first_copy_s\": %.6f, "
+               "\"device_open_s\": %.6f, \"reserve_s\": %.6f, \"ring_reserved\": %s, "
+               "\"streams\": %d, \"threads\": %d, "
                "\"peak_rss_bytes\": %" PRIu64 ", \"rss_bytes\": %" PRIu64 ", \"rss_file_bytes\": %" PRIu64
                ", \"rss_anon_bytes\": %" PRIu64 ", \"file_backed_share\": %.4f}\n",
                model, devname, place_name(s.placement), path, lms_model_tensor_count(m), s.tensor_bytes,
-               s.device_bytes, t_open, t_first, t_all, gbs, t_all > 0 ? t_first / t_all : 0, s.streams, s.threads,
+               s.device_bytes, t_open, t_first, t_all, gbs, t_all > 0 ? t_first / t_all : 0, s.setup_s,
+               s.first_copy_s, t_dev, t_reserve, s.ring_reserved ? "true" : "false", s.streams, s.threads,
                ms.hwm, ms.rss, ms.file, ms.anon, ms.rss ? (double)ms.file / (double)ms.rss : 0);
     } else {
         printf("model %s on %s, placement %s (%s), %zu tensors, %.3f GB\n", model, devname, place_name(s.placement),
                path, lms_model_tensor_count(m), s.tensor_bytes / 1e9);
+        if (dev)
+            printf("  device open   %9.3f ms  (before the load, not in the times below)\n", t_dev * 1e3);
+        if (reserve)
+            printf("  reserve       %9.3f ms  staging memory pinned (before the load)\n", t_reserve * 1e3);
         printf("  open          %9.3f ms\n", t_open * 1e3);
+        if (s.placement == LMS_PLACE_RESIDENT)
+            printf("  setup         %9.3f ms  arena allocated; first copy issued at %.3f ms%s\n", s.setup_s * 1e3,
+                   s.first_copy_s * 1e3, s.ring_reserved ? " (reserved ring)" : "");
         printf("  first layer   %9.3f ms  (%.1f%% of all)\n", t_first * 1e3, t_all > 0 ? 100 * t_first / t_all : 0);
         printf("  all ready     %9.3f ms  %.2f GB/s\n", t_all * 1e3, gbs);
         printf("  peak RSS      %9.1f MB; RSS %.1f MB, file-backed %.1f MB (%.0f%%), anonymous %.1f MB\n",

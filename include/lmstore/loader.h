@@ -59,6 +59,20 @@ typedef struct lms_model lms_model;
 int lms_device_open_name(const char *name, lms_device **out);
 void lms_device_close(lms_device *dev);
 
+/*
+ * Pin `bytes` of host memory for staging copies to `dev` now and keep it
+ * until lms_device_close (0 = what one resident load with default params
+ * uses: 2 x threads ring slots of 8 MiB, ~128 MiB on 8+ cores). A resident
+ * load that copies through a staging ring borrows it, if it is free and
+ * large enough, instead of pinning slots while it loads, and gives it back
+ * once its copies are complete; loads running meanwhile pin their own.
+ * Calling again with a size it already covers does nothing. Errors:
+ * LMS_EBUSY (a larger size asked while a load holds the memory),
+ * LMS_ENOMEM, LMS_EDEVICE. Not thread-safe against itself or
+ * lms_device_close; loads may run meanwhile.
+ */
+int lms_device_reserve_staging(lms_device *dev, size_t bytes);
+
 typedef enum lms_placement {
     LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT */
     LMS_PLACE_HOST,      /* host views only; device pointers are NULL */
@@ -221,11 +235,14 @@ typedef struct lms_model_stats {
     uint64_t copied_bytes;     /* bytes moved to the device so far */
     uint64_t registered_bytes; /* MAPPED: host bytes registered with the device; RESIDENT: bytes
                                 * copied straight out of registered (pinned in place) mappings */
+    double setup_s;            /* RESIDENT: arena, streams and events made; copies may start */
+    double first_copy_s;       /* RESIDENT: first copy issued */
     double open_s;             /* lms_model_open returned */
     double first_layer_s;      /* first layer in copy order on the device */
     double all_s;              /* every weight on the device */
     int streams, threads;
     bool staging;              /* copies went through the pinned staging ring */
+    bool ring_reserved;        /* ...which was the device's reserved staging memory */
     bool readers;              /* ...filled by parallel readers (pread / O_DIRECT) */
     bool direct_io;            /* the readers used O_DIRECT */
 } lms_model_stats;

@@ -413,7 +413,7 @@ static pthread_mutex_t g_pin_mu = PTHREAD_MUTEX_INITIALIZER; /* workers pin ring
  * copy in issue order: its destination and that count when it was issued */
 static int g_ring_pins;
 static struct {
-    uintptr_t dst;
+    uintptr_t dst, src;
     int ring_pins;
 } g_copies[8192];
 static int g_ncopies;
@@ -477,6 +477,7 @@ static int pin_copy_h2d(lms_device *dev, void *dst, const void *src, size_t n, l
     pthread_mutex_lock(&g_pin_mu);
     if (g_ncopies < (int)LMS_ARRAY_LEN(g_copies)) {
         g_copies[g_ncopies].dst = (uintptr_t)dst;
+        g_copies[g_ncopies].src = (uintptr_t)src;
         g_copies[g_ncopies++].ring_pins = g_ring_pins;
     }
     pthread_mutex_unlock(&g_pin_mu);
@@ -692,6 +693,99 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
     assert_int_equal(lms_store_close(st), 0);
 }
 
+/* lms_device_reserve_staging: pinned once, lent to one load at a time,
+ * never pinned again by the loads that borrow it, and unpinned at close. */
+static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = open_pin_device();
+    assert_int_equal(lms_device_reserve_staging(NULL, 0), LMS_EINVAL);
+    assert_int_equal(lms_device_reserve_staging(dev, 16 << 20), 0);
+    assert_int_equal(g_ring_pins, 1); /* one registration for the whole pool */
+    uintptr_t pool = g_pins[0].base, pool_end = pool + g_pins[0].len;
+    assert_true(g_pins[0].len >= (16u << 20));
+    assert_int_equal(lms_device_reserve_staging(dev, 1 << 20), 0); /* already covered: nothing pinned */
+    assert_int_equal(g_pin_calls, 1);
+
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.copy = LMS_COPY_STAGE_READ;
+    p.chunk_bytes = 2 << 20;
+    p.threads = 3;
+    p.ring_slots = 6; /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
+    p.ring_first_slots = 2;
+    for (int round = 0; round < 3; round++) {
+        /* round 1: the pool is lent elsewhere, so the load pins a ring of its own */
+        uint8_t *held = round == 1 ? lms__staging_borrow(dev, 1) : NULL;
+        assert_true((round == 1) == (held != NULL));
+        if (round == 1)
+            assert_int_equal(lms_device_reserve_staging(dev, 64 << 20), LMS_EBUSY);
+        pthread_mutex_lock(&g_pin_mu);
+        g_ring_pins = g_ncopies = 0;
+        pthread_mutex_unlock(&g_pin_mu);
+        lms_model *m = NULL;
+        assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+        assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+        check_bytes_equal_source(m, true);
+        lms_model_stats s;
+        assert_int_equal(lms_model_stats_get(m, &s), 0);
+        assert_int_equal(s.ring_reserved, round != 1);
+        assert_true(s.setup_s > 0 && s.first_copy_s >= s.setup_s && s.all_s >= s.first_copy_s);
+        pthread_mutex_lock(&g_pin_mu);
+        int in_pool = 0;
+        for (int c = 0; c < g_ncopies; c++)
+            in_pool += g_copies[c].src >= pool && g_copies[c].src < pool_end;
+        assert_true(g_ncopies > 2);
+        if (round == 1) {
+            assert_int_equal(in_pool, 0);
+            assert_true(g_ring_pins > 0);
+        } else {
+            assert_int_equal(in_pool, g_ncopies);
+            assert_int_equal(g_ring_pins, 0);
+        }
+        pthread_mutex_unlock(&g_pin_mu);
+        lms_model_close(m);
+        if (held)
+            lms__staging_return(dev);
+        assert_int_equal(g_npins, 1); /* the pool stays pinned */
+    }
+    /* a ring larger than the pool pins its own */
+    p.ring_slots = 12;
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+    check_bytes_equal_source(m, true);
+    lms_model_stats s;
+    assert_int_equal(lms_model_stats_get(m, &s), 0);
+    assert_false(s.ring_reserved);
+    lms_model_close(m);
+    /* growing it replaces the pool */
+    assert_int_equal(lms_device_reserve_staging(dev, 32 << 20), 0);
+    assert_int_equal(g_npins, 1);
+    assert_true(g_pins[0].len >= (32u << 20));
+    lms_device_close(dev);
+    assert_int_equal(g_npins, 0);
+    assert_int_equal(g_pin_errors, 0);
+
+    /* a device without registration (the CPU): the pool is plain host memory */
+    assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    assert_int_equal(lms_device_reserve_staging(dev, 0), 0);
+    p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.copy = LMS_COPY_STAGE_READ;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
+    assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+    check_bytes_equal_source(m, true);
+    assert_int_equal(lms_model_stats_get(m, &s), 0);
+    assert_true(s.ring_reserved);
+    lms_model_close(m);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 static void read_error_during_resident_load_is_reported_by_wait(void **state)
 {
     (void)state;
@@ -891,6 +985,7 @@ int main(void)
         cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
         cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
+        cmocka_unit_test(reserved_staging_is_lent_to_one_load_at_a_time),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
         cmocka_unit_test(a_grown_segment_gets_a_second_mapping_and_both_stay_valid),

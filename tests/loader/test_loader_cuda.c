@@ -170,6 +170,29 @@ static void resident_staging_ring_device_bytes_equal_host(void **state)
     g_ring_host_alloc = false;
 }
 
+/* The staging ring lent by the device (lms_device_reserve_staging): pinned
+ * once, used by the loads that follow, each byte arriving as before. */
+static void resident_reserved_ring_device_bytes_equal_host(void **state)
+{
+    (void)state;
+    assert_int_equal(lms_device_reserve_staging(g_dev, 0), 0);
+    for (int k = 0; k < 2; k++) {
+        lms_store *st = NULL;
+        assert_int_equal(lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st), 0);
+        lms_model *m = open_with(st, LMS_PLACE_RESIDENT, k ? LMS_COPY_STAGE_DIRECT : LMS_COPY_STAGE_READ, 0,
+                                 LMS_ORDER_BLOCKS_FIRST);
+        assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+        lms_model_stats s;
+        assert_int_equal(lms_model_stats_get(m, &s), 0);
+        print_message("reserved ring, copy %s: all %.1f ms, first layer %.1f ms, setup %.1f ms\n",
+                      k ? "stage-direct" : "stage-read", s.all_s * 1e3, s.first_layer_s * 1e3, s.setup_s * 1e3);
+        assert_true(s.ring_reserved);
+        assert_int_equal(check_device_bytes(m), 0);
+        lms_model_close(m);
+        assert_int_equal(lms_store_close(st), 0);
+    }
+}
+
 static void resident_split_device_bytes_equal_host(void **state)
 {
     (void)state; /* registered blocks and staged chunks in flight together */
@@ -254,6 +277,7 @@ int main(void)
         cmocka_unit_test(auto_placement_and_props),
         cmocka_unit_test(resident_registered_device_bytes_equal_host),
         cmocka_unit_test(resident_staging_ring_device_bytes_equal_host),
+        cmocka_unit_test(resident_reserved_ring_device_bytes_equal_host),
         cmocka_unit_test(resident_parallel_readers_device_bytes_equal_host),
         cmocka_unit_test(resident_split_device_bytes_equal_host),
         cmocka_unit_test(refused_registration_falls_back_to_staging),

@@ -1,0 +1,120 @@
+/*
+ * loader/staging.c - host memory pinned once per device for the resident
+ * loads' staging rings (lms_device_reserve_staging), lent to one load at a
+ * time.
+ *
+ * Why: a load that pins its own ring pays for it before its first layer is
+ * on the device. On the H200 host pinning 8 slots of 8 MiB took most of the
+ * first layer's 30 ms (the driver serialises the calls), against ~8 ms of
+ * copying (bench/RESULTS.md, loader runs 4-5). Pinned once, when the device
+ * is opened, the cost is paid once per process, as the CUDA context's own
+ * staging buffers are.
+ *
+ * Lifetime: the pool belongs to the device (lms_device.staging) and is
+ * unpinned and freed by lms_device_close, which must not run while a model
+ * of that device is open (the device must outlive its models). A load takes
+ * it with lms__staging_borrow and gives it back with lms__staging_return
+ * once the copies out of it are complete; loads that find it lent (or too
+ * small) pin a ring of their own.
+ */
+#include <stdatomic.h>
+#include <sys/mman.h>
+
+#include "loader/loader_internal.h"
+
+struct lms__staging {
+    uint8_t *base;
+    size_t bytes;
+    bool registered; /* our allocation pinned with host_register; else the device's alloc_host */
+    atomic_bool lent;
+};
+
+static void staging_free(lms_device *d, lms__staging *s)
+{
+    if (!s)
+        return;
+    if (s->registered) {
+        (void)d->ops->host_unregister(d, s->base);
+        lms__free(s->base);
+    } else if (s->base) {
+        d->ops->free_host(d, s->base);
+    }
+    lms__free(s);
+}
+
+size_t lms__staging_default_bytes(void)
+{
+    int threads = LMS_MAX(2, LMS_MIN(8, lms__cpu_count())); /* lms_model_open's defaults */
+    return (size_t)(2 * threads) * (size_t)(LMS__DEFAULT_RING_CHUNK + 2 * LMS__PAGE);
+}
+
+int lms_device_reserve_staging(lms_device *dev, size_t bytes)
+{
+    if (!dev)
+        return lms__err(LMS_EINVAL, "lms_device_reserve_staging: device is NULL");
+    if (!bytes)
+        bytes = lms__staging_default_bytes();
+    bytes = (size_t)lms__align_up(bytes, LMS__CHUNK_ALIGN);
+    lms__staging *old = dev->staging;
+    if (old && old->bytes >= bytes)
+        return 0;
+    if (old && atomic_load(&old->lent))
+        return lms__err(LMS_EBUSY, "device '%s': its staging memory is in use by a load", dev->ops->name);
+    if (!dev->ops->alloc_host && !dev->ops->host_register)
+        return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory", dev->ops->name);
+    lms__staging *s = lms__calloc(1, sizeof *s);
+    if (!s)
+        return LMS_ENOMEM;
+    s->bytes = bytes;
+    int rc = LMS_EDEVICE;
+    if (dev->ops->host_register && dev->ops->host_unregister) {
+        /* huge pages registered in one call: far cheaper than the pinned allocator (RESULTS.md, run 3) */
+        void *p = lms__aligned_alloc((size_t)LMS__CHUNK_ALIGN, bytes);
+        if (!p) {
+            lms__free(s);
+            return lms__err(LMS_ENOMEM, "device '%s': staging memory of %zu bytes", dev->ops->name, bytes);
+        }
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, bytes, MADV_HUGEPAGE); /* best effort */
+#endif
+        void *dp = NULL;
+        if ((rc = dev->ops->host_register(dev, p, bytes, 0, &dp)) == 0) {
+            s->base = p;
+            s->registered = true;
+        } else {
+            lms__free(p); /* refused: the pinned allocator below */
+        }
+    }
+    if (rc && dev->ops->alloc_host) {
+        void *p = NULL;
+        if ((rc = dev->ops->alloc_host(dev, bytes, &p)) == 0)
+            s->base = p;
+    }
+    if (rc) {
+        lms__free(s);
+        return lms__err_prefix(rc, "device '%s': pinning %zu bytes of staging memory: ", dev->ops->name, bytes);
+    }
+    staging_free(dev, old);
+    dev->staging = s;
+    return 0;
+}
+
+uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes)
+{
+    lms__staging *s = dev->staging;
+    if (!s || s->bytes < bytes || atomic_exchange(&s->lent, true))
+        return NULL;
+    return s->base;
+}
+
+void lms__staging_return(lms_device *dev)
+{
+    if (dev->staging)
+        atomic_store(&dev->staging->lent, false);
+}
+
+void lms__staging_release(lms_device *dev)
+{
+    staging_free(dev, dev->staging);
+    dev->staging = NULL;
+}
