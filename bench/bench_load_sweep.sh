@@ -13,6 +13,11 @@
 # LMS_SWEEP_SET=ring runs, instead of the settings of step 4, only the ring's
 # first-layer settings (--ring-first, 4 MiB chunks, 12 threads), each
 # LMS_SWEEP_REPS times (default 3), and the pinned H2D again at the end.
+# LMS_SWEEP_SET=reserve runs the host's limits first (bench/readbw: the staged
+# reads without a device; bench/membw: read bandwidth), then, interleaved
+# LMS_SWEEP_REPS times, the default load without and with the staging ring
+# reserved at device open (--reserve) and the ring's shape, thread count and
+# split share with it reserved.
 #
 # Usage (repository root, CUDA build in $LMS_BUILD, LD_LIBRARY_PATH set):
 #   LMS_BUILD=build-cuda OUT=/tmp/out LMS_BENCH_DROP=1 bench/bench_load_sweep.sh [WORKDIR]
@@ -46,7 +51,7 @@ lmsload() { # LABEL CACHE ARGS...
 
 say "machine"
 { nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
-  nproc; free -g; uname -r; cat /sys/kernel/mm/transparent_hugepage/enabled; } >>"$LOG" 2>&1
+  nproc; free -g; uname -r; cat /sys/kernel/mm/transparent_hugepage/enabled; lscpu; } >>"$LOG" 2>&1
 
 say "1. CUDA loader tests"
 LMS_TMP=$W/t timeout 300 "$B/tests/loader_test_loader_cuda" >"$OUT/tests_cuda.log" 2>&1
@@ -72,7 +77,27 @@ SEGS=$(ls "$ST"/segments/*.seg)
 say "4. warm"
 cat $SEGS >/dev/null
 timeout 120 $PY bench/bench_load_hf.py h2d 2>>"$LOG" | tail -1 | tee -a "$RES" "$LOG"
-if [ "${LMS_SWEEP_SET:-all}" = ring ]; then
+if [ "${LMS_SWEEP_SET:-all}" = reserve ]; then
+    for t in 8 12 16; do
+        "$B/readbw" --threads $t --reps 3 --json $SEGS | tee -a "$RES" "$LOG"
+    done
+    "$B/readbw" --threads 8 --chunk 2 --reps 3 --json $SEGS | tee -a "$RES" "$LOG"
+    "$B/readbw" --threads 8 --slots 0 --reps 3 --json $SEGS | tee -a "$RES" "$LOG"
+    "$B/readbw" --threads 16 --slots 0 --reps 3 --json $SEGS | tee -a "$RES" "$LOG"
+    for t in 8 16; do "$B/membw" --threads $t --mib 2048 --reps 5 --json | tee -a "$LOG"; done
+    for i in $(seq "${LMS_SWEEP_REPS:-3}"); do
+        lmsload auto warm
+        lmsload reserve warm --reserve
+        lmsload reserve_c2 warm --reserve --chunk 2M
+        lmsload reserve_c4 warm --reserve --chunk 4M
+        lmsload reserve_c2_s32_t12 warm --reserve --chunk 2M --slots 32 --threads 12
+        lmsload reserve_t12 warm --reserve --threads 12
+        lmsload reserve_t16 warm --reserve --threads 16
+        lmsload reserve_split15 warm --reserve --copy split --register-percent 15
+        lmsload reserve_split30 warm --reserve --copy split --register-percent 30
+    done
+    timeout 120 $PY bench/bench_load_hf.py h2d 2>>"$LOG" | tail -1 | tee -a "$RES" "$LOG"
+elif [ "${LMS_SWEEP_SET:-all}" = ring ]; then
     # the ring's first layer: how many slots carry layer 0 (--ring-first; the
     # whole ring = the behaviour before ring_first_slots), 4 MiB chunks, 12
     # threads; LMS_SWEEP_REPS rounds, the settings interleaved in each
@@ -139,11 +164,15 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 h2d = next((r["pinned_gb_per_s"] for r in rows if r.get("what") == "h2d"), None)
 print(f"pinned H2D: {h2d} GB/s")
 for d in rows:
-    if "all_s" not in d or d.get("what") in ("make",):
+    if d.get("what") == "readbw":
+        print(f"readbw threads {d['threads']} chunk {d['chunk_bytes'] >> 20} MiB slots {d['slots']}: best {d['best_gb_per_s']:.2f} GB/s, mean {d['mean_gb_per_s']:.2f} GB/s")
+for d in rows:
+    if "all_s" not in d or d.get("what") in ("make", "readbw"):
         continue
     gbs = d.get("gb_per_s") or d["bytes"] / d["all_s"] / 1e9
     share = f"{100 * gbs / h2d:5.1f}%" if h2d else ""
     fl = d.get("first_layer_s")
     flt = f"{fl:.4f} ({100 * d['first_layer_fraction']:.1f}%)" if fl is not None else ""
-    print(f"{d['what']:24} {d.get('cache',''):5} {d.get('path',''):10} {d.get('args',''):52} {d['all_s']:7.3f} {gbs:6.2f} {share} {flt}")
+    extra = f" setup {d['setup_s']:.4f} copy0 {d['first_copy_s']:.4f} resv {d['ring_reserved']}" if "setup_s" in d else ""
+    print(f"{d['what']:24} {d.get('cache',''):5} {d.get('path',''):10} {d.get('args',''):52} {d['all_s']:7.3f} {gbs:6.2f} {share} {flt}{extra}")
 EOF
