@@ -4,7 +4,7 @@
 #   2. a Llama-3-8B-shaped bf16 model with random weights, written by transformers'
 #      save_pretrained in 5 GB shards, imported with `lmstore import`;
 #   3. page cache warm: pinned host-to-device bandwidth, a plain sequential read of
-#      the files, `lmstore bench load` (resident: several settings; mapped),
+#      the files, the staged reads without a device (bench/readbw), `lmstore bench load` (resident: several settings; mapped),
 #      safetensors load_file(device="cuda"), transformers from_pretrained(device_map="cuda");
 #      then LMS_BENCH_REPS (default 5) rounds of the default load with and without
 #      the staging ring reserved at device open (--reserve), interleaved, and the
@@ -89,7 +89,7 @@ pyload() {
 
 say "machine"
 { nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
-  nproc; free -g; df -h "$W"; uname -r; } >>"$LOG" 2>&1
+  nproc; free -g; df -h "$W"; uname -r; lscpu; } >>"$LOG" 2>&1
 drop; echo "drop_caches possible: $can_drop (LMS_BENCH_DROP=${LMS_BENCH_DROP:-0})" | tee -a "$LOG"
 
 say "1. CUDA tests"
@@ -116,6 +116,8 @@ cat $SEGS $SHARDS >/dev/null # both in the page cache
 pyload h2d warm h2d
 seqread seqread_segments warm $SEGS
 seqread seqread_shards warm $SHARDS
+# the staged load's host side alone (pread into a ring, no device): 8 and 12 threads
+for t in 8 12; do "$B/readbw" --threads $t --reps 3 --json $SEGS | tee -a "$RES"; done
 lmsload lmstore_resident_auto warm --place resident
 lmsload lmstore_resident_auto warm --place resident
 lmsload lmstore_register_t4 warm --place resident --copy register
@@ -135,8 +137,9 @@ lmsload lmstore_stage_read_t8 warm --place resident --copy stage-read --threads 
 for i in $(seq "${LMS_BENCH_REPS:-5}"); do
     lmsload lmstore_resident_auto warm --place resident
     lmsload lmstore_resident_reserve warm --place resident --reserve
-    lmsload lmstore_resident_reserve_t12 warm --place resident --reserve --threads 12
-    lmsload lmstore_resident_reserve_c4 warm --place resident --reserve --chunk 4M --slots 32
+    lmsload lmstore_resident_reserve_c4 warm --place resident --reserve --chunk 4M
+    lmsload lmstore_resident_reserve_c2_s32 warm --place resident --reserve --chunk 2M --slots 32
+    lmsload lmstore_resident_reserve_t8 warm --place resident --reserve --threads 8
 done
 pyload h2d warm h2d
 
@@ -165,6 +168,10 @@ for d in rows:
         continue
     if d["what"] == "h2d":
         print(f"h2d pinned {d['pinned_gb_per_s']:.1f} GB/s, pageable {d['pageable_gb_per_s']:.1f} GB/s")
+        continue
+    if d["what"] == "readbw":
+        print(f"readbw {d['threads']} threads, {d['chunk_bytes'] >> 20} MiB chunks, {d['slots']} slots: "
+              f"best {d['best_gb_per_s']:.2f} GB/s, mean {d['mean_gb_per_s']:.2f} GB/s")
         continue
     if d["what"] == "make":
         print(f"make: init {d['init_s']:.1f} s, save {d['save_s']:.1f} s, {d['shards']} shards, {d['bytes']/1e9:.2f} GB")

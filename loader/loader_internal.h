@@ -137,10 +137,14 @@ struct lms_model {
  * the pool's base when it exists, holds `bytes` and is not lent (it is then
  * lent to the caller until lms__staging_return), NULL otherwise. */
 typedef struct lms__staging lms__staging;
-size_t lms__staging_default_bytes(void);
 uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes);
 void lms__staging_return(lms_device *dev);
 void lms__staging_release(lms_device *dev); /* lms_device_close */
+
+/* Worker threads when lms_model_params.threads is 0: 3/4 of the CPUs, 2..12
+ * (12 read the page cache fastest into a reserved ring on a 16-core GPU
+ * host; 16 were slower: bench/RESULTS.md, loader run 6). */
+static inline int lms__default_threads(void) { return LMS_MAX(2, LMS_MIN(12, lms__cpu_count() * 3 / 4)); }
 
 /* Start the resident load (placement RESIDENT); m->t[i].device is set. */
 int lms__resident_start(lms_model *m);

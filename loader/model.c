@@ -544,7 +544,7 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
     if (p.streams == 0)
         p.streams = 4;
     if (p.threads == 0)
-        p.threads = LMS_MAX(2, LMS_MIN(8, lms__cpu_count())); /* 8 was best on a 16-core GPU host */
+        p.threads = lms__default_threads();
     bool chunk_given = p.chunk_bytes != 0;
     if (p.chunk_bytes == 0)
         p.chunk_bytes = LMS__DEFAULT_CHUNK;

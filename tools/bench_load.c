@@ -165,11 +165,7 @@ int lms_bench_load(int argc, char **argv)
         p.device = dev;
         if (reserve) {
             td = lms__now();
-            /* the ring this load will ask for: slots x (chunk + 2 pages), as loader/resident.c sizes it */
-            int threads = p.threads ? p.threads : LMS_MAX(2, LMS_MIN(8, lms__cpu_count()));
-            uint64_t chunk = p.chunk_bytes ? lms__align_up(p.chunk_bytes, 2u << 20) : 8u << 20;
-            size_t need = (size_t)(p.ring_slots ? p.ring_slots : 2 * threads) * (size_t)(chunk + 8192);
-            if ((rc = lms_device_reserve_staging(dev, need))) {
+            if ((rc = lms_device_reserve_staging(dev, lms_model_staging_bytes(&p)))) {
                 lms_cli_fail("bench", rc, "reserve staging memory");
                 goto out;
             }
