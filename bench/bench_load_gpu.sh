@@ -95,7 +95,7 @@ drop; echo "drop_caches possible: $can_drop (LMS_BENCH_DROP=${LMS_BENCH_DROP:-0}
 say "1. CUDA tests"
 LMS_TMP=$W/t timeout 300 "$B/tests/loader_test_loader_cuda" 2>&1 | tee "$OUT/tests_cuda.log" | tail -25
 echo "loader_test_loader_cuda exit ${PIPESTATUS[0]}" | tee -a "$LOG"
-LMS_TMP=$W/t timeout 120 "$B/tests/loader_test_loader" >"$OUT/tests_cpu.log" 2>&1
+LMS_SRC_DIR=$PWD LMS_BUILD_DIR=$B LMS_BIN=$PWD/$B/lmstore LMS_TMP=$W/t timeout 120 "$B/tests/loader_test_loader" >"$OUT/tests_cpu.log" 2>&1
 echo "loader_test_loader (cpu) exit $?" | tee -a "$LOG"
 
 say "2. model"
@@ -137,7 +137,7 @@ lmsload lmstore_stage_read_t8 warm --place resident --copy stage-read --threads 
 for i in $(seq "${LMS_BENCH_REPS:-5}"); do
     lmsload lmstore_resident_auto warm --place resident
     lmsload lmstore_resident_reserve warm --place resident --reserve
-    lmsload lmstore_resident_reserve_c4 warm --place resident --reserve --chunk 4M
+    lmsload lmstore_resident_reserve_c8 warm --place resident --reserve --chunk 8M
     lmsload lmstore_resident_reserve_c2_s32 warm --place resident --reserve --chunk 2M --slots 32
     lmsload lmstore_resident_reserve_t8 warm --place resident --reserve --threads 8
 done
@@ -148,6 +148,9 @@ drop; seqread seqread_segments "$C" $SEGS
 drop; lmsload lmstore_resident_auto "$C" --place resident
 drop; lmsload lmstore_resident_reserve "$C" --place resident --reserve
 drop; lmsload lmstore_stage_direct_t8 "$C" --place resident --copy stage-direct --threads 8
+drop; lmsload lmstore_stage_direct_t8_c8 "$C" --place resident --copy stage-direct --threads 8 --chunk 8M
+drop; lmsload lmstore_stage_direct_t4 "$C" --place resident --copy stage-direct --threads 4
+drop; lmsload lmstore_stage_direct_t12 "$C" --place resident --copy stage-direct --threads 12
 drop; lmsload lmstore_stage_read_t8 "$C" --place resident --copy stage-read --threads 8
 drop; lmsload lmstore_register_t4 "$C" --place resident --copy register
 drop; seqread seqread_shards "$C" $SHARDS

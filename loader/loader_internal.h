@@ -36,7 +36,8 @@
 
 #define LMS__PAGE 4096u
 #define LMS__DEFAULT_CHUNK (64ull << 20)
-#define LMS__DEFAULT_RING_CHUNK (8ull << 20) /* best of 8/16/32 MiB measured (bench/RESULTS.md) */
+#define LMS__DEFAULT_RING_CHUNK (4ull << 20) /* best of 2/4/8/16/32 MiB measured (bench/RESULTS.md, runs 3-6) */
+#define LMS__AUTO_COLD_READERS 8 /* AUTO, model not in the page cache: at most this many O_DIRECT readers */
 #define LMS__DEFAULT_RING_FIRST 8 /* ring slots carrying the first layer (lms_model_params.ring_first_slots); best of 2/4/8/all measured (bench/RESULTS.md) */
 #define LMS__CHUNK_ALIGN (2ull << 20)
 #define LMS__DEFAULT_REGISTER_PERCENT 50 /* LMS_COPY_SPLIT */

@@ -82,6 +82,7 @@ struct lms__resident {
     uint8_t *arena;
     uint64_t arena_bytes;
     int mode;
+    bool cold;        /* AUTO found the model mostly not in the page cache */
     uint64_t chunk;   /* bytes per chunk in effect (staged chunks in SPLIT) */
     uint64_t grid_want; /* registration grid asked for (REGISTERED, SPLIT) */
     chunk *c;
@@ -718,6 +719,7 @@ int lms__resident_start(lms_model *m)
         } else if (!p->no_readers && cached_fraction(m) < 0.5) {
             lms__info("model '%s': mostly not in the page cache: parallel O_DIRECT readers", m->name);
             r->mode = MODE_STAGE_DIRECT;
+            r->cold = true;
         } else {
             r->mode = AUTO_WARM_MODE;
         }
@@ -765,7 +767,10 @@ int lms__resident_start(lms_model *m)
     r->workers = lms__calloc((size_t)p->threads + 1, sizeof *r->workers);
     if (!r->workers)
         return LMS_ENOMEM;
-    int nw = r->mode == MODE_DIRECT ? 0 : p->threads;
+    /* the disk, not the copies, bounds a cold load: more readers than
+     * LMS__AUTO_COLD_READERS read no faster there (bench/RESULTS.md, run 6) */
+    int nw = r->mode == MODE_DIRECT ? 0 : r->cold ? LMS_MIN(p->threads, LMS__AUTO_COLD_READERS) : p->threads;
+    m->stats.threads = nw;
     for (int w = 0; w < nw; w++) {
         if (pthread_create(&r->workers[w], NULL, worker_main, r))
             return lms__err(LMS_ENOMEM, "model '%s': cannot start loader worker threads", m->name);

@@ -62,7 +62,7 @@ void lms_device_close(lms_device *dev);
 /*
  * Pin `bytes` of host memory for staging copies to `dev` now and keep it
  * until lms_device_close (0 = lms_model_staging_bytes(NULL), what a resident
- * load with default params uses: 2 x threads ring slots of 8 MiB, 192 MiB on
+ * load with default params uses: 2 x threads ring slots of 4 MiB, 96 MiB on
  * 16+ cores). A resident load that copies through a staging ring borrows it,
  * if it is free and large enough, instead of pinning slots while it loads
  * (on the H200 test host that took the first layer from 7-9% of a 16 GB load
@@ -129,7 +129,7 @@ typedef struct lms_model_params {
     int streams;             /* copy streams; 0 = 4 */
     int threads;             /* register / reader / verify threads; 0 = 3/4 of the online CPUs, 2..12 */
     uint64_t chunk_bytes;    /* register and copy granularity, rounded up to 2 MiB; 0 = 64 MiB
-                              * when registering, 8 MiB through the staging ring */
+                              * when registering, 4 MiB through the staging ring */
     int ring_slots;          /* staging ring buffers of chunk_bytes each; 0 = 2 x threads */
     lms_load_order order;    /* resident copy order; 0 = BLOCKS_FIRST */
     bool sync;               /* resident: return from open only when every weight is resident
