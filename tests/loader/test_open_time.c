@@ -1,9 +1,9 @@
 /*
  * tests/loader/test_open_time.c - opening a model costs O(number of
- * tensors), not O(bytes): a ~3 GB model and a ~64 MB model with the same
+ * tensors), not O(bytes): a ~4 GB model and a ~64 MB model with the same
  * tensor count open in comparable time, and neither open maps data pages.
  *
- * The 3 GB model is generated straight into the store through the store's
+ * The 4 GB model is generated straight into the store through the store's
  * internal appender: each blob is reserved at full size and only its first
  * 4 KiB written, so the segment is a sparse file (cheap on CI disks) whose
  * bytes are still exactly what the records (and their XXH3-128 hashes) say.
@@ -141,8 +141,8 @@ static void big_and_small_models_open_in_comparable_time(void **state)
     snprintf(src, sizeof src, "%s/src", dir);
     assert_int_equal(mkdir(src, 0755), 0);
     static tm_model small, big;
-    tm_llama(&small, 24, 2048, 256, 1024);  /* ~64 MB */
-    tm_llama(&big, 24, 32000, 2048, 7168);  /* ~3.2 GB, sparse */
+    tm_llama(&small, 24, 2048, 256, 1376);  /* ~64 MB */
+    tm_llama(&big, 24, 32000, 2048, 11008); /* ~4.3 GB, sparse */
     assert_int_equal(small.n, big.n);
     assert_int_equal(tm_import(&small, src, store, "small", false), 0);
     lms_store *st = NULL;
