@@ -141,6 +141,9 @@ for i in $(seq "${LMS_BENCH_REPS:-5}"); do
     lmsload lmstore_resident_reserve_c2_s32 warm --place resident --reserve --chunk 2M --slots 32
     lmsload lmstore_resident_reserve_t8 warm --place resident --reserve --threads 8
 done
+# where the set-up time goes (arena allocation), in the log
+LMSTORE_LOG=debug lmsload lmstore_resident_reserve_debuglog warm --place resident --reserve
+grep "resident load set up" "$LOG" | tail -1
 pyload h2d warm h2d
 
 say "4. cold (drop_caches before each)"
