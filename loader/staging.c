@@ -16,8 +16,11 @@
  * it with lms__staging_borrow and gives it back with lms__staging_return
  * once the copies out of it are complete; loads that find it lent (or too
  * small) pin a ring of their own.
+ *
+ * One process-wide mutex guards every device's pool pointer and lent flag:
+ * taken once per load and per reservation, never around the slow pinning.
  */
-#include <stdatomic.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include "loader/loader_internal.h"
@@ -26,8 +29,10 @@ struct lms__staging {
     uint8_t *base;
     size_t bytes;
     bool registered; /* our allocation pinned with host_register; else the device's alloc_host */
-    atomic_bool lent;
+    bool lent;       /* guarded by staging_mu */
 };
+
+static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void staging_free(lms_device *d, lms__staging *s)
 {
@@ -61,10 +66,13 @@ int lms_device_reserve_staging(lms_device *dev, size_t bytes)
     if (!bytes)
         bytes = lms_model_staging_bytes(NULL);
     bytes = (size_t)lms__align_up(bytes, LMS__CHUNK_ALIGN);
+    pthread_mutex_lock(&staging_mu);
     lms__staging *old = dev->staging;
-    if (old && old->bytes >= bytes)
+    bool covered = old && old->bytes >= bytes, lent = old && old->lent;
+    pthread_mutex_unlock(&staging_mu);
+    if (covered)
         return 0;
-    if (old && atomic_load(&old->lent))
+    if (lent)
         return lms__err(LMS_EBUSY, "device '%s': its staging memory is in use by a load", dev->ops->name);
     if (!dev->ops->alloc_host && !dev->ops->host_register)
         return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory", dev->ops->name);
@@ -100,27 +108,46 @@ int lms_device_reserve_staging(lms_device *dev, size_t bytes)
         lms__free(s);
         return lms__err_prefix(rc, "device '%s': pinning %zu bytes of staging memory: ", dev->ops->name, bytes);
     }
-    staging_free(dev, old);
+    /* publish it, unless a load borrowed the old pool meanwhile */
+    pthread_mutex_lock(&staging_mu);
+    old = dev->staging;
+    if (old && old->lent) {
+        pthread_mutex_unlock(&staging_mu);
+        staging_free(dev, s);
+        return lms__err(LMS_EBUSY, "device '%s': its staging memory is in use by a load", dev->ops->name);
+    }
     dev->staging = s;
+    pthread_mutex_unlock(&staging_mu);
+    staging_free(dev, old); /* unpublished and not lent: nobody can reach it */
     return 0;
 }
 
 uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes)
 {
+    uint8_t *base = NULL;
+    pthread_mutex_lock(&staging_mu);
     lms__staging *s = dev->staging;
-    if (!s || s->bytes < bytes || atomic_exchange(&s->lent, true))
-        return NULL;
-    return s->base;
+    if (s && s->bytes >= bytes && !s->lent) {
+        s->lent = true;
+        base = s->base;
+    }
+    pthread_mutex_unlock(&staging_mu);
+    return base;
 }
 
 void lms__staging_return(lms_device *dev)
 {
+    pthread_mutex_lock(&staging_mu);
     if (dev->staging)
-        atomic_store(&dev->staging->lent, false);
+        dev->staging->lent = false;
+    pthread_mutex_unlock(&staging_mu);
 }
 
 void lms__staging_release(lms_device *dev)
 {
-    staging_free(dev, dev->staging);
+    pthread_mutex_lock(&staging_mu);
+    lms__staging *s = dev->staging;
     dev->staging = NULL;
+    pthread_mutex_unlock(&staging_mu);
+    staging_free(dev, s);
 }

@@ -70,8 +70,8 @@ void lms_device_close(lms_device *dev);
  * running meanwhile pin their own.
  * Calling again with a size it already covers does nothing. Errors:
  * LMS_EBUSY (a larger size asked while a load holds the memory),
- * LMS_ENOMEM, LMS_EDEVICE. Not thread-safe against itself or
- * lms_device_close; loads may run meanwhile.
+ * LMS_ENOMEM, LMS_EDEVICE. Thread-safe, also against loads running on the
+ * device; not against lms_device_close.
  */
 int lms_device_reserve_staging(lms_device *dev, size_t bytes);
 

@@ -786,6 +786,71 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     assert_int_equal(lms_store_close(st), 0);
 }
 
+/* Loads on several threads borrow, miss and return the pool while another
+ * thread keeps growing it: every byte arrives, nothing is pinned twice or
+ * freed while lent (ASan build), and the pool is the only pin left. */
+typedef struct reserve_race {
+    lms_store *st;
+    lms_device *dev;
+    atomic_int bad, borrowed;
+} reserve_race;
+
+static void *reserve_race_loads(void *v)
+{
+    reserve_race *rr = v;
+    lms_model_params p = lms_model_default_params();
+    p.device = rr->dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.copy = LMS_COPY_STAGE_READ;
+    p.chunk_bytes = 2 << 20;
+    p.threads = 2;
+    p.ring_slots = 3;
+    for (int k = 0; k < 6; k++) {
+        lms_model *m = NULL;
+        lms_model_stats s;
+        if (lms_model_open(rr->st, "tiny", &p, &m) || lms_model_wait_layer(m, LMS_LAYER_ALL) ||
+            lms_model_stats_get(m, &s)) {
+            atomic_fetch_add(&rr->bad, 1);
+            lms_model_close(m);
+            continue;
+        }
+        for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
+            const lms_tensor *t = lms_model_tensor_at(m, i);
+            if (t->nbytes && memcmp(t->device, t->host, t->nbytes))
+                atomic_fetch_add(&rr->bad, 1);
+        }
+        atomic_fetch_add(&rr->borrowed, s.ring_reserved);
+        lms_model_close(m);
+    }
+    return NULL;
+}
+
+static void reserving_while_loads_run_is_safe(void **state)
+{
+    (void)state;
+    reserve_race rr = {.st = open_store(), .dev = open_pin_device()};
+    assert_int_equal(lms_device_reserve_staging(rr.dev, 8 << 20), 0);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, reserve_race_loads, &rr), 0);
+    int grown = 0;
+    for (int k = 1; k <= 12; k++) {
+        int rc = lms_device_reserve_staging(rr.dev, (size_t)(8 + 2 * k) << 20);
+        assert_true(rc == 0 || rc == LMS_EBUSY);
+        grown += rc == 0;
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    print_message("pool grown %d of 12 times; %d of 18 loads borrowed it\n", grown, atomic_load(&rr.borrowed));
+    assert_int_equal(atomic_load(&rr.bad), 0);
+    assert_int_equal(g_npins, 1);
+    assert_int_equal(g_pin_errors, 0);
+    lms_device_close(rr.dev);
+    assert_int_equal(g_npins, 0);
+    assert_int_equal(g_pin_errors, 0);
+    assert_int_equal(lms_store_close(rr.st), 0);
+}
+
 static void read_error_during_resident_load_is_reported_by_wait(void **state)
 {
     (void)state;
@@ -986,6 +1051,7 @@ int main(void)
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
         cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
         cmocka_unit_test(reserved_staging_is_lent_to_one_load_at_a_time),
+        cmocka_unit_test(reserving_while_loads_run_is_safe),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
         cmocka_unit_test(a_grown_segment_gets_a_second_mapping_and_both_stay_valid),
