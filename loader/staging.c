@@ -4,11 +4,12 @@
  * time.
  *
  * Why: a load that pins its own ring pays for it before its first layer is
- * on the device. On the H200 host pinning 8 slots of 8 MiB took most of the
- * first layer's 30 ms (the driver serialises the calls), against ~8 ms of
- * copying (bench/RESULTS.md, loader runs 4-5). Pinned once, when the device
- * is opened, the cost is paid once per process, as the CUDA context's own
- * staging buffers are.
+ * on the device, and its first registrations slow the arena allocation
+ * beside them. On the H200 host a 16 GB load's first layer took 26 ms that
+ * way and 12-15 ms with the ring reserved, of which ~8 ms are the copy
+ * itself (bench/RESULTS.md, loader runs 4-9). Pinned once, when the device
+ * is opened, the cost (one registration, 14-23 ms for 96 MiB there) is paid
+ * once per process, as the CUDA context's own staging buffers are.
  *
  * Lifetime: the pool belongs to the device (lms_device.staging) and is
  * unpinned and freed by lms_device_close, which must not run while a model
