@@ -636,6 +636,20 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
 /* ring_first_slots: layer 0 (the first in copy order) is copied out of at most
  * that many ring slots, and the other slots are pinned only after all of its
  * copies were issued; every byte still arrives, for each setting. */
+/* Reset the pin device's ring-pin and copy records, load "tiny" with p to
+ * the end and check every byte; the records then describe this load. */
+static lms_model *load_counting_copies(lms_store *st, const lms_model_params *p)
+{
+    pthread_mutex_lock(&g_pin_mu);
+    g_ring_pins = g_ncopies = 0;
+    pthread_mutex_unlock(&g_pin_mu);
+    lms_model *m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", p, &m), 0);
+    assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
+    check_bytes_equal_source(m, true);
+    return m;
+}
+
 static void first_layer_uses_only_the_first_ring_slots(void **state)
 {
     (void)state;
@@ -651,13 +665,7 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
     const int firsts[] = {1, 2, 6, 1024};
     for (size_t k = 0; k < LMS_ARRAY_LEN(firsts); k++) {
         p.ring_first_slots = firsts[k];
-        pthread_mutex_lock(&g_pin_mu);
-        g_ring_pins = g_ncopies = 0;
-        pthread_mutex_unlock(&g_pin_mu);
-        lms_model *m = NULL;
-        assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
-        assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
-        check_bytes_equal_source(m, true);
+        lms_model *m = load_counting_copies(st, &p);
         uintptr_t lo = UINTPTR_MAX, hi = 0;
         for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
             const lms_tensor *t = lms_model_tensor_at(m, i);
@@ -722,13 +730,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
         assert_true((round == 1) == (held != NULL));
         if (round == 1)
             assert_int_equal(lms_device_reserve_staging(dev, 64 << 20), LMS_EBUSY);
-        pthread_mutex_lock(&g_pin_mu);
-        g_ring_pins = g_ncopies = 0;
-        pthread_mutex_unlock(&g_pin_mu);
-        lms_model *m = NULL;
-        assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
-        assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
-        check_bytes_equal_source(m, true);
+        lms_model *m = load_counting_copies(st, &p);
         lms_model_stats s;
         assert_int_equal(lms_model_stats_get(m, &s), 0);
         assert_int_equal(s.ring_reserved, round != 1);
