@@ -581,8 +581,6 @@ static void *loader_main(void *arg)
         lms__staging_return(d);
         r->ring_borrowed = false;
     }
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&r->mu);
     bool complete = !r->failed && r->issued == r->nc;
     pthread_mutex_unlock(&r->mu);
     if (complete) {
