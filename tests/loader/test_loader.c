@@ -636,6 +636,20 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
 /* ring_first_slots: layer 0 (the first in copy order) is copied out of at most
  * that many ring slots, and the other slots are pinned only after all of its
  * copies were issued; every byte still arrives, for each setting. */
+/* Params of a resident load through the staging ring filled by pread
+ * (0 = the default for chunk, threads, slots). */
+static lms_model_params staged_params(lms_device *dev, uint64_t chunk, int threads, int slots)
+{
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.placement = LMS_PLACE_RESIDENT;
+    p.copy = LMS_COPY_STAGE_READ;
+    p.chunk_bytes = chunk;
+    p.threads = threads;
+    p.ring_slots = slots;
+    return p;
+}
+
 /* Reset the pin device's ring-pin and copy records, load "tiny" with p to
  * the end and check every byte; the records then describe this load. */
 static lms_model *load_counting_copies(lms_store *st, const lms_model_params *p)
@@ -655,13 +669,7 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
     (void)state;
     lms_store *st = open_store();
     lms_device *dev = open_pin_device();
-    lms_model_params p = lms_model_default_params();
-    p.device = dev;
-    p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_STAGE_READ;
-    p.chunk_bytes = 2 << 20; /* layer 0 spans several chunks */
-    p.threads = 4;
-    p.ring_slots = 6;
+    lms_model_params p = staged_params(dev, 2 << 20, 4, 6); /* layer 0 spans several 2 MiB chunks */
     const int firsts[] = {1, 2, 6, 1024};
     for (size_t k = 0; k < LMS_ARRAY_LEN(firsts); k++) {
         p.ring_first_slots = firsts[k];
@@ -716,13 +724,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     assert_int_equal(lms_device_reserve_staging(dev, 1 << 20), 0); /* already covered: nothing pinned */
     assert_int_equal(g_pin_calls, 1);
 
-    lms_model_params p = lms_model_default_params();
-    p.device = dev;
-    p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_STAGE_READ;
-    p.chunk_bytes = 2 << 20;
-    p.threads = 3;
-    p.ring_slots = 6; /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
+    lms_model_params p = staged_params(dev, 2 << 20, 3, 6); /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
     p.ring_first_slots = 2;
     for (int round = 0; round < 3; round++) {
         /* round 1: the pool is lent elsewhere, so the load pins a ring of its own */
@@ -774,10 +776,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     /* a device without registration (the CPU): the pool is plain host memory */
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
     assert_int_equal(lms_device_reserve_staging(dev, 0), 0);
-    p = lms_model_default_params();
-    p.device = dev;
-    p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_STAGE_READ;
+    p = staged_params(dev, 0, 0, 0);
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
     check_bytes_equal_source(m, true);
@@ -800,13 +799,7 @@ typedef struct reserve_race {
 static void *reserve_race_loads(void *v)
 {
     reserve_race *rr = v;
-    lms_model_params p = lms_model_default_params();
-    p.device = rr->dev;
-    p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_STAGE_READ;
-    p.chunk_bytes = 2 << 20;
-    p.threads = 2;
-    p.ring_slots = 3;
+    lms_model_params p = staged_params(rr->dev, 2 << 20, 2, 3);
     for (int k = 0; k < 6; k++) {
         lms_model *m = NULL;
         lms_model_stats s;
