@@ -30,13 +30,12 @@
 #include <stdint.h>
 
 #include "lmstore/error.h"
-#include "lmstore/store.h"
+#include "lmstore/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct lms_model lms_model;   /* include/lmstore/loader.h */
 typedef struct lms_engine lms_engine;
 typedef struct lms_tokenizer lms_tokenizer; /* include/lmstore/tokenizer.h */
 

@@ -69,13 +69,12 @@
 #include <stdint.h>
 
 #include "lmstore/error.h"
-#include "lmstore/store.h"
+#include "lmstore/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct lms_device lms_device; /* loader/device.h */
 typedef struct lms_kv lms_kv;
 typedef struct lms_kv_seq lms_kv_seq;
 

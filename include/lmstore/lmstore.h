@@ -9,6 +9,7 @@
 #define LMSTORE_LMSTORE_H
 
 #include "lmstore/error.h"
+#include "lmstore/types.h"
 #include "lmstore/store.h"
 #include "lmstore/loader.h"
 #include "lmstore/kvcache.h"

@@ -39,16 +39,14 @@
 #include <stdint.h>
 
 #include "lmstore/error.h"
-#include "lmstore/store.h"
+#include "lmstore/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* A compute device (CPU or CUDA), defined in loader/device.h; the loader only
- * borrows it. */
-typedef struct lms_device lms_device;
-typedef struct lms_model lms_model;
+/* lms_device (a compute device, CPU or CUDA; the loader only borrows it) and
+ * lms_model are opaque handles declared in lmstore/types.h. */
 
 /*
  * Open a device by name: "cpu", "cuda" (= "cuda:0") or "cuda:N". Errors:

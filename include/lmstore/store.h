@@ -18,34 +18,13 @@
 #include <stdint.h>
 
 #include "lmstore/error.h"
+#include "lmstore/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct lms_store lms_store;
-
-/* ---- dtypes (safetensors names) ----------------------------------------- */
-
-typedef enum lms_dtype {
-    LMS_DTYPE_BOOL = 0,
-    LMS_DTYPE_U8, LMS_DTYPE_I8,
-    LMS_DTYPE_U16, LMS_DTYPE_I16, LMS_DTYPE_F16, LMS_DTYPE_BF16,
-    LMS_DTYPE_U32, LMS_DTYPE_I32, LMS_DTYPE_F32,
-    LMS_DTYPE_U64, LMS_DTYPE_I64, LMS_DTYPE_F64,
-    LMS_DTYPE_F8_E4M3, LMS_DTYPE_F8_E5M2,
-    LMS_DTYPE_COUNT_
-} lms_dtype;
-
-/* "BF16", ... ; NULL for an unknown value. */
-const char *lms_dtype_name(lms_dtype t);
-/* bytes per element; 0 for an unknown value. */
-size_t lms_dtype_size(lms_dtype t);
-/* LMS_EFORMAT for a name safetensors does not define. */
-int lms_dtype_from_name(const char *name, lms_dtype *out);
-
-#define LMS_MAX_DIMS 8
-#define LMS_MODEL_ID_LEN 16 /* bytes of a model id (XXH3-128) */
+/* lms_store, lms_dtype, LMS_MAX_DIMS and LMS_MODEL_ID_LEN: lmstore/types.h */
 
 /* ---- opening --------------------------------------------------------------- */
 
