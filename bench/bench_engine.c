@@ -55,7 +55,7 @@ int main(int argc, char **argv)
     if (folder) {
         lms__wsrc src;
         uint8_t id[LMS_MODEL_ID_LEN] = {1};
-        if ((rc = lms__st_folder_open(folder, &fo, &src)) || (rc = lms__engine_create_src(&src, id, &ep, &e)))
+        if ((rc = lms__st_folder_open(folder, &fo, &src)) || (rc = lms__engine_create_src(&src, id, NULL, &ep, &e)))
             goto fail;
     } else {
         if ((rc = lms_store_open(store_dir, LMS_STORE_RDONLY, NULL, &st)) ||

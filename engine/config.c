@@ -206,6 +206,9 @@ int lms__config_parse(const char *config, const char *gen_config, const char *sr
                       cJSON_IsString(act) ? act->valuestring : "?");
         goto out;
     }
+    hp->act = LMS__ACT_SILU;
+    hp->embed_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if ((rc = get_bool(root, "tie_word_embeddings", false, src, &hp->tie_embeddings)))
         goto out;
     if ((rc = parse_rope(hp, root, src)))

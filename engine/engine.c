@@ -16,6 +16,7 @@
 
 #include "engine/internal.h"
 #include "engine/engine_priv.h"
+#include "engine/backend.h"
 #include "loader/device.h"
 #include "lmstore/loader.h"
 
@@ -29,7 +30,7 @@ lms_engine_params lms_engine_default_params(void)
 /* ---- the loader as weight source ---------------------------------------------------------- */
 
 static int model_tensor(void *ctx, const char *name, lms_dtype *dt, uint32_t *ndim, uint64_t shape[LMS_MAX_DIMS],
-                        const void **data, uint64_t *nbytes)
+                        const void **data, const void **dev, uint64_t *nbytes)
 {
     const lms_tensor *t = lms_model_tensor(ctx, name);
     if (!t) {
@@ -40,6 +41,7 @@ static int model_tensor(void *ctx, const char *name, lms_dtype *dt, uint32_t *nd
     *ndim = t->ndim;
     memcpy(shape, t->shape, sizeof t->shape);
     *data = t->host;
+    *dev = t->device;
     *nbytes = t->nbytes;
     return 0;
 }
@@ -50,6 +52,21 @@ static int model_file(void *ctx, const char *name, char **data, size_t *len)
     int rc = lms_model_file(ctx, name, &d, len);
     *data = d;
     return rc;
+}
+
+/* "cpu", or "cuda:0 (NVIDIA H200)": what the metrics line names. */
+static void device_label(lms_device *dev, char *buf, size_t n)
+{
+    lms_device_props pr;
+    if (dev->kind == LMS_DEVICE_CPU) {
+        snprintf(buf, n, "cpu");
+        return;
+    }
+    memset(&pr, 0, sizeof pr);
+    if (dev->ops->props && dev->ops->props(dev, &pr) == 0 && pr.name[0])
+        snprintf(buf, n, "%s:%d (%s)", dev->ops->name, dev->ordinal, pr.name);
+    else
+        snprintf(buf, n, "%s:%d", dev->ops->name, dev->ordinal);
 }
 
 /* ---- creation ---------------------------------------------------------------------------------- */
@@ -66,13 +83,101 @@ static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
     return rc;
 }
 
-int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, const lms_engine_params *params,
-                           lms_engine **out)
+/* Settings in effect: defaults resolved, ranges checked. */
+static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc *src)
+{
+    bool on_device = e->dev->kind != LMS_DEVICE_CPU;
+    if (e->p.threads <= 0)
+        e->p.threads = lms__cpu_count();
+    if (e->p.n_ctx == 0)
+        e->p.n_ctx = LMS_MIN(hp->max_pos, 4096u);
+    if (e->p.n_ctx > (1u << 20))
+        return lms__err(LMS_EINVAL, "engine: n_ctx %u is too large", e->p.n_ctx);
+    if (e->p.n_ctx > hp->max_pos)
+        lms__warn("%s: a context of %u tokens is more than the model's max_position_embeddings (%u)", src->name,
+                  e->p.n_ctx, hp->max_pos);
+    if (e->p.kv_dtype == LMS_DTYPE_BOOL)
+        e->p.kv_dtype = LMS_DTYPE_F16;
+    if (e->p.kv_dtype != LMS_DTYPE_F32 && e->p.kv_dtype != LMS_DTYPE_F16 && e->p.kv_dtype != LMS_DTYPE_BF16)
+        return lms__err(LMS_EINVAL, "engine: KV dtype must be F32, F16 or BF16");
+    if (e->p.kv_page_tokens == 0)
+        e->p.kv_page_tokens = LMS_KV_PAGE_TOKENS_DEFAULT;
+    if (e->p.prefill_block == 0) {
+        if (!on_device) {
+            e->p.prefill_block = 32; /* weights stay in the CPU caches for 32 rows */
+        } else {
+            /* a device computes a whole prompt per pass when its scratch (about
+             * 4 x (n_embd + n_ff) floats a row) stays under 4% of the weights */
+            uint64_t wb = lms__weights_bytes(&e->w, hp), row = 16ull * (hp->n_embd + hp->n_ff + hp->n_heads * hp->head_dim);
+            uint32_t blk = 64;
+            while (blk < 2048 && (uint64_t)blk * 2 * row <= wb / 25) blk *= 2;
+            e->p.prefill_block = blk;
+        }
+    }
+    e->p.prefill_block = LMS_MIN(e->p.prefill_block, on_device ? 4096u : 512u);
+    e->p.prefill_block = LMS_MIN(e->p.prefill_block, e->p.n_ctx);
+    return 0;
+}
+
+/* The KV cache on the engine's device, its arena touched now so that memory
+ * stays flat while tokens flow. */
+static int create_kv(lms_engine *e, const lms__hparams *hp, const uint8_t *model_id)
+{
+    int rc;
+    lms_kv_layout lay = {hp->n_layers, hp->n_kv_heads, hp->head_dim, e->p.kv_dtype, e->p.kv_page_tokens};
+    lms_kv_params kp = lms_kv_default_params();
+    uint64_t pages_ctx = (e->p.n_ctx + e->p.kv_page_tokens - 1) / e->p.kv_page_tokens + 1;
+    if (e->p.kv_bytes)
+        kp.budget_bytes = e->p.kv_bytes;
+    else
+        kp.budget_pages = 2 * pages_ctx;
+    kp.max_seqs = 4;
+    kp.max_seq_tokens = e->p.n_ctx;
+    memcpy(kp.model_id, model_id, LMS_MODEL_ID_LEN);
+    if ((rc = lms_kv_create(e->dev, &lay, &kp, &e->kv)) || (rc = lms_kv_seq_new(e->kv, &e->seq)))
+        return rc;
+    lms_kv_geometry g;
+    lms_kv_get_geometry(e->kv, &g);
+    if (e->dev->ops->memset && (rc = e->dev->ops->memset(e->dev, g.base, 0, (size_t)g.n_pages * g.page_bytes, NULL)))
+        return rc;
+    e->kvv.base = g.base;
+    e->kvv.dtype = e->p.kv_dtype;
+    e->kvv.page_tokens = g.page_tokens;
+    e->kvv.elem_size = g.elem_size;
+    e->kvv.token_bytes = g.token_bytes;
+    e->kvv.head_bytes = g.head_bytes;
+    e->kvv.v_offset = g.v_offset;
+    e->kvv.layer_bytes = g.layer_bytes;
+    e->kvv.page_bytes = g.page_bytes;
+    return 0;
+}
+
+/* The backend of the engine's device; every matrix must be on that device. */
+static int choose_backend(lms_engine *e, const lms__wsrc *src, const lms__fwd_ops **ops)
+{
+    if (e->dev->kind == LMS_DEVICE_CPU) {
+        *ops = &lms__fwd_cpu;
+        return 0;
+    }
+    if (!lms__fwd_cuda)
+        return lms__err(LMS_EUNSUPPORTED, "engine: this build has no CUDA engine backend");
+    if (!lms__weights_on_device(&e->w, &e->hp))
+        return lms__err(LMS_EINVAL,
+                        "%s: the model's weights are not on the engine's device: open the model on it "
+                        "(lms_model_params.device) with a mapped or resident placement",
+                        src->name);
+    *ops = lms__fwd_cuda;
+    return 0;
+}
+
+int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_device *dev,
+                           const lms_engine_params *params, lms_engine **out)
 {
     int rc;
     double t0 = lms__now();
     char *cfg = NULL, *gen = NULL, *tokj = NULL, *tokc = NULL;
     size_t len;
+    const lms__fwd_ops *ops = NULL;
     lms_engine *e = lms__calloc(1, sizeof *e);
     *out = NULL;
     if (!e)
@@ -91,70 +196,25 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, const 
         goto fail;
     if ((rc = lms__weights_bind(src, &e->hp, &e->w)))
         goto fail;
-
-    /* settings in effect */
+    if (dev) {
+        e->dev = dev;
+    } else {
+        if ((rc = lms_device_open(LMS_DEVICE_CPU, 0, &e->dev)))
+            goto fail;
+        e->own_dev = true;
+    }
     const lms__hparams *hp = &e->hp;
-    if (e->p.device != 0) {
-        rc = lms__err(LMS_EUNSUPPORTED, "engine: only the CPU device is implemented");
+    if ((rc = resolve_params(e, hp, src)) || (rc = choose_backend(e, src, &ops)))
         goto fail;
-    }
-    if (e->p.threads <= 0)
-        e->p.threads = lms__cpu_count();
-    if (e->p.n_ctx == 0)
-        e->p.n_ctx = LMS_MIN(hp->max_pos, 4096u);
-    if (e->p.n_ctx > (1u << 20)) {
-        rc = lms__err(LMS_EINVAL, "engine: n_ctx %u is too large", e->p.n_ctx);
-        goto fail;
-    }
-    if (e->p.kv_dtype == LMS_DTYPE_BOOL)
-        e->p.kv_dtype = LMS_DTYPE_F16;
-    if (e->p.kv_dtype != LMS_DTYPE_F32 && e->p.kv_dtype != LMS_DTYPE_F16 && e->p.kv_dtype != LMS_DTYPE_BF16) {
-        rc = lms__err(LMS_EINVAL, "engine: KV dtype must be F32, F16 or BF16");
-        goto fail;
-    }
-    if (e->p.kv_page_tokens == 0)
-        e->p.kv_page_tokens = LMS_KV_PAGE_TOKENS_DEFAULT;
-    if (e->p.prefill_block == 0)
-        e->p.prefill_block = 32;
-    e->p.prefill_block = LMS_MIN(e->p.prefill_block, 512u);
-
     e->kernels = lms__kernels_best();
-    if ((rc = lms__pool_create(e->p.threads, &e->pool)))
+    if ((rc = lms__pool_create(ops == &lms__fwd_cpu ? e->p.threads : 1, &e->pool)))
         goto fail;
-    if ((rc = lms__fwd_create(hp, &e->w, e->kernels, e->pool, e->p.prefill_block, e->p.n_ctx, &e->fwd)))
+    if ((rc = create_kv(e, hp, model_id)))
         goto fail;
-
-    /* the KV cache */
-    if ((rc = lms_device_open(LMS_DEVICE_CPU, 0, &e->dev)))
+    if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->p.prefill_block, e->p.n_ctx, &e->kvv,
+                              &e->fwd)))
         goto fail;
-    lms_kv_layout lay = {hp->n_layers, hp->n_kv_heads, hp->head_dim, e->p.kv_dtype, e->p.kv_page_tokens};
-    lms_kv_params kp = lms_kv_default_params();
-    uint64_t pages_ctx = (e->p.n_ctx + e->p.kv_page_tokens - 1) / e->p.kv_page_tokens + 1;
-    if (e->p.kv_bytes)
-        kp.budget_bytes = e->p.kv_bytes;
-    else
-        kp.budget_pages = 2 * pages_ctx;
-    kp.max_seqs = 4;
-    kp.max_seq_tokens = e->p.n_ctx;
-    memcpy(kp.model_id, model_id, LMS_MODEL_ID_LEN);
-    if ((rc = lms_kv_create(e->dev, &lay, &kp, &e->kv)))
-        goto fail;
-    if ((rc = lms_kv_seq_new(e->kv, &e->seq)))
-        goto fail;
-    lms_kv_geometry g;
-    lms_kv_get_geometry(e->kv, &g);
-    /* touch the whole arena now, so that memory stays flat while tokens flow */
-    if (e->dev->ops->memset && (rc = e->dev->ops->memset(e->dev, g.base, 0, (size_t)g.n_pages * g.page_bytes, NULL)))
-        goto fail;
-    e->kvv.base = g.base;
-    e->kvv.dtype = e->p.kv_dtype;
-    e->kvv.page_tokens = g.page_tokens;
-    e->kvv.elem_size = g.elem_size;
-    e->kvv.token_bytes = g.token_bytes;
-    e->kvv.head_bytes = g.head_bytes;
-    e->kvv.v_offset = g.v_offset;
-    e->kvv.layer_bytes = g.layer_bytes;
-    e->kvv.page_bytes = g.page_bytes;
+    device_label(e->dev, e->device_name, sizeof e->device_name);
 
     if (!(e->tokbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
         !(e->evalbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
@@ -198,8 +258,20 @@ int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_eng
     *out = NULL;
     if (!model)
         return lms__err(LMS_EINVAL, "lms_engine_create: model is NULL");
+    lms_device *dev = params && params->device ? params->device : lms_model_device(model);
+    if (dev && lms_model_device(model) != dev && dev->kind != LMS_DEVICE_CPU)
+        return lms__err(LMS_EINVAL, "%s: the engine's device is not the one the model was opened on",
+                        lms_model_name(model));
+    if (dev && dev->kind == LMS_DEVICE_CPU)
+        dev = NULL; /* the CPU backend reads host views; its KV cache lives in host memory */
+    if (dev) {
+        /* resident placement: the weights arrive layer by layer; wait for all of them */
+        int rc = lms_model_wait_layer(model, LMS_LAYER_ALL);
+        if (rc)
+            return rc;
+    }
     lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model)};
-    return lms__engine_create_src(&src, lms_model_id(model), params, out);
+    return lms__engine_create_src(&src, lms_model_id(model), dev, params, out);
 }
 
 void lms_engine_free(lms_engine *e)
@@ -207,12 +279,14 @@ void lms_engine_free(lms_engine *e)
     if (!e)
         return;
     lms_tokenizer_free(e->tok);
+    lms__fwd_free(e->fwd);
     if (e->kv) {
         lms_kv_seq_free(e->kv, e->seq);
         lms_kv_destroy(e->kv);
+        e->kv = NULL;
     }
-    lms_device_close(e->dev);
-    lms__fwd_free(e->fwd);
+    if (e->own_dev)
+        lms_device_close(e->dev);
     lms__pool_destroy(e->pool);
     lms__weights_release(&e->w);
     lms__free(e->tokbuf);
@@ -242,11 +316,13 @@ void lms_engine_get_info(const lms_engine *e, lms_engine_info *o)
     o->n_eos = (size_t)e->hp.n_eos;
     o->bos_id = e->hp.bos_id;
     o->load_ms = e->load_ms;
+    o->device = e->device_name;
+    o->kernels = lms__fwd_describe(e->fwd);
 }
 
 lms_tokenizer *lms_engine_tokenizer(lms_engine *e) { return e ? e->tok : NULL; }
 
-const char *lms__engine_kernels(const lms_engine *e) { return e->kernels->name; }
+const char *lms__engine_kernels(const lms_engine *e) { return lms__fwd_describe(e->fwd); }
 
 /* ---- step API ------------------------------------------------------------------------------------ */
 
@@ -264,12 +340,16 @@ static int run_tokens(lms_engine *e, const int32_t *toks, size_t n, float *logit
     if ((rc = lms_kv_seq_append(e->kv, e->seq, toks, (uint32_t)n)))
         return rc;
     e->kvv.pages = lms_kv_seq_pages(e->seq, &np);
+    e->kvv.n_pages = np;
     uint32_t B = e->p.prefill_block, V = e->hp.n_vocab;
     for (size_t i = 0; i < n; i += B) {
         uint32_t nb = (uint32_t)LMS_MIN((size_t)B, n - i);
         bool last = i + nb == n;
         float *lg = !logits ? NULL : all ? logits + i * V : last ? logits : NULL;
-        lms__fwd_block(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, lg, all);
+        if ((rc = lms__fwd_block(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, lg, all))) {
+            lms_kv_seq_truncate(e->kv, e->seq, len);
+            return rc;
+        }
     }
     return lms_kv_seq_commit(e->kv, e->seq, len + (uint32_t)n);
 }

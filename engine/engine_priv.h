@@ -19,7 +19,9 @@ struct lms_engine {
     const lms__kernels *kernels;
     lms_pool *pool;
     lms__fwd *fwd;
-    lms_device *dev;
+    lms_device *dev;      /* the device weights and KV live on (CPU: host memory) */
+    bool own_dev;         /* dev was opened here (the CPU), closed by lms_engine_free */
+    char device_name[160]; /* "cpu", "cuda:0 (NVIDIA H200)" */
     lms_kv *kv;
     lms_kv_seq *seq;      /* tokens with K/V computed */
     int32_t pending;      /* sampled token not yet run (-1 = none); follows seq */
@@ -32,9 +34,10 @@ struct lms_engine {
 };
 
 /* Create over any weight source (the loader's model, or a folder for tools).
- * model_id: LMS_MODEL_ID_LEN bytes for the KV cache's page keys and sessions. */
-int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, const lms_engine_params *params,
-                           lms_engine **out);
+ * model_id: LMS_MODEL_ID_LEN bytes for the KV cache's page keys and sessions.
+ * dev: the device the weights are on (borrowed), NULL for the CPU. */
+int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_device *dev,
+                           const lms_engine_params *params, lms_engine **out);
 /* Length including the pending token. */
 size_t lms__engine_len(const lms_engine *e);
 int lms__engine_flush_pending(lms_engine *e);

@@ -188,6 +188,7 @@ out:
                 mm.gen_tps = (mm.gen_tokens - 1) / (mm.gen_ms / 1e3);
         }
         mm.peak_rss = lms__peak_rss_bytes();
+        mm.device = e->device_name;
         *m = mm;
     }
     lms_stop_matcher_free(sm);

@@ -11,8 +11,11 @@
  *                       optional tensors (biases, q/k norms) exist
  *   weights.c           binds tensor views from a weight source (the loader's
  *                       lms_model, or a safetensors folder for tools) with shape checks
- *   layers.c            the forward pass over a block of tokens (shared by all families)
+ *   layers.c            the forward pass over a block of tokens (shared by all families),
+ *                       written against the backend table of engine/backend.h
+ *   cpu/fwd_cpu.c       the CPU backend: the forward operations over the thread pool
  *   cpu/kernels*.c      SIMD kernels (AVX-512, AVX2/FMA/F16C, portable), run-time dispatch
+ *   cuda/               the CUDA backend (built with LMS_CUDA)
  *   engine.c            lms_engine_*: KV cache glue, eval, sessions
  *   generate.c          lms_generate: prefix reuse, sampling, stops, metrics
  */
@@ -38,6 +41,13 @@ typedef enum lms__rope_kind {
 
 struct lms__family;
 
+/* Gated activations of the MLP (and of backend matrix-product prologues). */
+typedef enum lms__act {
+    LMS__ACT_NONE = 0,
+    LMS__ACT_SILU,      /* silu(g) * u (SwiGLU) */
+    LMS__ACT_GELU_TANH, /* gelu_tanh(g) * u (GeGLU) */
+} lms__act;
+
 typedef struct lms__hparams {
     const struct lms__family *family;
     char arch_name[64];      /* as written in config.json (architectures[0]) */
@@ -52,6 +62,11 @@ typedef struct lms__hparams {
     bool qkv_bias;           /* q/k/v projections have biases */
     bool o_bias;             /* o_proj has a bias (llama attention_bias) */
     bool qk_norm;            /* per-head RMSNorm of q and k before RoPE */
+    lms__act act;            /* the MLP's gated activation */
+    float embed_scale;       /* embeddings are multiplied by this; 1 = none */
+    float attn_scale;        /* attention score scale; 1/sqrt(head_dim) unless the family says */
+    float attn_softcap;      /* scores capped to c * tanh(s / c); 0 = none */
+    float final_softcap;     /* logits capped likewise; 0 = none */
     int32_t bos_id;          /* -1 = none */
     int32_t eos_ids[LMS__MAX_EOS];
     int n_eos;
@@ -83,6 +98,7 @@ int lms__config_parse(const char *config, const char *gen_config, const char *sr
 /* A weight matrix [rows][cols] (row-major, read in place) or vector [rows]. */
 typedef struct lms__wt {
     const void *p;       /* borrowed: mapped bytes, valid while the source lives */
+    const void *dp;      /* the same bytes on the engine's device (NULL on the CPU) */
     lms_dtype dt;        /* BF16, F16 or F32 */
     uint32_t rows, cols;
 } lms__wt;
@@ -101,14 +117,17 @@ typedef struct lms__weights {
     float *final_norm;              /* [n_embd] */
     lms__layer_w *layers;           /* [n_layers] */
     float *vec_store;               /* owns every f32 vector above */
+    size_t vec_len;                 /* floats in vec_store */
 } lms__weights;
 
-/* Where tensors come from: the loader's lms_model or a safetensors folder. */
+/* Where tensors come from: the loader's lms_model or a safetensors folder.
+ * tensor() gives the host view and, when the source placed it on a device,
+ * the device address (*dev, else NULL). */
 typedef struct lms__wsrc {
     void *ctx;
     /* Tensor view by name: 0, or LMS_ENOENT (without detail). */
     int (*tensor)(void *ctx, const char *name, lms_dtype *dt, uint32_t *ndim, uint64_t shape[LMS_MAX_DIMS],
-                  const void **data, uint64_t *nbytes);
+                  const void **data, const void **dev, uint64_t *nbytes);
     /* A side file (config.json ...): caller frees *data with lms__free / lms_free as the
      * source says; LMS_ENOENT when absent. */
     int (*file)(void *ctx, const char *name, char **data, size_t *len);
@@ -118,6 +137,10 @@ typedef struct lms__wsrc {
 
 int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights *w);
 void lms__weights_release(lms__weights *w);
+/* Bytes of the matrices one token's forward pass reads (every layer's, the LM head's). */
+uint64_t lms__weights_bytes(const lms__weights *w, const lms__hparams *hp);
+/* true when every matrix has a device address (dp). */
+bool lms__weights_on_device(const lms__weights *w, const lms__hparams *hp);
 
 /* Weight source over a folder with model.safetensors (or shards) and
  * config.json: for tools and benchmarks that run a HF folder directly. */
@@ -164,27 +187,43 @@ void lms__row_to_f32(const lms__wt *w, uint32_t row, float *out);
 
 /* Where K/V live: the kvcache's page-major arena (see lmstore/kvcache.h). */
 typedef struct lms__kvview {
-    uint8_t *base;
+    uint8_t *base;         /* the arena: a device address on a device backend */
     lms_dtype dtype;
     uint32_t page_tokens;
     size_t elem_size, token_bytes, head_bytes, v_offset, layer_bytes, page_bytes;
-    const uint32_t *pages; /* block table of the sequence */
+    const uint32_t *pages; /* block table of the sequence (host memory) */
+    uint32_t n_pages;      /* entries of pages */
 } lms__kvview;
 
 typedef struct lms__fwd lms__fwd;
+struct lms__fwd_ops;
 
-/* Scratch for blocks of up to max_block tokens and contexts up to n_ctx,
- * allocated once. pool borrowed (NULL = single thread). */
-int lms__fwd_create(const lms__hparams *hp, const lms__weights *w, const lms__kernels *k, lms_pool *pool,
-                    uint32_t max_block, uint32_t n_ctx, lms__fwd **out);
+/*
+ * A forward pass over blocks of up to max_block tokens and contexts up to
+ * n_ctx on a backend (engine/backend.h); the backend allocates its scratch
+ * once, here. kv gives the cache geometry (its block table is given per
+ * call). Borrowed: hp, w, dev, k, pool, kv->base. On failure *out is NULL.
+ */
+int lms__fwd_create(const struct lms__fwd_ops *ops, const lms__hparams *hp, const lms__weights *w, lms_device *dev,
+                    const lms__kernels *k, lms_pool *pool, uint32_t max_block, uint32_t n_ctx, const lms__kvview *kv,
+                    lms__fwd **out);
 void lms__fwd_free(lms__fwd *f);
+const char *lms__fwd_describe(const lms__fwd *f); /* "avx512", "cuda sm_90" ... */
 
 /*
  * Run tokens[0..nb) at positions pos0.. (nb <= max_block, pos0+nb <= n_ctx):
  * writes their K/V into kv, reads K/V of positions [0, pos0+nb). logits:
  * NULL (none), the last position's (all false) or nb rows (all true).
+ * argmax (optional, with logits NULL and all false): the last position's
+ * largest logit's id, where the backend computes it on the device.
+ * Errors: LMS_EDEVICE (a device operation failed; the detail says which).
  */
-void lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
-                    float *logits, bool all);
+int lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
+                   float *logits, bool all);
+/* As lms__fwd_block with the last position's argmax instead of its logits;
+ * LMS_EUNSUPPORTED when the backend has no device argmax. */
+int lms__fwd_block_argmax(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
+                          int32_t *id);
+bool lms__fwd_has_argmax(const lms__fwd *f);
 
 #endif

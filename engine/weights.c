@@ -21,8 +21,8 @@ static int find(binder *b, const char *name, bool optional, uint32_t rows, uint3
     lms_dtype dt;
     uint32_t ndim;
     uint64_t shape[LMS_MAX_DIMS] = {0}, nbytes;
-    const void *data;
-    int rc = b->src->tensor(b->src->ctx, name, &dt, &ndim, shape, &data, &nbytes);
+    const void *data, *dev = NULL;
+    int rc = b->src->tensor(b->src->ctx, name, &dt, &ndim, shape, &data, &dev, &nbytes);
     if (rc == LMS_ENOENT) {
         if (optional) {
             memset(out, 0, sizeof *out);
@@ -53,6 +53,7 @@ static int find(binder *b, const char *name, bool optional, uint32_t rows, uint3
     if (!data)
         return lms__err(LMS_EINVAL, "%s: tensor '%s' has no host view", b->src->name, name);
     out->p = data;
+    out->dp = dev;
     out->dt = dt;
     out->rows = rows;
     out->cols = cols;
@@ -92,6 +93,7 @@ int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights
     }
     b.vec_next = w->vec_store;
     b.vec_end = w->vec_store + total;
+    w->vec_len = total;
 
     if ((rc = find(&b, "model.embed_tokens.weight", false, hp->n_vocab, E, &w->embed)))
         goto fail;
@@ -145,4 +147,29 @@ void lms__weights_release(lms__weights *w)
     lms__free(w->vec_store);
     lms__free(w->layers);
     memset(w, 0, sizeof *w);
+}
+
+static uint64_t wt_bytes(const lms__wt *w) { return (uint64_t)w->rows * w->cols * (w->dt == LMS_DTYPE_F32 ? 4 : 2); }
+
+uint64_t lms__weights_bytes(const lms__weights *w, const lms__hparams *hp)
+{
+    uint64_t n = wt_bytes(&w->lm_head);
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const lms__layer_w *L = &w->layers[l];
+        n += wt_bytes(&L->wq) + wt_bytes(&L->wk) + wt_bytes(&L->wv) + wt_bytes(&L->wo) + wt_bytes(&L->w_gate) +
+             wt_bytes(&L->w_up) + wt_bytes(&L->w_down);
+    }
+    return n;
+}
+
+bool lms__weights_on_device(const lms__weights *w, const lms__hparams *hp)
+{
+    if (!w->embed.dp || !w->lm_head.dp)
+        return false;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const lms__layer_w *L = &w->layers[l];
+        if (!L->wq.dp || !L->wk.dp || !L->wv.dp || !L->wo.dp || !L->w_gate.dp || !L->w_up.dp || !L->w_down.dp)
+            return false;
+    }
+    return true;
 }

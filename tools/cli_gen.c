@@ -18,6 +18,7 @@
 const char lms_cli_gen_opts_help[] =
     "  --store DIR            the store (default $LMSTORE_HOME or ~/.local/share/lmstore)\n"
     "  --threads N            worker threads (default: online CPUs)\n"
+    "  --device D             cpu (default), cuda or cuda:N: where the model runs\n"
     "  --ctx N                context length in tokens (default min(model max, 4096))\n"
     "  --max-tokens N         tokens to generate (default 256; 0 = until a stop or the context is full)\n"
     "  --temp T               temperature (default 0: greedy, the arg max)\n"
@@ -52,6 +53,8 @@ int lms_cli_gen_opt(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_
     double d;
     if (lms_cli_opt(argc, argv, i, "--store", &v)) {
         o->store = v;
+    } else if (lms_cli_opt(argc, argv, i, "--device", &v)) {
+        o->device = v;
     } else if (lms_cli_opt(argc, argv, i, "--threads", &v)) {
         if (!lms_cli_parse_i64(v, &n) || n < 0 || n > 1024)
             return bad_number(cmd, "--threads", v);
@@ -155,12 +158,20 @@ int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable
         goto out_fail;
     }
     lms_model_params mp = lms_model_default_params();
+    if (o->device && strcmp(o->device, "cpu")) {
+        if ((rc = lms_device_open_name(o->device, &cm->dev))) {
+            lms_cli_fail(cmd, rc, o->device);
+            goto out_fail;
+        }
+        mp.device = cm->dev;
+    }
     rc = lms_model_open(cm->st, o->model, &mp, &cm->m);
     if (rc) {
         lms_cli_fail(cmd, rc, o->model);
         goto out_fail;
     }
     lms_engine_params ep = lms_engine_default_params();
+    ep.device = cm->dev;
     ep.threads = o->threads;
     ep.n_ctx = o->ctx;
     rc = lms_engine_create(cm->m, &ep, &cm->eng);
@@ -181,6 +192,7 @@ void lms_cli_model_close(lms_cli_model *cm)
     free(cm->default_system);
     lms_engine_free(cm->eng);
     lms_model_close(cm->m);
+    lms_device_close(cm->dev);
     lms_store_close(cm->st);
     memset(cm, 0, sizeof *cm);
 }
@@ -526,10 +538,10 @@ void lms_cli_print_metrics(FILE *f, const lms_gen_metrics *mt)
 {
     fprintf(f,
             "load %.1f ms | prompt %u tok (%u reused) %.1f tok/s | first token %.1f ms | "
-            "generated %u tok %.1f tok/s | peak RSS %.1f MiB | stop: %s\n",
+            "generated %u tok %.1f tok/s | peak RSS %.1f MiB | stop: %s | %s\n",
             mt->load_ms, mt->prompt_tokens, mt->reused_tokens, mt->prompt_tps, mt->ttft_ms,
             mt->gen_tokens, mt->gen_tps, (double)mt->peak_rss / (1024.0 * 1024.0),
-            lms_cli_stop_name(mt->stop_reason));
+            lms_cli_stop_name(mt->stop_reason), mt->device ? mt->device : "cpu");
 }
 
 void lms_cli_json_str(FILE *f, const char *s, size_t len)

@@ -25,6 +25,7 @@ typedef struct lms_cli_gen_opts {
     const char *store;        /* --store DIR */
     const char *model;        /* MODEL (positional) */
     int threads;              /* --threads N; 0 = engine default */
+    const char *device;       /* --device cpu|cuda|cuda:N; NULL = cpu */
     uint32_t ctx;             /* --ctx N; 0 = engine default */
     lms_gen_params gp;        /* --max-tokens --temp --top-k --top-p --min-p
                                  --repeat-penalty --repeat-window --seed --ignore-eos */
@@ -63,6 +64,7 @@ extern const char lms_cli_gen_opts_help[];
 /* An open store + model + engine. */
 typedef struct lms_cli_model {
     lms_store *st;
+    lms_device *dev;            /* --device, NULL for the CPU */
     lms_model *m;
     lms_engine *eng;
     lms_tokenizer *tok;         /* borrowed from eng; NULL when the model has none */

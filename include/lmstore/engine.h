@@ -50,7 +50,10 @@ typedef struct lms_engine_params {
     lms_dtype kv_dtype;     /* LMS_DTYPE_F32, _F16 or _BF16; 0 (LMS_DTYPE_BOOL) = F16 */
     uint32_t kv_page_tokens;/* tokens per KV page; 0 = 16 */
     uint32_t prefill_block; /* tokens per prefill block (weight reuse); 0 = 32 */
-    int device;             /* 0 = CPU (lms_device_kind); only the CPU is implemented */
+    lms_device *device;     /* where to compute: NULL = the device the model was opened on
+                               (lms_model_params.device), the CPU when none. A GPU engine reads
+                               the weights the loader placed on that device (resident or mapped) and
+                               keeps its KV cache there. Borrowed: must outlive the engine */
     bool no_tokenizer;      /* do not load tokenizer.json (ids only; pieces are NULL) */
 } lms_engine_params;
 
@@ -87,6 +90,8 @@ typedef struct lms_engine_info {
     size_t n_eos;
     int32_t bos_id;          /* -1 if none */
     double load_ms;          /* time spent in lms_engine_create */
+    const char *device;      /* the device computing: "cpu", "cuda:0 (NVIDIA H200)"; valid while eng lives */
+    const char *kernels;     /* the kernel set: "avx512", "avx2", "generic", "cuda sm_90" */
 } lms_engine_info;
 
 void lms_engine_get_info(const lms_engine *eng, lms_engine_info *out);
@@ -175,6 +180,7 @@ typedef struct lms_gen_metrics {
                                 steps after the first token */
     uint64_t peak_rss;       /* bytes, VmHWM */
     int stop_reason;         /* lms_stop_reason */
+    const char *device;      /* the device that computed (lms_engine_info.device) */
 } lms_gen_metrics;
 
 /*

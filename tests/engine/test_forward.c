@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/internal.h"
+#include "engine/backend.h"
 #include "testutil.h"
 
 typedef struct ref {
@@ -77,11 +77,11 @@ typedef struct conv_src {
 } conv_src;
 
 static int conv_tensor(void *ctx, const char *name, lms_dtype *dt, uint32_t *ndim, uint64_t shape[LMS_MAX_DIMS],
-                       const void **data, uint64_t *nbytes)
+                       const void **data, const void **dev, uint64_t *nbytes)
 {
     conv_src *c = ctx;
     const void *src;
-    int rc = c->inner.tensor(c->inner.ctx, name, dt, ndim, shape, &src, nbytes);
+    int rc = c->inner.tensor(c->inner.ctx, name, dt, ndim, shape, &src, dev, nbytes);
     if (rc || *dt != LMS_DTYPE_BF16 || c->to == LMS_DTYPE_BF16) {
         *data = src;
         return rc;
@@ -143,7 +143,6 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
     assert_int_equal(lms__weights_bind(&cs, &g->hp, &g->w), 0);
     assert_int_equal(lms__pool_create(threads, &g->pool), 0);
     uint32_t pt = 16, n_pages = 64, n_ctx = 256;
-    assert_int_equal(lms__fwd_create(&g->hp, &g->w, k, g->pool, block, n_ctx, &g->fwd), 0);
     lms__kvview *kv = &g->kv;
     kv->dtype = kvdt;
     kv->page_tokens = pt;
@@ -158,6 +157,8 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
     for (uint32_t i = 0; i < 16; i++) g->pages[i] = (i * 37 + 11) % n_pages;
     kv->base = g->arena;
     kv->pages = g->pages;
+    kv->n_pages = 16;
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &g->hp, &g->w, NULL, k, g->pool, block, n_ctx, kv, &g->fwd), 0);
 }
 
 static void rig_close(rig *g)
@@ -175,7 +176,7 @@ static void run(rig *g, const int32_t *toks, uint32_t n, uint32_t pos0, float *a
 {
     for (uint32_t i = 0; i < n;) {
         uint32_t nb = LMS_MIN(n - i, 11u); /* odd block size: partial blocks and pages; >= 8 and < 8 kernels */
-        lms__fwd_block(g->fwd, toks + i, nb, pos0 + i, &g->kv, all + (size_t)i * g->hp.n_vocab, true);
+        assert_int_equal(lms__fwd_block(g->fwd, toks + i, nb, pos0 + i, &g->kv, all + (size_t)i * g->hp.n_vocab, true), 0);
         i += nb;
     }
 }

@@ -1,0 +1,416 @@
+/*
+ * engine/cpu/fwd_cpu.c - the CPU backend of the forward operations
+ * (engine/backend.h): matrix products split by rows over the thread pool
+ * through the SIMD kernel table (engine/cpu/kernels*.c), weights read in
+ * place from the mapping, every activation and accumulation in f32.
+ *
+ * A block of up to max_block tokens shares each pass over the weights
+ * (prefill); decode is a block of one. The jobs of one matmul call (q/k/v,
+ * gate/up) run as one pool dispatch. All scratch is allocated at create:
+ * nothing is allocated per token.
+ */
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/backend.h"
+
+struct lms__bk {
+    const lms__hparams *hp;
+    const lms__weights *w;
+    const lms__kernels *k;
+    lms_pool *pool;
+    int nthreads;
+    uint32_t B, n_ctx, G;
+    float *buf[LMS__B_COUNT_]; /* [B][width] each */
+    uint32_t width[LMS__B_COUNT_];
+    float *xin;                /* [B][max width]: a matmul's transformed input */
+    float *inv_freq[2];        /* [hd/2] global, local */
+    float *cs;                 /* [B][hd] cos | sin per token (table of the current qk_rope) */
+    float *scores;             /* [threads][G][n_ctx] */
+    const lms__step *st;       /* the step in progress */
+};
+
+/* ---- matrix products over the pool ------------------------------------------------------- */
+
+typedef struct mm_job {
+    const lms__wt *w;
+    const float *x;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+    bool acc;
+    uint32_t chunk, items;
+} mm_job;
+
+typedef struct mm_run {
+    const lms__kernels *k;
+    mm_job *jobs;
+    int n_jobs;
+    uint32_t nb;
+} mm_run;
+
+static void mm_task(void *arg, size_t i, int worker)
+{
+    mm_run *r = arg;
+    int j = 0;
+    (void)worker;
+    while (i >= r->jobs[j].items) i -= r->jobs[j++].items;
+    mm_job *jb = &r->jobs[j];
+    uint32_t r0 = (uint32_t)i * jb->chunk, r1 = LMS_MIN(r0 + jb->chunk, jb->w->rows);
+    size_t esz = jb->w->dt == LMS_DTYPE_F32 ? 4 : 2;
+    r->k->gemm[lms__dt_index(jb->w->dt)]((const uint8_t *)jb->w->p + (size_t)r0 * jb->w->cols * esz, jb->w->cols,
+                                         jb->x, jb->ldx, jb->y + r0, jb->ldy, (int)(r1 - r0), (int)r->nb,
+                                         (int)jb->w->cols, jb->acc);
+}
+
+static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
+{
+    size_t items = 0;
+    for (int j = 0; j < n; j++) {
+        uint32_t rows = jobs[j].w->rows;
+        uint32_t c = rows / (uint32_t)(b->nthreads * 4);
+        c = (c + 15) & ~15u;
+        c = LMS_MAX(c, 16u);
+        c = LMS_MIN(c, 512u);
+        jobs[j].chunk = c;
+        jobs[j].items = (rows + c - 1) / c;
+        items += jobs[j].items;
+    }
+    mm_run r = {b->k, jobs, n, nb};
+    lms__pool_run(b->pool, items, mm_task, &r);
+}
+
+/* ---- small ops --------------------------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+    double ss = 0;
+    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (uint32_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+static void rope(float *v, const float *cs, uint32_t hd)
+{
+    uint32_t h = hd / 2;
+    const float *c = cs, *s = cs + h;
+    for (uint32_t i = 0; i < h; i++) {
+        float x1 = v[i], x2 = v[i + h];
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + h] = x2 * c[i] + x1 * s[i];
+    }
+}
+
+static void store_kv(void *dst, const float *src, uint32_t n, lms_dtype dt)
+{
+    if (dt == LMS_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+    } else if (dt == LMS_DTYPE_F16) {
+        uint16_t *d = dst;
+        for (uint32_t i = 0; i < n; i++) d[i] = lms__f32_to_f16(src[i]);
+    } else {
+        uint16_t *d = dst;
+        for (uint32_t i = 0; i < n; i++) d[i] = lms__f32_to_bf16(src[i]);
+    }
+}
+
+static float act_val(lms__act a, float g)
+{
+    if (a == LMS__ACT_SILU)
+        return g / (1.0f + expf(-g));
+    /* gelu, tanh approximation (transformers' gelu_pytorch_tanh) */
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+/* ---- attention --------------------------------------------------------------------------- */
+
+typedef struct att_run {
+    lms__bk *b;
+    uint32_t layer, window;
+    float scale, softcap;
+} att_run;
+
+/* One kv head h for one token t: its G query heads over positions [lo, pos0+t]. */
+static void att_task(void *arg, size_t item, int worker)
+{
+    att_run *a = arg;
+    lms__bk *bk = a->b;
+    const lms__hparams *hp = bk->hp;
+    const lms__kvview *kv = bk->st->kv;
+    uint32_t h = (uint32_t)(item % hp->n_kv_heads), t = (uint32_t)(item / hp->n_kv_heads);
+    uint32_t hd = hp->head_dim, G = bk->G, P = bk->st->pos0 + t + 1, pt = kv->page_tokens;
+    uint32_t lo = a->window && P > a->window ? P - a->window : 0;
+    float *sc = bk->scores + (size_t)worker * G * bk->n_ctx;
+    const float *q = bk->buf[LMS__B_Q] + (size_t)t * bk->width[LMS__B_Q] + (size_t)h * G * hd;
+    float *out = bk->buf[LMS__B_ATT] + (size_t)t * bk->width[LMS__B_ATT] + (size_t)h * G * hd;
+    int dti = lms__dt_index(kv->dtype);
+    size_t lo_off = (size_t)a->layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+
+    /* scores of positions [p0, p1) of each page, at sc[g][pos] */
+    for (uint32_t i = lo / pt; i * pt < P; i++) {
+        uint32_t p0 = LMS_MAX(i * pt, lo), p1 = LMS_MIN((i + 1) * pt, P);
+        const uint8_t *K = kv->base + (size_t)kv->pages[i] * kv->page_bytes + lo_off + (p0 - i * pt) * kv->token_bytes;
+        bk->k->gemm[dti](K, hd, q, hd, sc + p0, bk->n_ctx, (int)(p1 - p0), (int)G, (int)hd, false);
+    }
+    for (uint32_t g = 0; g < G; g++) {
+        float *s = sc + (size_t)g * bk->n_ctx, mx = -INFINITY;
+        double sum = 0;
+        for (uint32_t p = lo; p < P; p++) {
+            float v = s[p] * a->scale;
+            if (a->softcap > 0)
+                v = a->softcap * tanhf(v / a->softcap);
+            s[p] = v;
+            mx = v > mx ? v : mx;
+        }
+        for (uint32_t p = lo; p < P; p++) {
+            s[p] = expf(s[p] - mx);
+            sum += s[p];
+        }
+        float inv = (float)(1.0 / sum);
+        for (uint32_t p = lo; p < P; p++) s[p] *= inv;
+        memset(out + (size_t)g * hd, 0, hd * sizeof(float));
+    }
+    for (uint32_t i = lo / pt; i * pt < P; i++) {
+        uint32_t p0 = LMS_MAX(i * pt, lo), p1 = LMS_MIN((i + 1) * pt, P);
+        const uint8_t *V = kv->base + (size_t)kv->pages[i] * kv->page_bytes + lo_off + kv->v_offset;
+        for (uint32_t g = 0; g < G; g++) {
+            const float *s = sc + (size_t)g * bk->n_ctx;
+            float *o = out + (size_t)g * hd;
+            for (uint32_t p = p0; p < p1; p++)
+                bk->k->axpy[dti](o, V + (p - i * pt) * kv->token_bytes, s[p], (int)hd);
+        }
+    }
+}
+
+/* ---- the operations ------------------------------------------------------------------------ */
+
+static void cpu_destroy(lms__bk *b)
+{
+    if (!b)
+        return;
+    for (int i = 0; i < LMS__B_COUNT_; i++) lms__free(b->buf[i]);
+    lms__free(b->xin);
+    lms__free(b->inv_freq[0]);
+    lms__free(b->inv_freq[1]);
+    lms__free(b->cs);
+    lms__free(b->scores);
+    lms__free(b);
+}
+
+static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
+{
+    const lms__hparams *hp = cfg->hp;
+    lms__bk *b = lms__calloc(1, sizeof *b);
+    *out = NULL;
+    if (!b)
+        return LMS_ENOMEM;
+    b->hp = hp;
+    b->w = cfg->w;
+    b->k = cfg->k;
+    b->pool = cfg->pool;
+    b->nthreads = lms__pool_threads(cfg->pool);
+    b->B = cfg->max_block;
+    b->n_ctx = cfg->n_ctx;
+    b->G = hp->n_heads / hp->n_kv_heads;
+    size_t B = cfg->max_block, maxw = 0;
+    for (int i = 0; i < LMS__B_COUNT_; i++) {
+        b->width[i] = lms__buf_width(hp, (lms__buf)i);
+        maxw = LMS_MAX(maxw, (size_t)b->width[i]);
+        if (!(b->buf[i] = lms__aligned_alloc(64, B * b->width[i] * 4)))
+            goto nomem;
+        /* touch all scratch now: no page faults (RSS growth) on the token path */
+        memset(b->buf[i], 0, B * b->width[i] * 4);
+    }
+    size_t hd = hp->head_dim, ssz = (size_t)b->nthreads * b->G * cfg->n_ctx * 4;
+    if (!(b->xin = lms__aligned_alloc(64, B * maxw * 4)) || !(b->inv_freq[0] = lms__malloc(hd / 2 * 4 + 4)) ||
+        !(b->inv_freq[1] = lms__malloc(hd / 2 * 4 + 4)) || !(b->cs = lms__malloc(B * hd * 4)) ||
+        !(b->scores = lms__aligned_alloc(64, ssz)))
+        goto nomem;
+    memset(b->xin, 0, B * maxw * 4);
+    memset(b->cs, 0, B * hd * 4);
+    memset(b->scores, 0, ssz);
+    lms__rope_freqs(hp, LMS__ROPE_GLOBAL, b->inv_freq[0]);
+    lms__rope_freqs(hp, LMS__ROPE_LOCAL, b->inv_freq[1]);
+    *out = b;
+    return 0;
+nomem:
+    cpu_destroy(b);
+    return LMS_ENOMEM;
+}
+
+static const char *cpu_describe(const lms__bk *b) { return b->k->name; }
+
+static int cpu_begin(lms__bk *b, const lms__step *st, bool *replayed)
+{
+    assert(st->nb >= 1 && st->nb <= b->B && st->pos0 + st->nb <= b->n_ctx);
+    b->st = st;
+    *replayed = false;
+    return 0;
+}
+
+static int cpu_end(lms__bk *b)
+{
+    b->st = NULL;
+    return 0;
+}
+
+static void embed_row(const lms__wt *e, uint32_t row, float scale, float *out)
+{
+    lms__row_to_f32(e, row, out);
+    if (scale == 1.0f)
+        return;
+    /* in the weights' dtype, as transformers multiplies embeddings by a scale cast to it */
+    if (e->dt == LMS_DTYPE_BF16) {
+        float s = lms__bf16_to_f32(lms__f32_to_bf16(scale));
+        for (uint32_t i = 0; i < e->cols; i++) out[i] = lms__bf16_to_f32(lms__f32_to_bf16(out[i] * s));
+    } else if (e->dt == LMS_DTYPE_F16) {
+        float s = lms__f16_to_f32(lms__f32_to_f16(scale));
+        for (uint32_t i = 0; i < e->cols; i++) out[i] = lms__f16_to_f32(lms__f32_to_f16(out[i] * s));
+    } else {
+        for (uint32_t i = 0; i < e->cols; i++) out[i] *= scale;
+    }
+}
+
+static void cpu_embed(lms__bk *b, float scale)
+{
+    const lms__step *st = b->st;
+    uint32_t E = b->hp->n_embd;
+    for (uint32_t t = 0; t < st->nb; t++) {
+        assert(st->tokens[t] >= 0 && (uint32_t)st->tokens[t] < b->hp->n_vocab);
+        embed_row(&b->w->embed, (uint32_t)st->tokens[t], scale, b->buf[LMS__B_X] + (size_t)t * E);
+    }
+}
+
+/* The jobs' shared input, transformed (norm or activation) into b->xin, or x itself. */
+static const float *mm_input(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t nb)
+{
+    uint32_t W = b->width[j->x], cols = j->w->cols;
+    const float *x = b->buf[j->x] + (size_t)row0 * W;
+    assert(cols == W);
+    if (j->norm) {
+        for (uint32_t t = 0; t < nb; t++)
+            rmsnorm(b->xin + (size_t)t * W, x + (size_t)t * W, j->norm, cols, b->hp->eps);
+        return b->xin;
+    }
+    if (j->act != LMS__ACT_NONE) {
+        const float *x2 = b->buf[j->x2] + (size_t)row0 * W;
+        for (size_t i = 0; i < (size_t)nb * W; i++) b->xin[i] = act_val(j->act, x[i]) * x2[i];
+        return b->xin;
+    }
+    return x;
+}
+
+static void cpu_matmul(lms__bk *b, const lms__mm *jobs, int n)
+{
+    uint32_t nb = b->st->nb;
+    mm_job mj[4];
+    assert(n >= 1 && n <= 4);
+    const float *x = mm_input(b, &jobs[0], 0, nb);
+    for (int i = 0; i < n; i++) {
+        const lms__mm *j = &jobs[i];
+        assert(j->x == jobs[0].x && j->norm == jobs[0].norm && j->act == jobs[0].act);
+        assert(b->width[j->y] == j->w->rows);
+        mj[i] = (mm_job){j->w, x, b->width[j->x], b->buf[j->y], b->width[j->y], j->acc, 0, 0};
+    }
+    mm_multi(b, mj, n, nb);
+    for (int i = 0; i < n; i++) {
+        const lms__mm *j = &jobs[i];
+        if (!j->bias)
+            continue;
+        for (uint32_t t = 0; t < nb; t++) {
+            float *y = b->buf[j->y] + (size_t)t * b->width[j->y];
+            for (uint32_t r = 0; r < j->w->rows; r++) y[r] += j->bias[r];
+        }
+    }
+}
+
+static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int which)
+{
+    const lms__hparams *hp = b->hp;
+    const lms__step *st = b->st;
+    const lms__kvview *kv = st->kv;
+    uint32_t hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
+    const float *inv_freq = b->inv_freq[which == LMS__ROPE_LOCAL];
+    for (uint32_t t = 0; t < st->nb; t++) {
+        float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
+        const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
+        float p = (float)(st->pos0 + t), *cs = b->cs;
+        for (uint32_t i = 0; i < hd / 2; i++) {
+            float fr = p * inv_freq[i];
+            cs[i] = cosf(fr);
+            cs[hd / 2 + i] = sinf(fr);
+        }
+        for (uint32_t h = 0; h < hp->n_heads; h++) {
+            if (q_norm)
+                rmsnorm(q + h * hd, q + h * hd, q_norm, hd, hp->eps);
+            rope(q + h * hd, cs, hd);
+        }
+        uint32_t pos = st->pos0 + t, page = kv->pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
+        uint8_t *dst = kv->base + (size_t)page * kv->page_bytes + (size_t)layer * kv->layer_bytes +
+                       (size_t)slot * kv->token_bytes;
+        for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
+            if (k_norm)
+                rmsnorm(k + h * hd, k + h * hd, k_norm, hd, hp->eps);
+            rope(k + h * hd, cs, hd);
+            store_kv(dst + (size_t)h * kv->head_bytes, k + h * hd, hd, kv->dtype);
+            store_kv(dst + kv->v_offset + (size_t)h * kv->head_bytes, v + h * hd, hd, kv->dtype);
+        }
+    }
+}
+
+static void cpu_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)
+{
+    att_run ar = {b, layer, window, scale, softcap};
+    lms__pool_run(b->pool, (size_t)b->hp->n_kv_heads * b->st->nb, att_task, &ar);
+}
+
+static void cpu_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
+{
+    uint32_t E = b->hp->n_embd;
+    for (uint32_t t = 0; t < b->st->nb; t++) {
+        float *yr = b->buf[y] + (size_t)t * E, *tmp = b->xin;
+        rmsnorm(tmp, b->buf[x] + (size_t)t * E, w, E, b->hp->eps);
+        for (uint32_t i = 0; i < E; i++) yr[i] += tmp[i];
+    }
+}
+
+static void cpu_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, float softcap, float *host_out)
+{
+    assert(row0 + n <= b->st->nb);
+    const float *x = mm_input(b, j, row0, n);
+    mm_job mj = {j->w, x, b->width[j->x], host_out, j->w->rows, false, 0, 0};
+    mm_multi(b, &mj, 1, n);
+    if (softcap > 0)
+        for (size_t i = 0; i < (size_t)n * j->w->rows; i++) host_out[i] = softcap * tanhf(host_out[i] / softcap);
+}
+
+static int cpu_read(lms__bk *b, lms__buf id, uint32_t n, float *host)
+{
+    memcpy(host, b->buf[id], (size_t)n * b->width[id] * 4);
+    return 0;
+}
+
+static int cpu_write(lms__bk *b, lms__buf id, uint32_t n, const float *host)
+{
+    memcpy(b->buf[id], host, (size_t)n * b->width[id] * 4);
+    return 0;
+}
+
+const lms__fwd_ops lms__fwd_cpu = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .describe = cpu_describe,
+    .begin = cpu_begin,
+    .end = cpu_end,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul,
+    .qk_rope = cpu_qk_rope,
+    .attention = cpu_attention,
+    .norm_add = cpu_norm_add,
+    .head = cpu_head,
+    .head_argmax = NULL,
+    .read = cpu_read,
+    .write = cpu_write,
+};

@@ -1,0 +1,519 @@
+/*
+ * engine/cuda/fwd_cuda.c - the CUDA backend of the forward operations
+ * (engine/backend.h). Weights are read where the loader put them (the
+ * resident device arena, or registered host memory in mapped placement):
+ * nothing is copied. Activations are f32 in device buffers allocated at
+ * create, with the KV cache's arena (the kvcache module allocates it on the
+ * same device), the logits scratch and the cuBLAS workspace: nothing is
+ * allocated per token.
+ *
+ * Matrix products of steps of up to 8 rows run the GEMV kernel (weights
+ * streamed once, input transform fused); larger steps (prefill) transform
+ * the input once into the weights' type and call cuBLAS (f32 accumulation),
+ * biases added by a small kernel.
+ *
+ * A decode step (one row, no logits of every row) is recorded once into a
+ * CUDA graph per kind of output and replayed afterwards: kernels read the
+ * token, the position and the block table from device memory that begin()
+ * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
+ * turns graphs off, LMSTORE_CUDA_PDL=0 programmatic dependent launch.
+ *
+ * Errors: a failed launch or CUDA call records the first error; end()
+ * returns it as LMS_EDEVICE naming the operation.
+ */
+#include <assert.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cuda/kernels.h"
+#include "loader/device.h"
+
+#define LOGIT_ROWS 32           /* rows of logits scratch (layers.c asks at most this many at once) */
+#define GEMV_MAX_ROWS 8         /* steps up to this many rows use the GEMV kernel */
+#define GEMV_SMEM (160u << 10)  /* ... when their transformed input fits in this much shared memory */
+#define BLAS_WS (32u << 20)     /* cuBLAS workspace */
+
+enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
+
+struct lms__bk {
+    const lms__hparams *hp;
+    const lms__weights *w;
+    lms_device *dev;
+    int ordinal, sms;
+    char desc[160];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    uint32_t B, n_ctx, max_pages, maxw;
+    float *buf[LMS__B_COUNT_];
+    uint32_t width[LMS__B_COUNT_];
+    void *xin;          /* [B][maxw] GEMM input, in the weights' type */
+    float *dvec;        /* mirror of w->vec_store */
+    float *inv_freq;    /* [2][hd/2] */
+    int32_t *dstep;     /* step parameters (kernels.h layout) */
+    int32_t *hstep;     /* their pinned host copy */
+    float *dlogits;     /* [LOGIT_ROWS][V] */
+    float *hlogits;     /* pinned [LOGIT_ROWS][V] */
+    int32_t *did, *hid; /* argmax */
+    float *part;        /* split-attention partials */
+    int *counters;
+    int splits;
+    lms_cu_kv kvg;
+    const lms__step *st;
+    int mode;
+    bool capturing, use_graphs;
+    cudaGraphExec_t graph[MODE_COUNT];
+    int err;            /* first error of the step (cudaError_t or cublasStatus_t) */
+    char err_what[96];
+};
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static void fail(lms__bk *b, int code, const char *what)
+{
+    if (code && !b->err) {
+        b->err = code;
+        snprintf(b->err_what, sizeof b->err_what, "%s", what);
+    }
+}
+
+static int cu_err(cudaError_t e, const char *what)
+{
+    return lms__err(LMS_EDEVICE, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+#define CU_TRY(b, call, what)                                                                                          \
+    do {                                                                                                               \
+        int rc_ = (int)(call);                                                                                         \
+        if (rc_)                                                                                                       \
+            fail(b, rc_, what);                                                                                        \
+    } while (0)
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+static int cu_type(lms_dtype dt)
+{
+    return dt == LMS_DTYPE_F32 ? LMS_CU_F32 : dt == LMS_DTYPE_F16 ? LMS_CU_F16 : LMS_CU_BF16;
+}
+
+static cudaDataType_t blas_type(int t)
+{
+    return t == LMS_CU_F32 ? CUDA_R_32F : t == LMS_CU_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+/* The device copy of a vector of vec_store (NULL stays NULL). */
+static const float *dv(const lms__bk *b, const float *host)
+{
+    if (!host)
+        return NULL;
+    assert(host >= b->w->vec_store && host < b->w->vec_store + b->w->vec_len);
+    return b->dvec + (host - b->w->vec_store);
+}
+
+static int pro_of(const lms__mm *j)
+{
+    if (j->norm)
+        return LMS_CU_PRO_NORM;
+    if (j->act == LMS__ACT_SILU)
+        return LMS_CU_PRO_SILU;
+    if (j->act == LMS__ACT_GELU_TANH)
+        return LMS_CU_PRO_GELU;
+    return LMS_CU_PRO_NONE;
+}
+
+static bool use_gemv(uint32_t nb, uint32_t K) { return nb <= GEMV_MAX_ROWS && (size_t)nb * K * 4 <= GEMV_SMEM; }
+
+/* ---- create / destroy ----------------------------------------------------------------------- */
+
+static void cuda_destroy(lms__bk *b)
+{
+    if (!b)
+        return;
+    cudaSetDevice(b->ordinal);
+    for (int i = 0; i < MODE_COUNT; i++)
+        if (b->graph[i])
+            cudaGraphExecDestroy(b->graph[i]);
+    if (b->blas)
+        cublasDestroy(b->blas);
+    for (int i = 0; i < LMS__B_COUNT_; i++) cudaFree(b->buf[i]);
+    cudaFree(b->xin);
+    cudaFree(b->dvec);
+    cudaFree(b->inv_freq);
+    cudaFree(b->dstep);
+    cudaFree(b->dlogits);
+    cudaFree(b->did);
+    cudaFree(b->part);
+    cudaFree(b->counters);
+    cudaFree(b->blas_ws);
+    cudaFreeHost(b->hstep);
+    cudaFreeHost(b->hlogits);
+    cudaFreeHost(b->hid);
+    if (b->stream)
+        cudaStreamDestroy(b->stream);
+    lms__free(b);
+}
+
+static bool env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
+}
+
+/* Settings this backend cannot run, named. */
+static int check_shapes(const lms__hparams *hp, const lms__kvview *kv)
+{
+    uint32_t hd = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
+    if (hd != 64 && hd != 128 && hd != 256)
+        return lms__err(LMS_EUNSUPPORTED, "cuda engine: head_dim %u (64, 128 and 256 are supported)", hd);
+    if (G > 16)
+        return lms__err(LMS_EUNSUPPORTED, "cuda engine: %u query heads per KV head (at most 16 are supported)", G);
+    if (kv->token_bytes % 16)
+        return lms__err(LMS_EUNSUPPORTED, "cuda engine: K/V rows of %zu bytes (multiples of 16 are supported)",
+                        kv->token_bytes);
+    return 0;
+}
+
+#define ALLOC(p, n)                                                                                                    \
+    do {                                                                                                               \
+        cudaError_t e_ = cudaMalloc((void **)&(p), (n));                                                               \
+        if (e_) {                                                                                                      \
+            rc = lms__err(LMS_ENOMEM, "cuda engine: %zu bytes of device memory: %s", (size_t)(n),                      \
+                          cudaGetErrorString(e_));                                                                     \
+            goto out_fail;                                                                                             \
+        }                                                                                                              \
+    } while (0)
+
+static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
+{
+    const lms__hparams *hp = cfg->hp;
+    int rc;
+    cudaError_t e;
+    *out = NULL;
+    if ((rc = check_shapes(hp, cfg->kv)))
+        return rc;
+    lms__bk *b = lms__calloc(1, sizeof *b);
+    if (!b)
+        return LMS_ENOMEM;
+    b->hp = hp;
+    b->w = cfg->w;
+    b->dev = cfg->dev;
+    b->ordinal = cfg->dev->ordinal;
+    b->B = cfg->max_block;
+    b->n_ctx = cfg->n_ctx;
+    b->max_pages = (cfg->n_ctx + cfg->kv->page_tokens - 1) / cfg->kv->page_tokens + 1;
+    b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
+    lms_cu_set_pdl(!env_off("LMSTORE_CUDA_PDL"));
+    if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||
+        (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) || (e = lms_cu_kernels_init())) {
+        rc = cu_err(e, "engine setup");
+        goto out_fail;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, b->ordinal) == cudaSuccess)
+        snprintf(b->desc, sizeof b->desc, "cuda sm_%d%d", prop.major, prop.minor);
+    else
+        snprintf(b->desc, sizeof b->desc, "cuda");
+
+    size_t B = b->B;
+    for (int i = 0; i < LMS__B_COUNT_; i++) {
+        b->width[i] = lms__buf_width(hp, (lms__buf)i);
+        b->maxw = LMS_MAX(b->maxw, b->width[i]);
+        ALLOC(b->buf[i], B * b->width[i] * 4);
+        cudaMemset(b->buf[i], 0, B * b->width[i] * 4);
+    }
+    size_t V = hp->n_vocab, hd = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
+    b->splits = (int)LMS_MIN(64u, LMS_MAX(1u, (2u * (uint32_t)b->sms + hp->n_kv_heads - 1) / hp->n_kv_heads));
+    size_t nstep = LMS_CU_STEP_TOKENS + B + b->max_pages;
+    ALLOC(b->xin, B * b->maxw * 4);
+    ALLOC(b->dvec, LMS_MAX(b->w->vec_len, 1) * 4);
+    ALLOC(b->inv_freq, hd * 4);
+    ALLOC(b->dstep, nstep * 4);
+    ALLOC(b->dlogits, (size_t)LOGIT_ROWS * V * 4);
+    ALLOC(b->did, 4);
+    ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits * G * (hd + 2) * 4);
+    ALLOC(b->counters, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * 4);
+    ALLOC(b->blas_ws, BLAS_WS);
+    if ((e = cudaHostAlloc((void **)&b->hstep, nstep * 4, cudaHostAllocDefault)) ||
+        (e = cudaHostAlloc((void **)&b->hlogits, (size_t)LOGIT_ROWS * V * 4, cudaHostAllocDefault)) ||
+        (e = cudaHostAlloc((void **)&b->hid, 4, cudaHostAllocDefault))) {
+        rc = lms__err(LMS_ENOMEM, "cuda engine: pinned host memory: %s", cudaGetErrorString(e));
+        goto out_fail;
+    }
+    memset(b->hstep, 0, nstep * 4);
+    float *freqs = lms__malloc(hd * 4);
+    if (!freqs) {
+        rc = LMS_ENOMEM;
+        goto out_fail;
+    }
+    lms__rope_freqs(hp, LMS__ROPE_GLOBAL, freqs);
+    lms__rope_freqs(hp, LMS__ROPE_LOCAL, freqs + hd / 2);
+    e = cudaMemcpy(b->inv_freq, freqs, hd * 4, cudaMemcpyHostToDevice);
+    lms__free(freqs);
+    if (!e && b->w->vec_len)
+        e = cudaMemcpy(b->dvec, b->w->vec_store, b->w->vec_len * 4, cudaMemcpyHostToDevice);
+    if (!e)
+        e = cudaMemset(b->counters, 0, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * 4);
+    if (!e)
+        e = cudaDeviceSynchronize();
+    if (e) {
+        rc = cu_err(e, "engine setup copies");
+        goto out_fail;
+    }
+    cublasStatus_t bs;
+    if ((bs = cublasCreate(&b->blas)) || (bs = cublasSetStream(b->blas, b->stream)) ||
+        (bs = cublasSetWorkspace(b->blas, b->blas_ws, BLAS_WS))) {
+        rc = lms__err(LMS_EDEVICE, "cuda engine: cuBLAS setup failed (status %d)", (int)bs);
+        goto out_fail;
+    }
+    const lms__kvview *kv = cfg->kv;
+    b->kvg = (lms_cu_kv){kv->base, (int64_t)kv->page_bytes, (int64_t)kv->layer_bytes, (int64_t)kv->head_bytes,
+                         (int64_t)kv->token_bytes, (int64_t)kv->v_offset, (int)kv->page_tokens, cu_type(kv->dtype)};
+    *out = b;
+    return 0;
+out_fail:
+    cuda_destroy(b);
+    return rc;
+}
+
+static const char *cuda_describe(const lms__bk *b) { return b->desc; }
+
+/* ---- steps ---------------------------------------------------------------------------------------- */
+
+static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
+{
+    cudaError_t e;
+    assert(st->nb >= 1 && st->nb <= b->B && st->pos0 + st->nb <= b->n_ctx);
+    assert(st->kv->base == b->kvg.base);
+    *replayed = false;
+    b->st = st;
+    b->err = 0;
+    b->capturing = false;
+    b->mode = st->out == LMS__OUT_LAST ? MODE_LAST : st->out == LMS__OUT_ARGMAX ? MODE_ARGMAX : MODE_NONE;
+    uint32_t np = (st->pos0 + st->nb + st->kv->page_tokens - 1) / st->kv->page_tokens;
+    assert(np <= st->kv->n_pages && np <= b->max_pages);
+    b->hstep[LMS_CU_STEP_NB] = (int32_t)st->nb;
+    b->hstep[LMS_CU_STEP_POS0] = (int32_t)st->pos0;
+    b->hstep[2] = (int32_t)np;
+    memcpy(b->hstep + LMS_CU_STEP_TOKENS, st->tokens, st->nb * 4);
+    memcpy(b->hstep + LMS_CU_STEP_TOKENS + b->B, st->kv->pages, np * 4);
+    if ((e = cudaSetDevice(b->ordinal)) ||
+        (e = cudaMemcpyAsync(b->dstep, b->hstep, (LMS_CU_STEP_TOKENS + b->B + np) * 4, cudaMemcpyHostToDevice,
+                             b->stream)))
+        return cu_err(e, "step parameters");
+    bool graphable = b->use_graphs && st->nb == 1 && st->out != LMS__OUT_ALL;
+    if (graphable && b->graph[b->mode]) {
+        if ((e = cudaGraphLaunch(b->graph[b->mode], b->stream)))
+            return cu_err(e, "decode graph launch");
+        *replayed = true;
+        return 0;
+    }
+    if (graphable) {
+        if ((e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal)))
+            return cu_err(e, "decode graph capture");
+        b->capturing = true;
+    }
+    return 0;
+}
+
+static int cuda_end(lms__bk *b)
+{
+    cudaError_t e = cudaSuccess;
+    int rc = 0;
+    if (b->capturing) {
+        cudaGraph_t g = NULL;
+        b->capturing = false;
+        e = cudaStreamEndCapture(b->stream, &g);
+        if (!e && !b->err) {
+            e = cudaGraphInstantiate(&b->graph[b->mode], g, 0);
+            if (!e)
+                e = cudaGraphLaunch(b->graph[b->mode], b->stream);
+        }
+        if (g)
+            cudaGraphDestroy(g);
+        if (e)
+            fail(b, (int)e, "decode graph");
+    }
+    if ((e = cudaStreamSynchronize(b->stream)))
+        fail(b, (int)e, "step");
+    if (b->err) {
+        rc = lms__err(LMS_EDEVICE, "cuda engine: %s failed: %s (%d)", b->err_what,
+                      b->err < 1000 ? cudaGetErrorString((cudaError_t)b->err) : "cuBLAS", b->err);
+        cudaGetLastError(); /* clear a non-sticky error */
+    } else if (b->mode == MODE_LAST && b->st->logits) {
+        memcpy(b->st->logits, b->hlogits, (size_t)b->hp->n_vocab * 4);
+    } else if (b->mode == MODE_ARGMAX && b->st->argmax) {
+        *b->st->argmax = *b->hid;
+    }
+    b->st = NULL;
+    return rc;
+}
+
+static void cuda_embed(lms__bk *b, float scale)
+{
+    const lms__wt *e = &b->w->embed;
+    CU_TRY(b, lms_cu_embed_launch(b->buf[LMS__B_X], e->dp, cu_type(e->dt), (int)b->hp->n_embd, scale, b->dstep,
+                                  (int)b->st->nb, b->stream),
+           "embedding");
+}
+
+/* One matrix product group on rows [row0, row0 + n) (n == 0: the step's rows). */
+static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, uint32_t n, float *y_override,
+                   int ldy_override)
+{
+    const lms__mm *j0 = &jobs[0];
+    uint32_t K = j0->w->cols, nb = n ? n : b->st->nb;
+    int pro = pro_of(j0), wtype = cu_type(j0->w->dt);
+    const float *x = b->buf[j0->x], *x2 = j0->act != LMS__ACT_NONE ? b->buf[j0->x2] : NULL;
+    int ldx = (int)b->width[j0->x];
+    assert(K == b->width[j0->x]);
+    bool same_type = true;
+    for (int i = 1; i < n_jobs; i++) same_type = same_type && jobs[i].w->dt == j0->w->dt;
+    if (use_gemv(nb, K) && same_type) {
+        lms_cu_gemv a;
+        memset(&a, 0, sizeof a);
+        for (int i = 0; i < n_jobs; i++) {
+            a.w[i] = jobs[i].w->dp;
+            a.y[i] = y_override ? y_override : b->buf[jobs[i].y];
+            a.ldy[i] = y_override ? ldy_override : (int)b->width[jobs[i].y];
+            a.bias[i] = dv(b, jobs[i].bias);
+            a.rows[i] = (int)jobs[i].w->rows;
+            a.acc[i] = jobs[i].acc;
+            assert(y_override || b->width[jobs[i].y] == jobs[i].w->rows);
+        }
+        a.n_jobs = n_jobs;
+        a.wtype = wtype;
+        a.K = (int)K;
+        a.x = x;
+        a.ldx = ldx;
+        a.x2 = x2;
+        a.norm = dv(b, j0->norm);
+        a.pro = pro;
+        a.eps = b->hp->eps;
+        a.step = b->dstep;
+        a.nb_max = (int)nb;
+        a.nb_fixed = n ? (int)n : 0;
+        a.row0 = (int)row0;
+        a.y_row0 = y_override ? 0 : (int)row0;
+        CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
+        return;
+    }
+    /* GEMM: the input transformed once into the weights' type, then cuBLAS per job */
+    CU_TRY(b, lms_cu_prologue_launch(b->xin, wtype, x, x2, ldx, dv(b, j0->norm), pro, b->hp->eps, (int)K, (int)row0,
+                                     (int)nb, n ? NULL : b->dstep, b->stream),
+           "matrix product input");
+    for (int i = 0; i < n_jobs; i++) {
+        const lms__mm *j = &jobs[i];
+        int jt = cu_type(j->w->dt);
+        if (jt != wtype) { /* a job of another weight type needs its own input */
+            CU_TRY(b, lms_cu_prologue_launch(b->xin, jt, x, x2, ldx, dv(b, j->norm), pro, b->hp->eps, (int)K,
+                                             (int)row0, (int)nb, n ? NULL : b->dstep, b->stream),
+                   "matrix product input");
+            wtype = jt;
+        }
+        float alpha = 1.0f, beta = j->acc ? 1.0f : 0.0f;
+        float *y = y_override ? y_override : b->buf[j->y] + (size_t)row0 * b->width[j->y];
+        int ldy = y_override ? ldy_override : (int)b->width[j->y];
+        cublasStatus_t s = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows, (int)nb, (int)K, &alpha,
+                                        j->w->dp, blas_type(jt), (int)K, b->xin, blas_type(jt), (int)K, &beta, y,
+                                        CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            fail(b, 1000 + (int)s, "cuBLAS matrix product");
+        if (j->bias)
+            CU_TRY(b, lms_cu_bias_launch(y, ldy, dv(b, j->bias), (int)j->w->rows, b->dstep, (int)nb, b->stream),
+                   "bias");
+    }
+}
+
+static void cuda_matmul(lms__bk *b, const lms__mm *jobs, int n)
+{
+    assert(n >= 1 && n <= LMS_CU_GEMV_JOBS);
+    for (int i = 1; i < n; i++) assert(jobs[i].x == jobs[0].x && jobs[i].norm == jobs[0].norm && jobs[i].act == jobs[0].act);
+    mm_run(b, jobs, n, 0, 0, NULL, 0);
+}
+
+static void cuda_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
+{
+    const lms__hparams *hp = b->hp;
+    lms_cu_rope a = {b->buf[LMS__B_Q], b->buf[LMS__B_K], b->buf[LMS__B_V], dv(b, q_norm), dv(b, k_norm),
+                     b->inv_freq + (rope == LMS__ROPE_LOCAL ? hp->head_dim / 2 : 0), (int)hp->n_heads,
+                     (int)hp->n_kv_heads, (int)hp->head_dim, (int)layer, hp->eps, b->kvg, b->dstep, (int)b->B,
+                     (int)b->st->nb};
+    CU_TRY(b, lms_cu_rope_launch(&a, b->stream), "rope");
+}
+
+static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)
+{
+    const lms__hparams *hp = b->hp;
+    lms_cu_attn a = {b->buf[LMS__B_Q], b->buf[LMS__B_ATT], (int)hp->n_heads, (int)hp->n_kv_heads, (int)hp->head_dim,
+                     (int)layer, (int)window, scale, softcap, b->kvg, b->dstep, (int)b->B, b->part, b->counters,
+                     b->splits};
+    CU_TRY(b, lms_cu_attn_launch(&a, (int)b->st->nb, b->stream), "attention");
+}
+
+static void cuda_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
+{
+    CU_TRY(b, lms_cu_norm_add_launch(b->buf[y], b->buf[x], dv(b, w), (int)b->hp->n_embd, b->hp->eps, b->dstep,
+                                     (int)b->st->nb, b->stream),
+           "norm add");
+}
+
+static void cuda_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, float softcap, float *host_out)
+{
+    size_t V = j->w->rows;
+    assert(n >= 1 && n <= LOGIT_ROWS && row0 + n <= b->st->nb);
+    mm_run(b, j, 1, row0, n, b->dlogits, (int)V);
+    if (softcap > 0)
+        CU_TRY(b, lms_cu_softcap_launch(b->dlogits, (size_t)n * V, softcap, b->stream), "softcap");
+    CU_TRY(b, cudaMemcpyAsync(b->hlogits, b->dlogits, (size_t)n * V * 4, cudaMemcpyDeviceToHost, b->stream),
+           "logits copy");
+    if (b->st->out == LMS__OUT_ALL) { /* delivered now: the scratch is reused by the next rows */
+        CU_TRY(b, cudaStreamSynchronize(b->stream), "logits copy");
+        if (!b->err)
+            memcpy(host_out, b->hlogits, (size_t)n * V * 4);
+    }
+}
+
+static void cuda_head_argmax(lms__bk *b, const lms__mm *j, float softcap, int32_t *id)
+{
+    size_t V = j->w->rows;
+    (void)id; /* delivered by end() into step.argmax */
+    mm_run(b, j, 1, b->st->nb - 1, 1, b->dlogits, (int)V);
+    if (softcap > 0)
+        CU_TRY(b, lms_cu_softcap_launch(b->dlogits, V, softcap, b->stream), "softcap");
+    CU_TRY(b, lms_cu_argmax_launch(b->dlogits, (int)V, b->did, b->stream), "argmax");
+    CU_TRY(b, cudaMemcpyAsync(b->hid, b->did, 4, cudaMemcpyDeviceToHost, b->stream), "argmax copy");
+}
+
+static int cuda_read(lms__bk *b, lms__buf id, uint32_t n, float *host)
+{
+    cudaError_t e = cudaMemcpy(host, b->buf[id], (size_t)n * b->width[id] * 4, cudaMemcpyDeviceToHost);
+    return e ? cu_err(e, "read activations") : 0;
+}
+
+static int cuda_write(lms__bk *b, lms__buf id, uint32_t n, const float *host)
+{
+    cudaError_t e = cudaMemcpy(b->buf[id], host, (size_t)n * b->width[id] * 4, cudaMemcpyHostToDevice);
+    return e ? cu_err(e, "write activations") : 0;
+}
+
+const lms__fwd_ops lms__fwd_cuda_ops = {
+    .name = "cuda",
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .describe = cuda_describe,
+    .begin = cuda_begin,
+    .end = cuda_end,
+    .embed = cuda_embed,
+    .matmul = cuda_matmul,
+    .qk_rope = cuda_qk_rope,
+    .attention = cuda_attention,
+    .norm_add = cuda_norm_add,
+    .head = cuda_head,
+    .head_argmax = cuda_head_argmax,
+    .read = cuda_read,
+    .write = cuda_write,
+};

@@ -1,0 +1,948 @@
+/*
+ * engine/cuda/kernels.cu - the kernels of the CUDA engine backend (see
+ * kernels.h for what each computes). Memory traffic per call, which is what
+ * bounds every one of them at the sizes an LLM has:
+ *
+ *   gemv       reads each weight byte once (rows x K x elem), x (nb x K
+ *              floats, from L2) once per block, writes nb x rows floats.
+ *              A persistent grid (a few blocks per SM) loops over row pairs;
+ *              each lane keeps 8 16-byte weight loads in flight; the input
+ *              transform (RMSNorm or gated activation) runs once per block
+ *              into shared memory. Decode: 1 row of x; batches of up to 8.
+ *   attention  decoding: reads K and V of the positions attended once
+ *              (2 x positions x kv heads x head_dim x elem per layer),
+ *              split over `splits` blocks per kv head, merged by the last
+ *              block to finish (no second launch). Prefill: tensor cores
+ *              (mma.sync m16n8k16, f32 accumulation), 64 queries x 64 keys
+ *              per tile, online softmax in registers (FlashAttention-2's
+ *              scheme); K/V re-read from L2 per query head.
+ *   rope, embed, norm_add, bias, softcap, argmax, prologue: one pass over
+ *              their rows.
+ *
+ * f32 accumulation everywhere; the tensor-core paths take 16-bit inputs.
+ * Kernels of a decode step start with griddepcontrol.wait, so that with
+ * programmatic dependent launch (kernels.h: lms_cu_set_pdl) each one is
+ * scheduled while the previous one drains; without it the instruction is a
+ * no-op.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "engine/cuda/kernels.h"
+
+namespace {
+
+int g_pdl = 1;
+
+__device__ __forceinline__ void griddep_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch `k` with grid/block/smem on `stream`, with programmatic stream
+ * serialization when enabled. */
+template <typename... KArgs, typename... Args>
+int launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, void *stream, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = (cudaStream_t)stream;
+    if (g_pdl) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    return (int)e;
+}
+
+/* ---- element conversions --------------------------------------------------------- */
+
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float f16_lo(uint32_t u) { return __half2float(__ushort_as_half((unsigned short)(u & 0xffff))); }
+__device__ __forceinline__ float f16_hi(uint32_t u) { return __half2float(__ushort_as_half((unsigned short)(u >> 16))); }
+
+template <int T> struct elem;
+template <> struct elem<LMS_CU_F32> {
+    typedef float t;
+    enum { per16 = 4 };
+    static __device__ __forceinline__ float get(const void *p, size_t i) { return ((const float *)p)[i]; }
+    static __device__ __forceinline__ void put(void *p, size_t i, float v) { ((float *)p)[i] = v; }
+    static __device__ __forceinline__ void unpack(uint4 v, float *f)
+    {
+        f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+    }
+};
+template <> struct elem<LMS_CU_F16> {
+    typedef __half t;
+    enum { per16 = 8 };
+    static __device__ __forceinline__ float get(const void *p, size_t i) { return __half2float(((const __half *)p)[i]); }
+    static __device__ __forceinline__ void put(void *p, size_t i, float v) { ((__half *)p)[i] = __float2half_rn(v); }
+    static __device__ __forceinline__ void unpack(uint4 v, float *f)
+    {
+        f[0] = f16_lo(v.x), f[1] = f16_hi(v.x), f[2] = f16_lo(v.y), f[3] = f16_hi(v.y);
+        f[4] = f16_lo(v.z), f[5] = f16_hi(v.z), f[6] = f16_lo(v.w), f[7] = f16_hi(v.w);
+    }
+};
+template <> struct elem<LMS_CU_BF16> {
+    typedef __nv_bfloat16 t;
+    enum { per16 = 8 };
+    static __device__ __forceinline__ float get(const void *p, size_t i)
+    {
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    }
+    static __device__ __forceinline__ void put(void *p, size_t i, float v)
+    {
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    }
+    static __device__ __forceinline__ void unpack(uint4 v, float *f)
+    {
+        f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+        f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
+    }
+};
+
+/* A 16-byte weight load that streams past L1 (each weight byte is read once per call). */
+__device__ __forceinline__ uint4 ld_stream(const void *p)
+{
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
+__device__ float block_sum(float v, float *red)
+{
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* red may still be read by a previous call */
+    if (l == 0)
+        red[w] = v;
+    __syncthreads();
+    float s = 0;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+__device__ __forceinline__ float act_f(int pro, float g)
+{
+    if (pro == LMS_CU_PRO_SILU)
+        return g / (1.0f + expf(-g));
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+/* The input transform of one row into dst[0..K): x, RMSNorm(x) * norm, or act(x) * x2. */
+__device__ void transform_row(float *dst, const float *x, const float *x2, const float *norm, int pro, float eps,
+                              int K, float *red)
+{
+    if (pro == LMS_CU_PRO_NORM) {
+        float ss = 0;
+        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += x[i] * x[i];
+        ss = block_sum(ss, red);
+        float r = 1.0f / sqrtf(ss / (float)K + eps);
+        for (int i = threadIdx.x; i < K; i += blockDim.x) dst[i] = norm[i] * (x[i] * r);
+    } else if (pro == LMS_CU_PRO_NONE) {
+        for (int i = threadIdx.x; i < K; i += blockDim.x) dst[i] = x[i];
+    } else {
+        for (int i = threadIdx.x; i < K; i += blockDim.x) dst[i] = act_f(pro, x[i]) * x2[i];
+    }
+}
+
+/* ---- GEMV ---------------------------------------------------------------------------- */
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+#define GEMV_R 2 /* rows per warp at a time */
+#define GEMV_U 4 /* 16-byte loads per row in flight per lane */
+
+/* acc[r][b] += the 16-byte chunk c of row r (wv[r][u]) . x[b] chunk c, for b < nb. */
+template <typename E, int NB>
+__device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[GEMV_R][GEMV_U], int u, const float *xs, int K, int c,
+                                           int nb, float (&acc)[GEMV_R][NB])
+{
+    constexpr int per = E::per16;
+    float wf[GEMV_R][8];
+#pragma unroll
+    for (int r = 0; r < GEMV_R; r++) E::unpack(wv[r][u], wf[r]);
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        if (NB > 1 && b >= nb)
+            break;
+        const float *xv = xs + (size_t)b * K + (size_t)c * per;
+        float xf[8];
+        float4 x0 = *(const float4 *)xv;
+        xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+        if (per == 8) {
+            float4 x1 = *(const float4 *)(xv + 4);
+            xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+        }
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+            for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
+    }
+}
+
+/*
+ * NB rows of x (1, or up to 8), in shared memory after the transform
+ * ([NB][K] floats). VEC: rows are 16-byte aligned and K is a multiple of
+ * the elements per 16 bytes; otherwise a scalar loop.
+ */
+template <int T, int NB, bool VEC>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const lms_cu_gemv a)
+{
+    typedef elem<T> E;
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    griddep_wait();
+    const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
+    for (int b = 0; b < nb; b++) {
+        size_t xo = (size_t)(a.row0 + b) * a.ldx;
+        transform_row(xs + (size_t)b * K, a.x + xo, a.x2 ? a.x2 + xo : nullptr, a.norm, a.pro, a.eps, K, red);
+    }
+    __syncthreads();
+    griddep_launch();
+
+    /* rows of the jobs, one after another: job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total) */
+    const int s1 = a.rows[0], s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0), total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
+    const int groups = (total + GEMV_R - 1) / GEMV_R;
+    const size_t row_bytes = (size_t)K * sizeof(typename E::t);
+    for (int gi = blockIdx.x * GEMV_WARPS + warp; gi < groups; gi += gridDim.x * GEMV_WARPS) {
+        const uint8_t *wr[GEMV_R];
+        int job[GEMV_R], lrow[GEMV_R];
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) {
+            int row = gi * GEMV_R + r, j = (a.n_jobs > 1 && row >= s1) + (a.n_jobs > 2 && row >= s2);
+            job[r] = row < total ? j : -1;
+            lrow[r] = row - (j == 0 ? 0 : j == 1 ? s1 : s2);
+            /* a row past the end reads row 0 (valid memory) and is not written */
+            wr[r] = (const uint8_t *)a.w[j] + (size_t)(row < total ? lrow[r] : 0) * row_bytes;
+        }
+        float acc[GEMV_R][NB];
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+
+        if (VEC) {
+            const int per = E::per16, nch = K / per;
+            int c0 = lane;
+            /* whole rounds: GEMV_U x GEMV_R loads issued before the first use */
+            for (; c0 + 32 * (GEMV_U - 1) < nch; c0 += 32 * GEMV_U) {
+                uint4 wv[GEMV_R][GEMV_U];
+#pragma unroll
+                for (int u = 0; u < GEMV_U; u++)
+#pragma unroll
+                    for (int r = 0; r < GEMV_R; r++) wv[r][u] = ld_stream(wr[r] + (size_t)(c0 + 32 * u) * 16);
+#pragma unroll
+                for (int u = 0; u < GEMV_U; u++) gemv_chunk<E, NB>(wv, u, xs, K, c0 + 32 * u, nb, acc);
+            }
+            for (; c0 < nch; c0 += 32) { /* the tail, one chunk at a time */
+                uint4 wv[GEMV_R][GEMV_U];
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++) wv[r][0] = ld_stream(wr[r] + (size_t)c0 * 16);
+                gemv_chunk<E, NB>(wv, 0, xs, K, c0, nb, acc);
+            }
+        } else {
+            for (int k = lane; k < K; k += 32) {
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++) {
+                    float wv = E::get(wr[r], k);
+#pragma unroll
+                    for (int b = 0; b < NB; b++)
+                        if (NB == 1 || b < nb)
+                            acc[r][b] = fmaf(wv, xs[(size_t)b * K + k], acc[r][b]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) {
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                float v = warp_sum(acc[r][b]);
+                if (lane == 0 && job[r] >= 0 && (NB == 1 || b < nb)) {
+                    int j = job[r];
+                    if (a.bias[j])
+                        v += a.bias[j][lrow[r]];
+                    float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lrow[r];
+                    *y = a.acc[j] ? *y + v : v;
+                }
+            }
+        }
+    }
+}
+
+template <int T, int NB>
+int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
+{
+    bool vec = a->K % elem<T>::per16 == 0;
+    for (int j = 0; j < a->n_jobs; j++) vec = vec && ((uintptr_t)a->w[j] % 16 == 0);
+    size_t smem = (size_t)(NB == 1 ? 1 : a->nb_max) * a->K * sizeof(float);
+    int total = 0;
+    for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
+    int groups = (total + GEMV_R - 1) / GEMV_R;
+    int per_sm = (int)(200 * 1024 / (smem + 2048));
+    per_sm = per_sm < 1 ? 1 : per_sm > 8 ? 8 : per_sm;
+    int blocks = (groups + GEMV_WARPS - 1) / GEMV_WARPS;
+    if (blocks > per_sm * sms)
+        blocks = per_sm * sms;
+    if (vec)
+        return launch(gemv_kernel<T, NB, true>, dim3(blocks), dim3(GEMV_THREADS), smem, stream, *a);
+    return launch(gemv_kernel<T, NB, false>, dim3(blocks), dim3(GEMV_THREADS), smem, stream, *a);
+}
+
+/* ---- prologue, embed, norm_add, bias, softcap, argmax --------------------------------------- */
+
+template <int T>
+__global__ void prologue_kernel(void *out, const float *x, const float *x2, int ldx, const float *norm, int pro,
+                                float eps, int K, int row0, int n, const int32_t *step)
+{
+    __shared__ float red[32];
+    griddep_wait();
+    int nb = step ? step[LMS_CU_STEP_NB] : n;
+    int b = blockIdx.x;
+    if (b >= nb)
+        return;
+    const float *xr = x + (size_t)(row0 + b) * ldx, *x2r = x2 ? x2 + (size_t)(row0 + b) * ldx : nullptr;
+    float r = 1.f;
+    if (pro == LMS_CU_PRO_NORM) {
+        float ss = 0;
+        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xr[i] * xr[i];
+        ss = block_sum(ss, red);
+        r = 1.0f / sqrtf(ss / (float)K + eps);
+    }
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        float v = pro == LMS_CU_PRO_NORM ? norm[i] * (xr[i] * r)
+                  : pro == LMS_CU_PRO_NONE ? xr[i]
+                                           : act_f(pro, xr[i]) * x2r[i];
+        elem<T>::put(out, (size_t)b * K + i, v);
+    }
+}
+
+template <int T>
+__global__ void embed_kernel(float *x, const void *embed, int E, float scale, const int32_t *step)
+{
+    griddep_wait();
+    int b = blockIdx.x;
+    if (b >= step[LMS_CU_STEP_NB])
+        return;
+    int64_t tok = step[LMS_CU_STEP_TOKENS + b];
+    const size_t off = (size_t)tok * E;
+    float s = scale;
+    if (scale != 1.f && T != LMS_CU_F32) { /* the scale and the product in the weights' type */
+        float tmp;
+        elem<T>::put(&tmp, 0, scale);
+        s = elem<T>::get(&tmp, 0);
+    }
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = elem<T>::get(embed, off + i);
+        if (scale != 1.f) {
+            v *= s;
+            if (T != LMS_CU_F32) {
+                float tmp;
+                elem<T>::put(&tmp, 0, v);
+                v = elem<T>::get(&tmp, 0);
+            }
+        }
+        x[(size_t)b * E + i] = v;
+    }
+}
+
+__global__ void norm_add_kernel(float *y, const float *x, const float *w, int n, float eps, const int32_t *step)
+{
+    __shared__ float red[32];
+    griddep_wait();
+    int b = blockIdx.x;
+    if (b >= step[LMS_CU_STEP_NB])
+        return;
+    const float *xr = x + (size_t)b * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[(size_t)b * n + i] += w[i] * (xr[i] * r);
+}
+
+__global__ void bias_kernel(float *y, int ldy, const float *bias, int rows, const int32_t *step)
+{
+    griddep_wait();
+    int b = blockIdx.y;
+    if (b >= step[LMS_CU_STEP_NB])
+        return;
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x)
+        y[(size_t)b * ldy + r] += bias[r];
+}
+
+__global__ void softcap_kernel(float *v, size_t n, float c)
+{
+    griddep_wait();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        v[i] = c * tanhf(v[i] / c);
+}
+
+__global__ void argmax_kernel(const float *v, int n, int32_t *id)
+{
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    griddep_wait();
+    float best = -INFINITY;
+    int bidx = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float x = v[i]; /* a NaN compares false: never chosen */
+        if (x > best || (x == best && i < bidx))
+            best = x, bidx = i;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
+        if (ov > best || (ov == best && oi < bidx))
+            best = ov, bidx = oi;
+    }
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0)
+        bv[w] = best, bi[w] = bidx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)(blockDim.x >> 5); i++)
+            if (bv[i] > best || (bv[i] == best && bi[i] < bidx))
+                best = bv[i], bidx = bi[i];
+        *id = bidx == 0x7fffffff ? 0 : bidx;
+    }
+}
+
+/* ---- RoPE and the K/V write -------------------------------------------------------------------- */
+
+template <int KT>
+__global__ void rope_kernel(const lms_cu_rope a)
+{
+    __shared__ float red[32];
+    griddep_wait();
+    int b = blockIdx.x, head = blockIdx.y; /* heads [0, n_heads) of q, then [0, n_kv) of k */
+    if (b >= a.step[LMS_CU_STEP_NB])
+        return;
+    int pos = a.step[LMS_CU_STEP_POS0] + b, hd = a.hd, half = hd / 2;
+    bool isq = head < a.n_heads;
+    int h = isq ? head : head - a.n_heads;
+    float *v = isq ? a.q + ((size_t)b * a.n_heads + h) * hd : a.k + ((size_t)b * a.n_kv + h) * hd;
+    const float *nw = isq ? a.q_norm : a.k_norm;
+    float r = 1.f;
+    if (nw) {
+        float ss = 0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
+        ss = block_sum(ss, red);
+        r = 1.0f / sqrtf(ss / (float)hd + a.eps);
+    }
+    /* thread i rotates the pair (i, i + half) */
+    float out1 = 0, out2 = 0;
+    int i = threadIdx.x;
+    if (i < half) {
+        float x1 = v[i], x2 = v[i + half];
+        if (nw)
+            x1 = nw[i] * (x1 * r), x2 = nw[i + half] * (x2 * r);
+        float fr = (float)pos * a.inv_freq[i], c = cosf(fr), s = sinf(fr);
+        out1 = x1 * c - x2 * s;
+        out2 = x2 * c + x1 * s;
+    }
+    __syncthreads(); /* every read of v before any write */
+    if (i < half) {
+        v[i] = out1;
+        v[i + half] = out2;
+    }
+    if (!isq) {
+        const lms_cu_kv *kv = &a.kv;
+        int page = a.step[LMS_CU_STEP_TOKENS + a.max_block + pos / kv->page_tokens], slot = pos % kv->page_tokens;
+        uint8_t *dst = kv->base + (size_t)page * kv->page_bytes + (size_t)a.layer * kv->layer_bytes +
+                       (size_t)h * kv->head_bytes + (size_t)slot * kv->token_bytes;
+        const float *vv = a.v + ((size_t)b * a.n_kv + h) * hd;
+        if (i < half) {
+            elem<KT>::put(dst, i, out1);
+            elem<KT>::put(dst, i + half, out2);
+        }
+        for (int j = threadIdx.x; j < hd; j += blockDim.x) elem<KT>::put(dst + kv->v_offset, j, vv[j]);
+    }
+}
+
+/* ---- attention: decoding ------------------------------------------------------------------------ */
+
+#define ATT_GMAX 16 /* query heads per kv head */
+#define ATT_SUB 64  /* positions scored per round */
+
+/* Block (h, s, b): kv head h, split s, token b; blockDim.x = HD threads. */
+template <int KT, int HD>
+__global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
+{
+    typedef elem<KT> E;
+    __shared__ float qs[ATT_GMAX][HD];
+    __shared__ float sc[ATT_GMAX][ATT_SUB];
+    __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
+    __shared__ int sm_last;
+    griddep_wait();
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, S = gridDim.y;
+    const int nb = a.step[LMS_CU_STEP_NB];
+    if (b >= nb)
+        return;
+    const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = HD / 32;
+    const int P = a.step[LMS_CU_STEP_POS0] + b + 1;
+    const int lo = a.window > 0 && P > a.window ? P - a.window : 0;
+    const int len = P - lo, C = (len + S - 1) / S, t0 = lo + s * C, t1 = min(P, t0 + C);
+    const lms_cu_kv *kv = &a.kv;
+    const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
+    const size_t qd = (size_t)a.n_heads * HD;
+    const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+
+    for (int i = tid; i < G * HD; i += HD) qs[i / HD][i % HD] = a.q[b * qd + (size_t)(h * G) * HD + i] * a.scale;
+    if (tid < ATT_GMAX)
+        sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
+    float acc[ATT_GMAX];
+#pragma unroll
+    for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
+    __syncthreads();
+
+    constexpr int EL = HD / 32; /* elements of a K row per lane */
+    for (int sub = t0; sub < t1; sub += ATT_SUB) {
+        const int n = min(ATT_SUB, t1 - sub);
+        for (int t = warp; t < n; t += nw) {
+            int pos = sub + t;
+            const uint8_t *krow = lbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+                                  (size_t)(pos % kv->page_tokens) * kv->token_bytes;
+            float kf[EL];
+#pragma unroll
+            for (int e = 0; e < EL; e++) kf[e] = E::get(krow, lane * EL + e);
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++) {
+                if (g >= G)
+                    break;
+                float d = 0;
+#pragma unroll
+                for (int e = 0; e < EL; e++) d = fmaf(kf[e], qs[g][lane * EL + e], d);
+                d = warp_sum(d);
+                if (a.softcap > 0.f)
+                    d = a.softcap * tanhf(d / a.softcap);
+                if (lane == 0)
+                    sc[g][t] = d;
+            }
+        }
+        __syncthreads();
+        for (int g = warp; g < G; g += nw) {
+            float mx = -INFINITY;
+            for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[g][t]);
+            mx = warp_max(mx);
+            float mold = sm_m[g], mnew = fmaxf(mold, mx), sum = 0;
+            for (int t = lane; t < n; t += 32) {
+                float p = expf(sc[g][t] - mnew);
+                sc[g][t] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                float al = expf(mold - mnew); /* mold = -inf: 0 */
+                sm_alpha[g] = al;
+                sm_l[g] = sm_l[g] * al + sum;
+                sm_m[g] = mnew;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < ATT_GMAX; g++)
+            if (g < G)
+                acc[g] *= sm_alpha[g];
+        for (int t = 0; t < n; t++) {
+            int pos = sub + t;
+            const uint8_t *vrow = lbase + kv->v_offset + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+                                  (size_t)(pos % kv->page_tokens) * kv->token_bytes;
+            float vv = E::get(vrow, tid);
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++)
+                if (g < G)
+                    acc[g] = fmaf(sc[g][t], vv, acc[g]);
+        }
+        __syncthreads();
+    }
+
+    float *out = a.out + b * qd + (size_t)(h * G) * HD;
+    if (S == 1) {
+#pragma unroll
+        for (int g = 0; g < ATT_GMAX; g++)
+            if (g < G)
+                out[g * HD + tid] = acc[g] / sm_l[g];
+        return;
+    }
+    /* partials: [b][h][s][g] = (m, l, acc[HD]) */
+    const size_t stride = HD + 2;
+    float *part = a.part + (((size_t)b * a.n_kv + h) * S + s) * G * stride;
+#pragma unroll
+    for (int g = 0; g < ATT_GMAX; g++)
+        if (g < G)
+            part[g * stride + 2 + tid] = acc[g];
+    if (tid < G)
+        part[tid * stride] = sm_m[tid], part[tid * stride + 1] = sm_l[tid];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int ticket = atomicAdd(&a.counters[b * a.n_kv + h], 1);
+        sm_last = ticket == S - 1;
+    }
+    __syncthreads();
+    if (!sm_last)
+        return;
+    __threadfence();
+    const float *p0 = a.part + ((size_t)b * a.n_kv + h) * S * G * stride;
+    for (int g = 0; g < G; g++) {
+        float M = -INFINITY;
+        for (int j = 0; j < S; j++) M = fmaxf(M, __ldcg(p0 + ((size_t)j * G + g) * stride));
+        float L = 0, o = 0;
+        for (int j = 0; j < S; j++) {
+            const float *pp = p0 + ((size_t)j * G + g) * stride;
+            float w = expf(__ldcg(pp) - M);
+            L += __ldcg(pp + 1) * w;
+            o += __ldcg(pp + 2 + tid) * w;
+        }
+        out[g * HD + tid] = o / L;
+    }
+    if (tid == 0)
+        a.counters[b * a.n_kv + h] = 0;
+}
+
+/* ---- attention: prefill on tensor cores ---------------------------------------------------------- */
+
+template <int KT> struct mma16;
+template <> struct mma16<LMS_CU_F16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *(uint32_t *)&h;
+    }
+    static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct mma16<LMS_CU_BF16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *(uint32_t *)&h;
+    }
+    static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+#define FA_BQ 64 /* queries per block: 4 warps x 16 */
+
+/*
+ * Block (query tile qt, head): the 64 queries qt*64.. of the step for one
+ * query head, over key tiles of BK positions. Fragment layouts are those of
+ * mma.m16n8k16 (PTX ISA): with g = lane / 4 and t = lane % 4, A holds rows
+ * g and g + 8, columns 2t, 2t + 1 (+8); B holds k = 2t, 2t + 1 (+8) of
+ * column g; C holds rows g, g + 8, columns 2t, 2t + 1. S = Q K^T takes B
+ * straight from K rows; P (S's C fragments, as 16-bit) is the A operand of
+ * O += P V with V transposed in shared memory.
+ */
+template <int KT, int HD, int BK>
+__global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
+{
+    typedef mma16<KT> M;
+    typedef typename elem<KT>::t T16;
+    constexpr int KS = HD + 8, VS = BK + 8; /* padded row strides (elements) */
+    __shared__ __align__(16) T16 Ks[BK * KS];
+    __shared__ __align__(16) T16 Vt[HD * VS];
+    griddep_wait();
+    const int nb = a.step[LMS_CU_STEP_NB], pos0 = a.step[LMS_CU_STEP_POS0];
+    const int qt = blockIdx.x, head = blockIdx.y, kvh = head / (a.n_heads / a.n_kv);
+    if (qt * FA_BQ >= nb)
+        return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const lms_cu_kv *kv = &a.kv;
+    const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
+    const size_t qd = (size_t)a.n_heads * HD;
+    const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)kvh * kv->head_bytes;
+
+    /* this warp's rows r0 = g, r1 = g + 8 of its 16 */
+    const int qrow0 = qt * FA_BQ + warp * 16 + g, qrow1 = qrow0 + 8;
+    const int qpos0 = pos0 + qrow0, qpos1 = pos0 + qrow1;
+    uint32_t qa[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const int c = kk * 16 + 2 * t;
+        float2 v00 = qrow0 < nb ? *(const float2 *)(a.q + qrow0 * qd + (size_t)head * HD + c) : make_float2(0, 0);
+        float2 v10 = qrow1 < nb ? *(const float2 *)(a.q + qrow1 * qd + (size_t)head * HD + c) : make_float2(0, 0);
+        float2 v01 = qrow0 < nb ? *(const float2 *)(a.q + qrow0 * qd + (size_t)head * HD + c + 8) : make_float2(0, 0);
+        float2 v11 = qrow1 < nb ? *(const float2 *)(a.q + qrow1 * qd + (size_t)head * HD + c + 8) : make_float2(0, 0);
+        qa[kk][0] = M::pack(v00.x * a.scale, v00.y * a.scale);
+        qa[kk][1] = M::pack(v10.x * a.scale, v10.y * a.scale);
+        qa[kk][2] = M::pack(v01.x * a.scale, v01.y * a.scale);
+        qa[kk][3] = M::pack(v11.x * a.scale, v11.y * a.scale);
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const int last_q = min(nb, (qt + 1) * FA_BQ) - 1;
+    const int qmax = pos0 + last_q, qmin = pos0 + qt * FA_BQ;
+    const int kmin = a.window > 0 ? max(0, qmin - a.window + 1) : 0;
+    for (int k0 = (kmin / BK) * BK; k0 <= qmax; k0 += BK) {
+        __syncthreads(); /* the previous tile's readers are done */
+        /* load K rows and V transposed: BK keys x HD/8 chunks of 16 bytes */
+        for (int i = tid; i < BK * (HD / 8); i += 128) {
+            int key = i / (HD / 8), c = i % (HD / 8), kp = k0 + key;
+            uint4 kvv = make_uint4(0, 0, 0, 0), vvv = make_uint4(0, 0, 0, 0);
+            if (kp <= qmax) {
+                const uint8_t *row = lbase + (size_t)pages[kp / kv->page_tokens] * kv->page_bytes +
+                                     (size_t)(kp % kv->page_tokens) * kv->token_bytes + (size_t)c * 16;
+                kvv = *(const uint4 *)row;
+                vvv = *(const uint4 *)(row + kv->v_offset);
+            }
+            *(uint4 *)&Ks[key * KS + c * 8] = kvv;
+            const T16 *vh = (const T16 *)&vvv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) Vt[(c * 8 + e) * VS + key] = vh[e];
+        }
+        __syncthreads();
+
+        /* S = Q K^T: BK/8 tiles of 16 x 8 */
+        float sc[BK / 8][4];
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const T16 *kr = &Ks[(j * 8 + g) * KS + kk * 16 + 2 * t];
+                M::mma(sc[j], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            }
+        }
+        /* softcap, mask (causal and window), row maxima */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int kp = k0 + j * 8 + 2 * t + (e & 1), qp = e < 2 ? qpos0 : qpos1;
+                float v = sc[j][e];
+                if (a.softcap > 0.f)
+                    v = a.softcap * tanhf(v / a.softcap);
+                bool ok = kp <= qp && (a.window <= 0 || kp > qp - a.window);
+                v = ok ? v : -INFINITY;
+                sc[j][e] = v;
+                if (e < 2)
+                    mx0 = fmaxf(mx0, v);
+                else
+                    mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+        float al0 = expf(m0 - mu0), al1 = expf(m1 - mu1);
+        m0 = mn0, m1 = mn1;
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            sc[j][0] = expf(sc[j][0] - mu0), sc[j][1] = expf(sc[j][1] - mu0);
+            sc[j][2] = expf(sc[j][2] - mu1), sc[j][3] = expf(sc[j][3] - mu1);
+            s0 += sc[j][0] + sc[j][1];
+            s1 += sc[j][2] + sc[j][3];
+        }
+        l0 = l0 * al0 + s0;
+        l1 = l1 * al1 + s1;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) o[i][0] *= al0, o[i][1] *= al0, o[i][2] *= al1, o[i][3] *= al1;
+        /* O += P V */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = M::pack(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = M::pack(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = M::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = M::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                const T16 *vr = &Vt[(i * 8 + g) * VS + kk * 16 + 2 * t];
+                M::mma(o[i], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) {
+        int c = i * 8 + 2 * t;
+        if (qrow0 < nb)
+            *(float2 *)(a.out + qrow0 * qd + (size_t)head * HD + c) = make_float2(o[i][0] * i0, o[i][1] * i0);
+        if (qrow1 < nb)
+            *(float2 *)(a.out + qrow1 * qd + (size_t)head * HD + c) = make_float2(o[i][2] * i1, o[i][3] * i1);
+    }
+}
+
+template <int KT, int HD>
+int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
+{
+    if constexpr (KT == LMS_CU_F32) {
+        return launch(attn_decode_kernel<KT, HD>, dim3(a->n_kv, nb_max <= 8 ? a->splits : 1, nb_max), dim3(HD), 0,
+                      stream, *a);
+    } else {
+        constexpr int BK = HD >= 256 ? 32 : 64;
+        if (nb_max <= 8)
+            return launch(attn_decode_kernel<KT, HD>, dim3(a->n_kv, a->splits, nb_max), dim3(HD), 0, stream, *a);
+        return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128), 0,
+                      stream, *a);
+    }
+}
+
+} /* namespace */
+
+/* ---- launchers --------------------------------------------------------------------------- */
+
+extern "C" int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream)
+{
+    bool one = a->nb_max == 1;
+    switch (a->wtype) {
+    case LMS_CU_F32: return one ? gemv_typed<LMS_CU_F32, 1>(a, sms, stream) : gemv_typed<LMS_CU_F32, 8>(a, sms, stream);
+    case LMS_CU_F16: return one ? gemv_typed<LMS_CU_F16, 1>(a, sms, stream) : gemv_typed<LMS_CU_F16, 8>(a, sms, stream);
+    case LMS_CU_BF16:
+        return one ? gemv_typed<LMS_CU_BF16, 1>(a, sms, stream) : gemv_typed<LMS_CU_BF16, 8>(a, sms, stream);
+    }
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_prologue_launch(void *out, int otype, const float *x, const float *x2, int ldx, const float *norm,
+                                      int pro, float eps, int K, int row0, int n, const int32_t *step, void *stream)
+{
+    dim3 g(n), b(256);
+    switch (otype) {
+    case LMS_CU_F32: return launch(prologue_kernel<LMS_CU_F32>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step);
+    case LMS_CU_F16: return launch(prologue_kernel<LMS_CU_F16>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step);
+    case LMS_CU_BF16: return launch(prologue_kernel<LMS_CU_BF16>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step);
+    }
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E, float scale, const int32_t *step,
+                                   int max_nb, void *stream)
+{
+    dim3 g(max_nb), b(256);
+    switch (wtype) {
+    case LMS_CU_F32: return launch(embed_kernel<LMS_CU_F32>, g, b, 0, stream, x, embed, E, scale, step);
+    case LMS_CU_F16: return launch(embed_kernel<LMS_CU_F16>, g, b, 0, stream, x, embed, E, scale, step);
+    case LMS_CU_BF16: return launch(embed_kernel<LMS_CU_BF16>, g, b, 0, stream, x, embed, E, scale, step);
+    }
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_rope_launch(const lms_cu_rope *a, void *stream)
+{
+    int threads = a->hd / 2 < 32 ? 32 : ((a->hd / 2 + 31) / 32) * 32;
+    dim3 g(a->max_nb, a->n_heads + a->n_kv), b(threads);
+    switch (a->kv.dtype) {
+    case LMS_CU_F32: return launch(rope_kernel<LMS_CU_F32>, g, b, 0, stream, *a);
+    case LMS_CU_F16: return launch(rope_kernel<LMS_CU_F16>, g, b, 0, stream, *a);
+    case LMS_CU_BF16: return launch(rope_kernel<LMS_CU_BF16>, g, b, 0, stream, *a);
+    }
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_attn_launch(const lms_cu_attn *a, int nb_max, void *stream)
+{
+#define LMS_CU_ATT_HD(KT)                                                                                              \
+    switch (a->hd) {                                                                                                   \
+    case 64: return attn_typed<KT, 64>(a, nb_max, stream);                                                             \
+    case 128: return attn_typed<KT, 128>(a, nb_max, stream);                                                           \
+    case 256: return attn_typed<KT, 256>(a, nb_max, stream);                                                           \
+    }                                                                                                                  \
+    break;
+    switch (a->kv.dtype) {
+    case LMS_CU_F32: LMS_CU_ATT_HD(LMS_CU_F32)
+    case LMS_CU_F16: LMS_CU_ATT_HD(LMS_CU_F16)
+    case LMS_CU_BF16: LMS_CU_ATT_HD(LMS_CU_BF16)
+    }
+#undef LMS_CU_ATT_HD
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_norm_add_launch(float *y, const float *x, const float *w, int n, float eps, const int32_t *step,
+                                      int max_nb, void *stream)
+{
+    return launch(norm_add_kernel, dim3(max_nb), dim3(256), 0, stream, y, x, w, n, eps, step);
+}
+
+extern "C" int lms_cu_bias_launch(float *y, int ldy, const float *bias, int rows, const int32_t *step, int max_nb,
+                                  void *stream)
+{
+    return launch(bias_kernel, dim3((rows + 255) / 256, max_nb), dim3(256), 0, stream, y, ldy, bias, rows, step);
+}
+
+extern "C" int lms_cu_softcap_launch(float *v, size_t n, float c, void *stream)
+{
+    size_t blocks = (n + 255) / 256;
+    return launch(softcap_kernel, dim3(blocks > 4096 ? 4096 : (unsigned)blocks), dim3(256), 0, stream, v, n, c);
+}
+
+extern "C" int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *stream)
+{
+    return launch(argmax_kernel, dim3(1), dim3(1024), 0, stream, v, n, id);
+}
+
+extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
+
+extern "C" int lms_cu_kernels_init(void)
+{
+    int limit = 200 * 1024;
+    cudaError_t e = cudaSuccess;
+#define LMS_CU_SMEM(T)                                                                                                 \
+    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);   \
+    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);  \
+    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);   \
+    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    LMS_CU_SMEM(LMS_CU_F32)
+    LMS_CU_SMEM(LMS_CU_F16)
+    LMS_CU_SMEM(LMS_CU_BF16)
+#undef LMS_CU_SMEM
+    return (int)e;
+}

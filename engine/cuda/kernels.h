@@ -1,0 +1,131 @@
+/*
+ * engine/cuda/kernels.h - the CUDA kernels of the engine's CUDA backend,
+ * seen from C: argument structs and launchers (engine/cuda/kernels.cu).
+ * Every launcher enqueues on `stream` and returns 0 or a cudaError_t code
+ * (the caller turns it into LMS_EDEVICE); none synchronizes, so each may be
+ * captured into a CUDA graph.
+ *
+ * Step parameters live in device memory (lms_cu_step layout below), so that
+ * one recorded decode step replays for any position: kernels read the
+ * token ids, the first position and the block table from there, never from
+ * their launch arguments.
+ */
+#ifndef LMS_ENGINE_CUDA_KERNELS_H
+#define LMS_ENGINE_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types (weights, K/V, GEMM inputs). */
+enum { LMS_CU_F32 = 0, LMS_CU_F16 = 1, LMS_CU_BF16 = 2 };
+/* Input transforms of a matrix product (lms__act + the norm). */
+enum { LMS_CU_PRO_NONE = 0, LMS_CU_PRO_NORM = 1, LMS_CU_PRO_SILU = 2, LMS_CU_PRO_GELU = 3 };
+
+/* Step parameters, int32 words: [0] nb, [1] pos0, [2] n_pages, [3] 0,
+ * [4 .. 4+max_block) token ids, [4+max_block ..) the block table. */
+#define LMS_CU_STEP_NB 0
+#define LMS_CU_STEP_POS0 1
+#define LMS_CU_STEP_TOKENS 4
+
+/* The paged KV cache (lmstore/kvcache.h layout). */
+typedef struct lms_cu_kv {
+    uint8_t *base;
+    int64_t page_bytes, layer_bytes, head_bytes, token_bytes, v_offset;
+    int page_tokens, dtype; /* LMS_CU_* */
+} lms_cu_kv;
+
+/* Matrix-vector products of up to 3 matrices sharing one input (q/k/v,
+ * gate/up), for steps of 1 to 8 rows. y_j[b] (=, or += with acc_j) W_j . in(x[b]) + bias_j. */
+#define LMS_CU_GEMV_JOBS 3
+typedef struct lms_cu_gemv {
+    const void *w[LMS_CU_GEMV_JOBS];    /* [rows_j][K] of wtype, device */
+    float *y[LMS_CU_GEMV_JOBS];         /* [nb][ldy_j] */
+    const float *bias[LMS_CU_GEMV_JOBS];/* [rows_j] or NULL */
+    int rows[LMS_CU_GEMV_JOBS];
+    int ldy[LMS_CU_GEMV_JOBS];
+    int acc[LMS_CU_GEMV_JOBS];
+    int n_jobs;
+    int wtype;          /* LMS_CU_* */
+    int K;
+    const float *x;     /* [nb][ldx] */
+    int ldx;
+    const float *x2;    /* [nb][ldx] (gated activations) */
+    const float *norm;  /* [K] (PRO_NORM) */
+    int pro;            /* LMS_CU_PRO_* applied to x in the kernel */
+    float eps;
+    const int32_t *step; /* device step parameters (nb) */
+    int nb_max;         /* rows the launch must cover: 1, or up to 8 */
+    int nb_fixed;       /* > 1: exactly this many rows; 0: as many as the step has */
+    int row0;           /* first row of x (head of one position) */
+    int y_row0;         /* first row of y */
+} lms_cu_gemv;
+int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream);
+
+/* out[b][k] = in(x[b])[k] for b < nb (nb from step, or n when step is NULL), as
+ * otype: the input of a GEMM. */
+int lms_cu_prologue_launch(void *out, int otype, const float *x, const float *x2, int ldx, const float *norm, int pro,
+                           float eps, int K, int row0, int n, const int32_t *step, void *stream);
+
+/* x[b] = embed[tokens[b]] * scale (in the weights' type when scale != 1). */
+int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E, float scale, const int32_t *step, int max_nb,
+                        void *stream);
+
+/* Per token b: RMSNorm (q_norm/k_norm, optional) and RoPE on the heads of q and k,
+ * then k and v written into the cache at position pos0 + b of `layer`. */
+typedef struct lms_cu_rope {
+    float *q, *k;
+    const float *v;
+    const float *q_norm, *k_norm;
+    const float *inv_freq; /* [hd/2] */
+    int n_heads, n_kv, hd, layer;
+    float eps;
+    lms_cu_kv kv;
+    const int32_t *step;
+    int max_block;
+    int max_nb;
+} lms_cu_rope;
+int lms_cu_rope_launch(const lms_cu_rope *a, void *stream);
+
+/* Causal attention over the cache for each token of the step. */
+typedef struct lms_cu_attn {
+    const float *q;   /* [nb][n_heads*hd] */
+    float *out;       /* [nb][n_heads*hd] */
+    int n_heads, n_kv, hd, layer, window;
+    float scale, softcap;
+    lms_cu_kv kv;
+    const int32_t *step;
+    int max_block;
+    /* split decoding (nb <= 8): partials of splits x (m, l, acc[hd]) and counters */
+    float *part;      /* [8][n_kv][splits][G][hd + 2] */
+    int *counters;    /* [8][n_kv], zero between launches */
+    int splits;
+} lms_cu_attn;
+/* nb_max <= 8: flash-decoding over `splits` blocks per kv head and token;
+ * larger: the tensor-core prefill kernel (16-bit K/V) or, for F32 K/V, the
+ * decoding kernel over every token. nb is read from step; nb_max bounds it. */
+int lms_cu_attn_launch(const lms_cu_attn *a, int nb_max, void *stream);
+
+/* y[b] += RMSNorm(x[b]) * w, widths n. */
+int lms_cu_norm_add_launch(float *y, const float *x, const float *w, int n, float eps, const int32_t *step,
+                           int max_nb, void *stream);
+/* y[b][r] += bias[r] for b < nb. */
+int lms_cu_bias_launch(float *y, int ldy, const float *bias, int rows, const int32_t *step, int max_nb,
+                       void *stream);
+/* v[i] = c * tanh(v[i] / c), i < n. */
+int lms_cu_softcap_launch(float *v, size_t n, float c, void *stream);
+/* *id = the index of the largest of v[0..n) (the first on ties). */
+int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *stream);
+
+/* Kernel attributes (shared-memory limits) set once; 0 or a cudaError_t. */
+int lms_cu_kernels_init(void);
+/* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0). */
+void lms_cu_set_pdl(int on);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

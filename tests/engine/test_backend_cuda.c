@@ -1,0 +1,611 @@
+/*
+ * tests/engine/test_backend_cuda.c - every forward operation of the CUDA
+ * backend against the CPU backend (engine/backend.h), on random weights,
+ * activations and K/V, over awkward shapes: rows of 1, 3, 8, 9 and 70
+ * tokens (the GEMV and the GEMM paths, the decoding and the tensor-core
+ * attention), positions crossing pages, a scrambled block table, head sizes
+ * 64/128/256, inputs whose width is not a multiple of 8 (the scalar GEMV),
+ * F32/F16/BF16 weights and K/V, norms, gated activations, biases, residual
+ * adds, sliding windows and soft-capping. Then whole steps (the forward
+ * pass of a random 2-layer model) on both backends, decode steps replayed
+ * from the CUDA graph at moving positions, and the device argmax.
+ *
+ * Every mismatch is printed (operation, shape, relative error) before the
+ * test fails, so one run on a GPU host shows all of them. Without a GPU, or
+ * in a build without CUDA, it exits 77: skipped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "loader/device.h"
+#include "testutil.h"
+
+static lms_device *g_dev;
+static int g_fail, g_checks;
+
+/* ---- random data --------------------------------------------------------------------------- */
+
+static uint64_t g_rng = 88172645463325252ull;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+static size_t esz(lms_dtype dt) { return dt == LMS_DTYPE_F32 ? 4 : 2; }
+
+static void put(void *p, size_t i, float v, lms_dtype dt)
+{
+    if (dt == LMS_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (dt == LMS_DTYPE_F16)
+        ((uint16_t *)p)[i] = lms__f32_to_f16(v);
+    else
+        ((uint16_t *)p)[i] = lms__f32_to_bf16(v);
+}
+
+/* A matrix on both sides: host bytes and a device copy. */
+static void make_wt(lms__wt *w, uint32_t rows, uint32_t cols, lms_dtype dt, float scale)
+{
+    size_t n = (size_t)rows * cols;
+    void *h = malloc(n * esz(dt) + 16);
+    for (size_t i = 0; i < n; i++) put(h, i, frand() * scale, dt);
+    void *d = NULL;
+    assert_int_equal(g_dev->ops->alloc(g_dev, n * esz(dt) + 16, &d), 0);
+    assert_int_equal(g_dev->ops->copy_h2d(g_dev, d, h, n * esz(dt), NULL), 0);
+    *w = (lms__wt){h, d, dt, rows, cols};
+}
+
+static void free_wt(lms__wt *w)
+{
+    free((void *)w->p);
+    g_dev->ops->free(g_dev, (void *)w->dp);
+}
+
+/* ---- a random model ------------------------------------------------------------------------------ */
+
+typedef struct shape {
+    uint32_t E, n_heads, n_kv, hd, F, V;
+    lms_dtype wdt, kvdt;
+    bool bias, qk_norm;
+} shape;
+
+typedef struct model {
+    lms__hparams hp;
+    lms__weights w;
+    lms__layer_w layers[2];
+} model;
+
+static float *vec(model *m, size_t *used, uint32_t n, float base, float scale)
+{
+    float *v = m->w.vec_store + *used;
+    for (uint32_t i = 0; i < n; i++) v[i] = base + frand() * scale;
+    *used += n;
+    return v;
+}
+
+static void model_make(model *m, const shape *s)
+{
+    memset(m, 0, sizeof *m);
+    lms__hparams *hp = &m->hp;
+    hp->n_vocab = s->V, hp->n_embd = s->E, hp->n_layers = 2, hp->n_heads = s->n_heads, hp->n_kv_heads = s->n_kv;
+    hp->head_dim = s->hd, hp->n_ff = s->F, hp->max_pos = 4096, hp->eps = 1e-5f, hp->rope_theta = 10000;
+    hp->rope_kind = LMS__ROPE_LLAMA3, hp->rope_factor = 8, hp->rope_low_freq = 1, hp->rope_high_freq = 4;
+    hp->rope_orig_max_pos = 64;
+    hp->act = LMS__ACT_SILU, hp->embed_scale = 1, hp->attn_scale = 1.0f / sqrtf((float)s->hd);
+    hp->qkv_bias = s->bias, hp->qk_norm = s->qk_norm;
+    uint32_t qd = s->n_heads * s->hd, kvd = s->n_kv * s->hd;
+    m->w.vec_len = 16 * (size_t)(s->E + qd + s->hd + s->F) + 64;
+    m->w.vec_store = malloc(m->w.vec_len * 4);
+    size_t used = 0;
+    make_wt(&m->w.embed, s->V, s->E, s->wdt, 1.0f);
+    make_wt(&m->w.lm_head, s->V, s->E, s->wdt, 0.2f);
+    m->w.final_norm = vec(m, &used, s->E, 1.0f, 0.2f);
+    m->w.layers = m->layers;
+    for (int l = 0; l < 2; l++) {
+        lms__layer_w *L = &m->layers[l];
+        float sc = 1.0f / sqrtf((float)s->E);
+        make_wt(&L->wq, qd, s->E, s->wdt, sc);
+        make_wt(&L->wk, kvd, s->E, s->wdt, sc);
+        make_wt(&L->wv, kvd, s->E, s->wdt, sc);
+        make_wt(&L->wo, s->E, qd, s->wdt, 1.0f / sqrtf((float)qd));
+        make_wt(&L->w_gate, s->F, s->E, s->wdt, sc);
+        make_wt(&L->w_up, s->F, s->E, s->wdt, sc);
+        make_wt(&L->w_down, s->E, s->F, s->wdt, 1.0f / sqrtf((float)s->F));
+        L->attn_norm = vec(m, &used, s->E, 1.0f, 0.2f);
+        L->ffn_norm = vec(m, &used, s->E, 1.0f, 0.2f);
+        if (s->bias) {
+            L->bq = vec(m, &used, qd, 0, 0.1f);
+            L->bk = vec(m, &used, kvd, 0, 0.1f);
+            L->bv = vec(m, &used, kvd, 0, 0.1f);
+        }
+        if (s->qk_norm) {
+            L->q_norm = vec(m, &used, s->hd, 1.0f, 0.2f);
+            L->k_norm = vec(m, &used, s->hd, 1.0f, 0.2f);
+        }
+    }
+    assert_true(used <= m->w.vec_len);
+}
+
+static void model_free(model *m)
+{
+    free_wt(&m->w.embed);
+    free_wt(&m->w.lm_head);
+    for (int l = 0; l < 2; l++) {
+        lms__layer_w *L = &m->layers[l];
+        lms__wt *all[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < 7; i++) free_wt(all[i]);
+    }
+    free(m->w.vec_store);
+}
+
+/* ---- both backends over one model, with K/V arenas of equal content --------------------------------- */
+
+#define N_PAGES 40
+#define MAX_BLOCK 80
+#define N_CTX 512
+
+typedef struct pair {
+    model *m;
+    lms__kvview kv_cpu, kv_gpu;
+    uint8_t *arena_cpu;
+    void *arena_gpu;
+    size_t arena_bytes;
+    uint32_t table[N_PAGES];
+    lms__bk *cpu, *gpu;
+    lms_pool *pool;
+    const lms__kernels *k;
+} pair;
+
+static void kv_geometry(lms__kvview *kv, const lms__hparams *hp, lms_dtype dt)
+{
+    memset(kv, 0, sizeof *kv);
+    kv->dtype = dt;
+    kv->page_tokens = 16;
+    kv->elem_size = esz(dt);
+    kv->token_bytes = hp->head_dim * kv->elem_size;
+    kv->head_bytes = kv->page_tokens * kv->token_bytes;
+    kv->v_offset = hp->n_kv_heads * kv->head_bytes;
+    kv->layer_bytes = 2 * kv->v_offset;
+    kv->page_bytes = hp->n_layers * kv->layer_bytes;
+}
+
+static void pair_open(pair *p, model *m, lms_dtype kvdt)
+{
+    memset(p, 0, sizeof *p);
+    p->m = m;
+    kv_geometry(&p->kv_cpu, &m->hp, kvdt);
+    p->arena_bytes = N_PAGES * p->kv_cpu.page_bytes;
+    p->arena_cpu = malloc(p->arena_bytes);
+    size_t n = p->arena_bytes / esz(kvdt);
+    for (size_t i = 0; i < n; i++) put(p->arena_cpu, i, frand(), kvdt);
+    assert_int_equal(g_dev->ops->alloc(g_dev, p->arena_bytes, &p->arena_gpu), 0);
+    assert_int_equal(g_dev->ops->copy_h2d(g_dev, p->arena_gpu, p->arena_cpu, p->arena_bytes, NULL), 0);
+    for (uint32_t i = 0; i < N_PAGES; i++) p->table[i] = (i * 17 + 5) % N_PAGES; /* scrambled */
+    p->kv_cpu.base = p->arena_cpu;
+    p->kv_cpu.pages = p->table;
+    p->kv_cpu.n_pages = N_PAGES;
+    p->kv_gpu = p->kv_cpu;
+    p->kv_gpu.base = p->arena_gpu;
+    p->k = lms__kernels_best();
+    assert_int_equal(lms__pool_create(2, &p->pool), 0);
+    lms__fwd_cfg c1 = {&m->hp, &m->w, NULL, p->k, p->pool, MAX_BLOCK, N_CTX, &p->kv_cpu};
+    lms__fwd_cfg c2 = {&m->hp, &m->w, g_dev, p->k, NULL, MAX_BLOCK, N_CTX, &p->kv_gpu};
+    assert_int_equal(lms__fwd_cpu.create(&c1, &p->cpu), 0);
+    int rc = lms__fwd_cuda->create(&c2, &p->gpu);
+    if (rc)
+        printf("cuda create: %s\n", lms_last_error());
+    assert_int_equal(rc, 0);
+}
+
+static void pair_close(pair *p)
+{
+    lms__fwd_cpu.destroy(p->cpu);
+    lms__fwd_cuda->destroy(p->gpu);
+    lms__pool_destroy(p->pool);
+    free(p->arena_cpu);
+    g_dev->ops->free(g_dev, p->arena_gpu);
+}
+
+/* ---- comparing ------------------------------------------------------------------------------------ */
+
+static double rel_err(const float *a, const float *ref, size_t n, size_t *bad_at)
+{
+    double md = 0, mx = 1e-30;
+    *bad_at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (!(d <= md)) { /* NaN counts */
+            md = isnan(d) ? INFINITY : d;
+            *bad_at = i;
+        }
+        mx = fmax(mx, fabs((double)ref[i]));
+    }
+    return md / mx;
+}
+
+static void check(const char *what, const shape *s, uint32_t nb, uint32_t pos0, const float *got, const float *ref,
+                  size_t n, double tol)
+{
+    size_t at;
+    double e = rel_err(got, ref, n, &at);
+    g_checks++;
+    if (!(e <= tol)) {
+        g_fail++;
+        printf("MISMATCH %-22s E=%u heads=%u/%u hd=%u F=%u w=%s kv=%s nb=%u pos0=%u: rel err %.3g > %.1g "
+               "(at %zu: %g vs %g)\n",
+               what, s->E, s->n_heads, s->n_kv, s->hd, s->F, lms_dtype_name(s->wdt), lms_dtype_name(s->kvdt), nb,
+               pos0, e, tol, at, got[at], ref[at]);
+    }
+}
+
+/* Tolerance of a matrix product: exact arithmetic in f32 on both sides for steps
+ * on the GEMV path; 16-bit GEMM inputs (prefill) round the activations. */
+static double mm_tol(const shape *s, uint32_t nb)
+{
+    if (nb <= 8 || s->wdt == LMS_DTYPE_F32)
+        return 2e-4;
+    return s->wdt == LMS_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
+static float *rows(uint32_t n, uint32_t w, float scale)
+{
+    float *v = malloc((size_t)n * w * 4);
+    for (size_t i = 0; i < (size_t)n * w; i++) v[i] = frand() * scale;
+    return v;
+}
+
+/* ---- one operation on both sides --------------------------------------------------------------------- */
+
+typedef struct stepset {
+    int32_t tokens[MAX_BLOCK];
+    lms__step cpu, gpu;
+} stepset;
+
+static void steps(pair *p, stepset *ss, uint32_t nb, uint32_t pos0)
+{
+    for (uint32_t i = 0; i < nb; i++) ss->tokens[i] = (int32_t)((i * 7 + pos0) % p->m->hp.n_vocab);
+    ss->cpu = (lms__step){ss->tokens, nb, pos0, &p->kv_cpu, LMS__OUT_NONE, NULL, NULL};
+    ss->gpu = ss->cpu;
+    ss->gpu.kv = &p->kv_gpu;
+}
+
+static void begin2(pair *p, stepset *ss)
+{
+    bool r1, r2;
+    assert_int_equal(lms__fwd_cpu.begin(p->cpu, &ss->cpu, &r1), 0);
+    assert_int_equal(lms__fwd_cuda->begin(p->gpu, &ss->gpu, &r2), 0);
+    assert_false(r1 || r2);
+}
+
+static void end2(pair *p)
+{
+    assert_int_equal(lms__fwd_cpu.end(p->cpu), 0);
+    int rc = lms__fwd_cuda->end(p->gpu);
+    if (rc)
+        printf("cuda end: %s\n", lms_last_error());
+    assert_int_equal(rc, 0);
+}
+
+static void write2(pair *p, lms__buf b, uint32_t nb, const float *v)
+{
+    assert_int_equal(lms__fwd_cpu.write(p->cpu, b, nb, v), 0);
+    assert_int_equal(lms__fwd_cuda->write(p->gpu, b, nb, v), 0);
+}
+
+static void compare_buf(pair *p, const char *what, lms__buf b, const shape *s, uint32_t nb, uint32_t pos0, double tol)
+{
+    uint32_t w = lms__buf_width(&p->m->hp, b);
+    float *a = malloc((size_t)nb * w * 4), *c = malloc((size_t)nb * w * 4);
+    assert_int_equal(lms__fwd_cpu.read(p->cpu, b, nb, c), 0);
+    assert_int_equal(lms__fwd_cuda->read(p->gpu, b, nb, a), 0);
+    check(what, s, nb, pos0, a, c, (size_t)nb * w, tol);
+    free(a);
+    free(c);
+}
+
+/* The K/V of positions [pos0, pos0 + nb) of layer l, both arenas, as f32. */
+static void compare_kv(pair *p, const shape *s, uint32_t l, uint32_t nb, uint32_t pos0, double tol)
+{
+    const lms__kvview *kv = &p->kv_cpu;
+    uint8_t *g = malloc(p->arena_bytes);
+    assert_int_equal(g_dev->ops->copy_d2h(g_dev, g, p->arena_gpu, p->arena_bytes, NULL), 0);
+    size_t n = (size_t)nb * 2 * s->n_kv * s->hd, k = 0;
+    float *a = malloc(n * 4), *c = malloc(n * 4);
+    for (uint32_t t = 0; t < nb; t++) {
+        uint32_t pos = pos0 + t;
+        size_t off = (size_t)p->table[pos / 16] * kv->page_bytes + l * kv->layer_bytes + (pos % 16) * kv->token_bytes;
+        for (int kvs = 0; kvs < 2; kvs++)
+            for (uint32_t h = 0; h < s->n_kv; h++)
+                for (uint32_t d = 0; d < s->hd; d++, k++) {
+                    size_t o = off + kvs * kv->v_offset + h * kv->head_bytes;
+                    lms__wt w1 = {p->arena_cpu + o, NULL, s->kvdt, 1, s->hd}, w2 = {g + o, NULL, s->kvdt, 1, s->hd};
+                    float r1[256], r2[256];
+                    lms__row_to_f32(&w1, 0, r1);
+                    lms__row_to_f32(&w2, 0, r2);
+                    c[k] = r1[d];
+                    a[k] = r2[d];
+                }
+    }
+    check("k/v written", s, nb, pos0, a, c, n, tol);
+    free(a);
+    free(c);
+    free(g);
+}
+
+static void test_ops_shape(const shape *s)
+{
+    model m;
+    pair p;
+    stepset ss;
+    model_make(&m, s);
+    pair_open(&p, &m, s->kvdt);
+    const lms__hparams *hp = &m.hp;
+    const lms__layer_w *L = &m.layers[1];
+    uint32_t qd = hp->n_heads * hp->head_dim;
+    const uint32_t nbs[] = {1, 3, 8, 9, 70}, pos0s[] = {0, 13, 133};
+    double kv_tol = s->kvdt == LMS_DTYPE_F32 ? 2e-5 : s->kvdt == LMS_DTYPE_F16 ? 2e-3 : 1e-2;
+    for (size_t ni = 0; ni < 5; ni++)
+        for (size_t pi = 0; pi < 3; pi++) {
+            uint32_t nb = nbs[ni], pos0 = pos0s[pi];
+            if (pos0 + nb > N_PAGES * 16)
+                continue;
+            steps(&p, &ss, nb, pos0);
+
+            /* embedding */
+            begin2(&p, &ss);
+            lms__fwd_cpu.embed(p.cpu, 1.0f);
+            lms__fwd_cuda->embed(p.gpu, 1.0f);
+            end2(&p);
+            compare_buf(&p, "embed", LMS__B_X, s, nb, pos0, 1e-6);
+            begin2(&p, &ss);
+            lms__fwd_cpu.embed(p.cpu, 5.65f);
+            lms__fwd_cuda->embed(p.gpu, 5.65f);
+            end2(&p);
+            compare_buf(&p, "embed scaled", LMS__B_X, s, nb, pos0, 1e-6);
+
+            /* q/k/v with the input norm and biases, one launch */
+            float *x = rows(nb, hp->n_embd, 2.0f);
+            write2(&p, LMS__B_X, nb, x);
+            lms__mm qkv[3] = {{&L->wq, LMS__B_X, L->attn_norm, LMS__ACT_NONE, 0, LMS__B_Q, L->bq, false},
+                              {&L->wk, LMS__B_X, L->attn_norm, LMS__ACT_NONE, 0, LMS__B_K, L->bk, false},
+                              {&L->wv, LMS__B_X, L->attn_norm, LMS__ACT_NONE, 0, LMS__B_V, L->bv, false}};
+            begin2(&p, &ss);
+            lms__fwd_cpu.matmul(p.cpu, qkv, 3);
+            lms__fwd_cuda->matmul(p.gpu, qkv, 3);
+            end2(&p);
+            compare_buf(&p, "matmul norm q", LMS__B_Q, s, nb, pos0, mm_tol(s, nb));
+            compare_buf(&p, "matmul norm k", LMS__B_K, s, nb, pos0, mm_tol(s, nb));
+            compare_buf(&p, "matmul norm v", LMS__B_V, s, nb, pos0, mm_tol(s, nb));
+
+            /* rope + K/V write (the Q/K/V just computed are the same on both sides? no:
+             * write the CPU's into both, so rope sees equal inputs) */
+            float *q = malloc((size_t)nb * qd * 4), *k = malloc((size_t)nb * hp->n_kv_heads * hp->head_dim * 4),
+                  *v = malloc((size_t)nb * hp->n_kv_heads * hp->head_dim * 4);
+            lms__fwd_cpu.read(p.cpu, LMS__B_Q, nb, q);
+            lms__fwd_cpu.read(p.cpu, LMS__B_K, nb, k);
+            lms__fwd_cpu.read(p.cpu, LMS__B_V, nb, v);
+            write2(&p, LMS__B_Q, nb, q);
+            write2(&p, LMS__B_K, nb, k);
+            write2(&p, LMS__B_V, nb, v);
+            begin2(&p, &ss);
+            lms__fwd_cpu.qk_rope(p.cpu, 1, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
+            lms__fwd_cuda->qk_rope(p.gpu, 1, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
+            end2(&p);
+            compare_buf(&p, "rope q", LMS__B_Q, s, nb, pos0, 1e-5);
+            compare_kv(&p, s, 1, nb, pos0, kv_tol);
+
+            /* attention over the (equal) arenas: plain, windowed, soft-capped */
+            float *qq = rows(nb, qd, 1.5f);
+            write2(&p, LMS__B_Q, nb, qq);
+            struct { uint32_t window; float softcap; const char *name; } av[] = {
+                {0, 0, "attention"}, {7, 0, "attention window 7"}, {0, 2.5f, "attention softcap"}};
+            for (size_t ai = 0; ai < 3; ai++) {
+                begin2(&p, &ss);
+                lms__fwd_cpu.attention(p.cpu, 1, av[ai].window, hp->attn_scale, av[ai].softcap);
+                lms__fwd_cuda->attention(p.gpu, 1, av[ai].window, hp->attn_scale, av[ai].softcap);
+                end2(&p);
+                double at = nb <= 8 || s->kvdt == LMS_DTYPE_F32 ? 1e-4 : 2e-2;
+                compare_buf(&p, av[ai].name, LMS__B_ATT, s, nb, pos0, at);
+            }
+
+            /* o projection with residual add; gate/up; down with the gated activation */
+            float *att = rows(nb, qd, 1.0f);
+            write2(&p, LMS__B_ATT, nb, att);
+            write2(&p, LMS__B_X, nb, x);
+            lms__mm wo = {&L->wo, LMS__B_ATT, NULL, LMS__ACT_NONE, 0, LMS__B_X, NULL, true};
+            begin2(&p, &ss);
+            lms__fwd_cpu.matmul(p.cpu, &wo, 1);
+            lms__fwd_cuda->matmul(p.gpu, &wo, 1);
+            end2(&p);
+            compare_buf(&p, "matmul acc (o)", LMS__B_X, s, nb, pos0, mm_tol(s, nb));
+            float *g = rows(nb, hp->n_ff, 3.0f), *u = rows(nb, hp->n_ff, 1.0f);
+            write2(&p, LMS__B_G, nb, g);
+            write2(&p, LMS__B_U, nb, u);
+            write2(&p, LMS__B_X, nb, x);
+            lms__act acts[2] = {LMS__ACT_SILU, LMS__ACT_GELU_TANH};
+            for (int ai = 0; ai < 2; ai++) {
+                lms__mm down = {&L->w_down, LMS__B_G, NULL, acts[ai], LMS__B_U, LMS__B_X, NULL, true};
+                begin2(&p, &ss);
+                lms__fwd_cpu.matmul(p.cpu, &down, 1);
+                lms__fwd_cuda->matmul(p.gpu, &down, 1);
+                end2(&p);
+                compare_buf(&p, ai ? "matmul geglu (down)" : "matmul swiglu (down)", LMS__B_X, s, nb, pos0,
+                            mm_tol(s, nb));
+            }
+
+            /* norm_add */
+            write2(&p, LMS__B_X, nb, x);
+            write2(&p, LMS__B_T, nb, att);
+            begin2(&p, &ss);
+            lms__fwd_cpu.norm_add(p.cpu, LMS__B_X, LMS__B_T, L->ffn_norm);
+            lms__fwd_cuda->norm_add(p.gpu, LMS__B_X, LMS__B_T, L->ffn_norm);
+            end2(&p);
+            compare_buf(&p, "norm_add", LMS__B_X, s, nb, pos0, 1e-5);
+
+            /* the head: last row, every row, soft-capped; argmax */
+            write2(&p, LMS__B_X, nb, x);
+            lms__mm head = {&m.w.lm_head, LMS__B_X, m.w.final_norm, LMS__ACT_NONE, 0, 0, NULL, false};
+            uint32_t V = hp->n_vocab;
+            float *l1 = malloc((size_t)nb * V * 4), *l2 = malloc((size_t)nb * V * 4);
+            stepset s2 = ss;
+            s2.cpu.out = s2.gpu.out = LMS__OUT_LAST;
+            s2.cpu.logits = l1, s2.gpu.logits = l2;
+            begin2(&p, &s2);
+            lms__fwd_cpu.head(p.cpu, &head, nb - 1, 1, 0, l1);
+            lms__fwd_cuda->head(p.gpu, &head, nb - 1, 1, 0, l2);
+            end2(&p);
+            check("head last", s, nb, pos0, l2, l1, V, 2e-4);
+            s2.cpu.out = s2.gpu.out = LMS__OUT_ALL;
+            begin2(&p, &s2);
+            for (uint32_t r = 0; r < nb; r += 32) {
+                uint32_t n = nb - r < 32 ? nb - r : 32;
+                lms__fwd_cpu.head(p.cpu, &head, r, n, 3.0f, l1 + (size_t)r * V);
+                lms__fwd_cuda->head(p.gpu, &head, r, n, 3.0f, l2 + (size_t)r * V);
+            }
+            end2(&p);
+            check("head all softcap", s, nb, pos0, l2, l1, (size_t)nb * V, mm_tol(s, nb));
+            int32_t id = -1;
+            s2.gpu.out = LMS__OUT_ARGMAX;
+            s2.gpu.argmax = &id;
+            bool rp;
+            assert_int_equal(lms__fwd_cuda->begin(p.gpu, &s2.gpu, &rp), 0);
+            lms__fwd_cuda->head_argmax(p.gpu, &head, 0, &id);
+            assert_int_equal(lms__fwd_cuda->end(p.gpu), 0);
+            int32_t want = 0; /* the CPU's last row */
+            const float *lr = l1 + (size_t)(nb - 1) * V;
+            for (uint32_t i = 1; i < V; i++)
+                if (lr[i] > lr[want])
+                    want = (int32_t)i;
+            /* the CPU row above was soft-capped at 3: recompute without */
+            s2.cpu.out = LMS__OUT_LAST;
+            begin2(&p, &s2);
+            lms__fwd_cpu.head(p.cpu, &head, nb - 1, 1, 0, l1);
+            lms__fwd_cuda->head(p.gpu, &head, nb - 1, 1, 0, l2);
+            end2(&p);
+            want = 0;
+            for (uint32_t i = 1; i < V; i++)
+                if (l1[i] > l1[want])
+                    want = (int32_t)i;
+            g_checks++;
+            if (id != want && fabsf(l1[id] - l1[want]) > 1e-4f * fabsf(l1[want])) {
+                g_fail++;
+                printf("MISMATCH argmax nb=%u: %d vs %d\n", nb, id, want);
+            }
+            free(l1), free(l2), free(x), free(q), free(k), free(v), free(qq), free(att), free(g), free(u);
+        }
+    pair_close(&p);
+    model_free(&m);
+}
+
+/* ---- whole steps: the forward pass on both backends ---------------------------------------------- */
+
+static void test_forward_shape(const shape *s)
+{
+    model m;
+    model_make(&m, s);
+    lms__kvview kc, kg;
+    kv_geometry(&kc, &m.hp, s->kvdt);
+    size_t ab = N_PAGES * kc.page_bytes;
+    uint8_t *ac = calloc(1, ab);
+    void *ag;
+    uint32_t table[N_PAGES];
+    for (uint32_t i = 0; i < N_PAGES; i++) table[i] = (i * 23 + 3) % N_PAGES;
+    assert_int_equal(g_dev->ops->alloc(g_dev, ab, &ag), 0);
+    assert_int_equal(g_dev->ops->memset(g_dev, ag, 0, ab, NULL), 0);
+    kc.base = ac, kc.pages = table, kc.n_pages = N_PAGES;
+    kg = kc;
+    kg.base = ag;
+    lms_pool *pool;
+    assert_int_equal(lms__pool_create(2, &pool), 0);
+    lms__fwd *fc, *fg;
+    setenv("LMSTORE_CUDA_GRAPH", "1", 1);
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &m.hp, &m.w, NULL, lms__kernels_best(), pool, 64, N_CTX, &kc, &fc), 0);
+    assert_int_equal(lms__fwd_create(lms__fwd_cuda, &m.hp, &m.w, g_dev, NULL, NULL, 64, N_CTX, &kg, &fg), 0);
+    uint32_t V = m.hp.n_vocab;
+    float *l1 = malloc((size_t)64 * V * 4), *l2 = malloc((size_t)64 * V * 4);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
+    /* prefill 41 tokens with every row's logits, then 40 decode steps (graph replays) */
+    assert_int_equal(lms__fwd_block(fc, toks, 41, 0, &kc, l1, true), 0);
+    int rc = lms__fwd_block(fg, toks, 41, 0, &kg, l2, true);
+    if (rc)
+        printf("cuda forward: %s\n", lms_last_error());
+    assert_int_equal(rc, 0);
+    double tol = s->wdt == LMS_DTYPE_BF16 || s->kvdt != LMS_DTYPE_F32 ? 3e-2 : 1e-3;
+    check("forward prefill 41", s, 41, 0, l2, l1, (size_t)41 * V, tol);
+    for (uint32_t i = 0; i < 40; i++) {
+        int32_t t = toks[i % 64];
+        assert_int_equal(lms__fwd_block(fc, &t, 1, 41 + i, &kc, l1, false), 0);
+        assert_int_equal(lms__fwd_block(fg, &t, 1, 41 + i, &kg, l2, false), 0);
+        check("forward decode (graph)", s, 1, 41 + i, l2, l1, V, tol);
+        int32_t id = -1;
+        assert_int_equal(lms__fwd_block_argmax(fg, &t, 1, 41 + i, &kg, &id), 0);
+        int32_t want = 0;
+        for (uint32_t k = 1; k < V; k++)
+            if (l1[k] > l1[want])
+                want = (int32_t)k;
+        g_checks++;
+        if (id != want && fabsf(l1[id] - l1[want]) > 1e-3f * fabsf(l1[want])) {
+            g_fail++;
+            printf("MISMATCH forward argmax at %u: %d vs %d\n", 41 + i, id, want);
+        }
+    }
+    free(l1), free(l2);
+    lms__fwd_free(fc);
+    lms__fwd_free(fg);
+    lms__pool_destroy(pool);
+    free(ac);
+    g_dev->ops->free(g_dev, ag);
+    model_free(&m);
+}
+
+/* ---- the shapes -------------------------------------------------------------------------------------- */
+
+static const shape SHAPES[] = {
+    /* E, heads, kv, hd, F, V, weights, kv, bias, qk_norm */
+    {256, 4, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false},
+    {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_BF16, true, true},
+    {512, 4, 4, 128, 1000, 777, LMS_DTYPE_F16, LMS_DTYPE_F32, false, true},
+    {136, 2, 1, 64, 300, 500, LMS_DTYPE_F32, LMS_DTYPE_F32, true, false},
+    {260, 4, 1, 256, 515, 999, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false}, /* K % 8 != 0: scalar GEMV */
+    {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false}, /* SmolLM2's widths */
+};
+
+static void ops_match_cpu(void **state)
+{
+    setenv("LMSTORE_CUDA_GRAPH", "0", 1); /* activations are written between operations */
+    for (size_t i = 0; i < LMS_ARRAY_LEN(SHAPES); i++) test_ops_shape(&SHAPES[i]);
+    printf("ops: %d checks, %d mismatches\n", g_checks, g_fail);
+    assert_int_equal(g_fail, 0);
+}
+
+static void forward_matches_cpu(void **state)
+{
+    int before = g_fail;
+    for (size_t i = 0; i < LMS_ARRAY_LEN(SHAPES); i++) test_forward_shape(&SHAPES[i]);
+    printf("forward: %d mismatches\n", g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
+int main(void)
+{
+    if (!lms__fwd_cuda) {
+        fprintf(stderr, "built without CUDA: skipped\n");
+        return 77;
+    }
+    if (lms_device_open(LMS_DEVICE_CUDA, 0, &g_dev)) {
+        fprintf(stderr, "no CUDA device (%s): skipped\n", lms_last_error());
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ops_match_cpu),
+        cmocka_unit_test(forward_matches_cpu),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    lms_device_close(g_dev);
+    return rc;
+}
