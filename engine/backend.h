@@ -145,6 +145,11 @@ typedef struct lms__fwd_ops {
      * of head(): *id is valid after end(). */
     void (*head_argmax)(lms__bk *bk, const lms__mm *job, float softcap, int32_t *id);
 
+    /* (optional) Read bandwidth of the device's memory in GB/s: the best of a few
+     * passes that read `bytes` of a scratch buffer allocated for the call (the
+     * roofline decode is measured against). 0 when it cannot be measured. */
+    double (*membw)(lms__bk *bk, size_t bytes);
+
     /* Test access to activations: copy rows [0, n) of buffer b to or from host memory
      * (the buffer's width per row). Synchronous. */
     int (*read)(lms__bk *bk, lms__buf b, uint32_t n, float *host);

@@ -328,8 +328,10 @@ const char *lms__engine_kernels(const lms_engine *e) { return lms__fwd_describe(
 
 size_t lms__engine_len(const lms_engine *e) { return lms_kv_seq_len(e->seq) + (e->pending >= 0); }
 
-/* Run tokens (all new) through the model after the computed part of the sequence. */
-static int run_tokens(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all)
+/* Run tokens (all new) through the model after the computed part of the
+ * sequence. Output: logits (the last row's, or every row's with all), or
+ * with argmax the last row's largest logit's id computed on the device. */
+static int run_tokens_out(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all, int32_t *argmax)
 {
     uint32_t len = lms_kv_seq_len(e->seq), np;
     int rc;
@@ -345,13 +347,23 @@ static int run_tokens(lms_engine *e, const int32_t *toks, size_t n, float *logit
     for (size_t i = 0; i < n; i += B) {
         uint32_t nb = (uint32_t)LMS_MIN((size_t)B, n - i);
         bool last = i + nb == n;
-        float *lg = !logits ? NULL : all ? logits + i * V : last ? logits : NULL;
-        if ((rc = lms__fwd_block(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, lg, all))) {
+        if (last && argmax) {
+            rc = lms__fwd_block_argmax(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, argmax);
+        } else {
+            float *lg = !logits ? NULL : all ? logits + i * V : last ? logits : NULL;
+            rc = lms__fwd_block(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, lg, all);
+        }
+        if (rc) {
             lms_kv_seq_truncate(e->kv, e->seq, len);
             return rc;
         }
     }
     return lms_kv_seq_commit(e->kv, e->seq, len + (uint32_t)n);
+}
+
+static int run_tokens(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all)
+{
+    return run_tokens_out(e, toks, n, logits, all, NULL);
 }
 
 static int check_ids(const lms_engine *e, const int32_t *t, size_t n)
@@ -485,6 +497,20 @@ int lms__engine_step(lms_engine *e, float *logits)
         e->pending = -1;
     return rc;
 }
+
+/* Run the pending token; *id = its next token by greedy arg max, computed
+ * on the device (lms__engine_has_argmax). */
+int lms__engine_step_argmax(lms_engine *e, int32_t *id)
+{
+    assert(e->pending >= 0);
+    int32_t t = e->pending;
+    int rc = run_tokens_out(e, &t, 1, NULL, false, id);
+    if (!rc)
+        e->pending = -1;
+    return rc;
+}
+
+bool lms__engine_has_argmax(const lms_engine *e) { return lms__fwd_has_argmax(e->fwd); }
 
 /* Replace the sequence by the longest cached prefix of toks[0..n) if it is
  * longer than `have` tokens; returns the tokens now reused. */

@@ -45,5 +45,8 @@ const char *lms__engine_kernels(const lms_engine *e);
 
 
 int lms__engine_step(lms_engine *e, float *logits);
+/* Greedy decoding on the device: the next id without bringing logits back. */
+bool lms__engine_has_argmax(const lms_engine *e);
+int lms__engine_step_argmax(lms_engine *e, int32_t *id);
 uint32_t lms__engine_lookup(lms_engine *e, const int32_t *toks, uint32_t n, uint32_t have);
 #endif

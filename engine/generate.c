@@ -109,9 +109,14 @@ int lms_generate(lms_engine *e, const lms_gen_params *gp_in, const int32_t *prom
     uint32_t win = gp.repeat_window ? gp.repeat_window : 64;
     for (size_t i = n_prompt > win ? n_prompt - win : 0; i < n_prompt; i++) lms__sampler_accept(smp, prompt[i]);
 
-    /* 3. decode */
+    /* 3. decode. Plain greedy decoding takes the arg max on the device when the
+     * backend has one: 4 bytes come back per token instead of the logits. */
+    bool dev_greedy = (!(gp.temperature > 0) || gp.top_k == 1) &&
+                      (gp.repeat_penalty == 1.0f || gp.repeat_penalty == 0.0f) && lms__engine_has_argmax(e);
+    int32_t next = -1; /* the id the device picked, or -1: sample from e->logits */
     for (;;) {
-        int32_t id = lms__sampler_sample(smp, e->logits);
+        int32_t id = next >= 0 ? next : lms__sampler_sample(smp, e->logits);
+        next = -1;
         lms__sampler_accept(smp, id);
         if (!t_first)
             t_first = lms__now();
@@ -152,7 +157,7 @@ int lms_generate(lms_engine *e, const lms_gen_params *gp_in, const int32_t *prom
             mm.stop_reason = LMS_STOP_CTX;
             break;
         }
-        if ((rc = lms__engine_step(e, e->logits)))
+        if ((rc = dev_greedy ? lms__engine_step_argmax(e, &next) : lms__engine_step(e, e->logits)))
             goto out;
     }
     /* text held back at the end (incomplete UTF-8, a partial stop string) */

@@ -225,5 +225,7 @@ int lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos
 int lms__fwd_block_argmax(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
                           int32_t *id);
 bool lms__fwd_has_argmax(const lms__fwd *f);
+/* Read bandwidth of the backend's memory, GB/s (0: unknown); see lms__fwd_ops.membw. */
+double lms__fwd_membw(lms__fwd *f, size_t bytes);
 
 #endif

@@ -106,6 +106,8 @@ const char *lms__fwd_describe(const lms__fwd *f) { return f->ops->describe(f->bk
 
 bool lms__fwd_has_argmax(const lms__fwd *f) { return f->ops->head_argmax != NULL; }
 
+double lms__fwd_membw(lms__fwd *f, size_t bytes) { return f->ops->membw ? f->ops->membw(f->bk, bytes) : 0; }
+
 /* ---- one layer ------------------------------------------------------------------------------ */
 
 static void layer(lms__fwd *f, uint32_t l)

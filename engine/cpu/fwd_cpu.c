@@ -385,6 +385,43 @@ static void cpu_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, fl
         for (size_t i = 0; i < (size_t)n * j->w->rows; i++) host_out[i] = softcap * tanhf(host_out[i] / softcap);
 }
 
+typedef struct bw_run {
+    const uint64_t *p;
+    size_t n, per;
+    uint64_t *out; /* [threads] */
+} bw_run;
+
+static void bw_task(void *arg, size_t i, int worker)
+{
+    bw_run *r = arg;
+    size_t a = i * r->per, e = LMS_MIN(a + r->per, r->n);
+    uint64_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
+    for (; a + 4 <= e; a += 4) x0 ^= r->p[a], x1 ^= r->p[a + 1], x2 ^= r->p[a + 2], x3 ^= r->p[a + 3];
+    r->out[worker] ^= x0 ^ x1 ^ x2 ^ x3;
+}
+
+/* Read bandwidth of host memory over the pool's threads (the roofline of the
+ * CPU's decode, which streams the mapped weights). */
+static double cpu_membw(lms__bk *b, size_t bytes)
+{
+    size_t n = bytes / 8;
+    uint64_t *buf = lms__aligned_alloc(64, n * 8), out[256] = {0};
+    double best = 0;
+    if (!buf)
+        return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
+    bw_run r = {buf, n, (n + (size_t)b->nthreads - 1) / (size_t)b->nthreads, out};
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = lms__now();
+        lms__pool_run(b->pool, (size_t)b->nthreads, bw_task, &r);
+        double t = lms__now() - t0;
+        if (rep > 0 && t > 0)
+            best = LMS_MAX(best, n * 8 / t / 1e9);
+    }
+    lms__free(buf);
+    return out[0] == 1 ? best + 1e-9 : best; /* keeps the sums alive */
+}
+
 static int cpu_read(lms__bk *b, lms__buf id, uint32_t n, float *host)
 {
     memcpy(host, b->buf[id], (size_t)n * b->width[id] * 4);
@@ -411,6 +448,7 @@ const lms__fwd_ops lms__fwd_cpu = {
     .norm_add = cpu_norm_add,
     .head = cpu_head,
     .head_argmax = NULL,
+    .membw = cpu_membw,
     .read = cpu_read,
     .write = cpu_write,
 };

@@ -444,6 +444,23 @@ __global__ void argmax_kernel(const float *v, int n, int32_t *id)
     }
 }
 
+__global__ void __launch_bounds__(512) readbw_kernel(const uint4 *p, size_t n, uint32_t *sink)
+{
+    uint32_t x = 0;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride), c = ld_stream(p + i + 2 * stride),
+              d = ld_stream(p + i + 3 * stride);
+        x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = ld_stream(p + i);
+        x ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (x == 0x9e3779b9u)
+        *sink = x;
+}
+
 /* ---- RoPE and the K/V write -------------------------------------------------------------------- */
 
 template <int KT>
@@ -501,12 +518,17 @@ __global__ void rope_kernel(const lms_cu_rope a)
 #define ATT_GMAX 16 /* query heads per kv head */
 #define ATT_SUB 64  /* positions scored per round */
 
-/* Block (h, s, b): kv head h, split s, token b; blockDim.x = HD threads. */
+/*
+ * Block (h, s, b): kv head h, split s, token b. HD > 0: head_dim HD with HD
+ * threads; HD == 0: head_dim a.hd (<= 256) at run time, blockDim.x = a.hd
+ * rounded up to a warp.
+ */
 template <int KT, int HD>
-__global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
+__global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu_attn a)
 {
     typedef elem<KT> E;
-    __shared__ float qs[ATT_GMAX][HD];
+    constexpr int HDM = HD ? HD : 256;
+    __shared__ float qs[ATT_GMAX][HDM];
     __shared__ float sc[ATT_GMAX][ATT_SUB];
     __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
     __shared__ int sm_last;
@@ -515,16 +537,17 @@ __global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
     const int nb = a.step[LMS_CU_STEP_NB];
     if (b >= nb)
         return;
-    const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = HD / 32;
+    const int hd = HD ? HD : a.hd;
+    const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int P = a.step[LMS_CU_STEP_POS0] + b + 1;
     const int lo = a.window > 0 && P > a.window ? P - a.window : 0;
     const int len = P - lo, C = (len + S - 1) / S, t0 = lo + s * C, t1 = min(P, t0 + C);
     const lms_cu_kv *kv = &a.kv;
     const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
-    const size_t qd = (size_t)a.n_heads * HD;
+    const size_t qd = (size_t)a.n_heads * hd;
     const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
 
-    for (int i = tid; i < G * HD; i += HD) qs[i / HD][i % HD] = a.q[b * qd + (size_t)(h * G) * HD + i] * a.scale;
+    for (int i = tid; i < G * hd; i += blockDim.x) qs[i / hd][i % hd] = a.q[b * qd + (size_t)(h * G) * hd + i] * a.scale;
     if (tid < ATT_GMAX)
         sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
     float acc[ATT_GMAX];
@@ -532,7 +555,7 @@ __global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
     for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
     __syncthreads();
 
-    constexpr int EL = HD / 32; /* elements of a K row per lane */
+    constexpr int EL = (HDM + 31) / 32; /* elements of a K row per lane */
     for (int sub = t0; sub < t1; sub += ATT_SUB) {
         const int n = min(ATT_SUB, t1 - sub);
         for (int t = warp; t < n; t += nw) {
@@ -541,19 +564,26 @@ __global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
                                   (size_t)(pos % kv->page_tokens) * kv->token_bytes;
             float kf[EL];
 #pragma unroll
-            for (int e = 0; e < EL; e++) kf[e] = E::get(krow, lane * EL + e);
+            for (int e = 0; e < EL; e++) {
+                int d = HD ? lane * EL + e : lane + 32 * e;
+                kf[e] = d < hd ? E::get(krow, d) : 0.f;
+            }
 #pragma unroll
             for (int g = 0; g < ATT_GMAX; g++) {
                 if (g >= G)
                     break;
-                float d = 0;
+                float dsum = 0;
 #pragma unroll
-                for (int e = 0; e < EL; e++) d = fmaf(kf[e], qs[g][lane * EL + e], d);
-                d = warp_sum(d);
+                for (int e = 0; e < EL; e++) {
+                    int d = HD ? lane * EL + e : lane + 32 * e;
+                    if (d < hd)
+                        dsum = fmaf(kf[e], qs[g][d], dsum);
+                }
+                dsum = warp_sum(dsum);
                 if (a.softcap > 0.f)
-                    d = a.softcap * tanhf(d / a.softcap);
+                    dsum = a.softcap * tanhf(dsum / a.softcap);
                 if (lane == 0)
-                    sc[g][t] = d;
+                    sc[g][t] = dsum;
             }
         }
         __syncthreads();
@@ -580,34 +610,37 @@ __global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
         for (int g = 0; g < ATT_GMAX; g++)
             if (g < G)
                 acc[g] *= sm_alpha[g];
-        for (int t = 0; t < n; t++) {
-            int pos = sub + t;
-            const uint8_t *vrow = lbase + kv->v_offset + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
-                                  (size_t)(pos % kv->page_tokens) * kv->token_bytes;
-            float vv = E::get(vrow, tid);
+        if (tid < hd)
+            for (int t = 0; t < n; t++) {
+                int pos = sub + t;
+                const uint8_t *vrow = lbase + kv->v_offset + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+                                      (size_t)(pos % kv->page_tokens) * kv->token_bytes;
+                float vv = E::get(vrow, tid);
 #pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++)
-                if (g < G)
-                    acc[g] = fmaf(sc[g][t], vv, acc[g]);
-        }
+                for (int g = 0; g < ATT_GMAX; g++)
+                    if (g < G)
+                        acc[g] = fmaf(sc[g][t], vv, acc[g]);
+            }
         __syncthreads();
     }
 
-    float *out = a.out + b * qd + (size_t)(h * G) * HD;
+    float *out = a.out + b * qd + (size_t)(h * G) * hd;
     if (S == 1) {
+        if (tid < hd)
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++)
+                if (g < G)
+                    out[g * hd + tid] = acc[g] / sm_l[g];
+        return;
+    }
+    /* partials: [b][h][s][g] = (m, l, acc[hd]) */
+    const size_t stride = hd + 2;
+    float *part = a.part + (((size_t)b * a.n_kv + h) * S + s) * G * stride;
+    if (tid < hd)
 #pragma unroll
         for (int g = 0; g < ATT_GMAX; g++)
             if (g < G)
-                out[g * HD + tid] = acc[g] / sm_l[g];
-        return;
-    }
-    /* partials: [b][h][s][g] = (m, l, acc[HD]) */
-    const size_t stride = HD + 2;
-    float *part = a.part + (((size_t)b * a.n_kv + h) * S + s) * G * stride;
-#pragma unroll
-    for (int g = 0; g < ATT_GMAX; g++)
-        if (g < G)
-            part[g * stride + 2 + tid] = acc[g];
+                part[g * stride + 2 + tid] = acc[g];
     if (tid < G)
         part[tid * stride] = sm_m[tid], part[tid * stride + 1] = sm_l[tid];
     __threadfence();
@@ -621,18 +654,19 @@ __global__ void __launch_bounds__(HD) attn_decode_kernel(const lms_cu_attn a)
         return;
     __threadfence();
     const float *p0 = a.part + ((size_t)b * a.n_kv + h) * S * G * stride;
-    for (int g = 0; g < G; g++) {
-        float M = -INFINITY;
-        for (int j = 0; j < S; j++) M = fmaxf(M, __ldcg(p0 + ((size_t)j * G + g) * stride));
-        float L = 0, o = 0;
-        for (int j = 0; j < S; j++) {
-            const float *pp = p0 + ((size_t)j * G + g) * stride;
-            float w = expf(__ldcg(pp) - M);
-            L += __ldcg(pp + 1) * w;
-            o += __ldcg(pp + 2 + tid) * w;
+    if (tid < hd)
+        for (int g = 0; g < G; g++) {
+            float M = -INFINITY;
+            for (int j = 0; j < S; j++) M = fmaxf(M, __ldcg(p0 + ((size_t)j * G + g) * stride));
+            float L = 0, o = 0;
+            for (int j = 0; j < S; j++) {
+                const float *pp = p0 + ((size_t)j * G + g) * stride;
+                float w = expf(__ldcg(pp) - M);
+                L += __ldcg(pp + 1) * w;
+                o += __ldcg(pp + 2 + tid) * w;
+            }
+            out[g * hd + tid] = o / L;
         }
-        out[g * HD + tid] = o / L;
-    }
     if (tid == 0)
         a.counters[b * a.n_kv + h] = 0;
 }
@@ -824,13 +858,14 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
 template <int KT, int HD>
 int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
 {
-    if constexpr (KT == LMS_CU_F32) {
-        return launch(attn_decode_kernel<KT, HD>, dim3(a->n_kv, nb_max <= 8 ? a->splits : 1, nb_max), dim3(HD), 0,
-                      stream, *a);
+    int threads = HD ? HD : ((a->hd + 31) / 32) * 32;
+    dim3 dec(a->n_kv, nb_max <= 8 ? a->splits : 1, nb_max);
+    if constexpr (KT == LMS_CU_F32 || HD == 0) {
+        return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), 0, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if (nb_max <= 8)
-            return launch(attn_decode_kernel<KT, HD>, dim3(a->n_kv, a->splits, nb_max), dim3(HD), 0, stream, *a);
+            return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), 0, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128), 0,
                       stream, *a);
     }
@@ -895,8 +930,8 @@ extern "C" int lms_cu_attn_launch(const lms_cu_attn *a, int nb_max, void *stream
     case 64: return attn_typed<KT, 64>(a, nb_max, stream);                                                             \
     case 128: return attn_typed<KT, 128>(a, nb_max, stream);                                                           \
     case 256: return attn_typed<KT, 256>(a, nb_max, stream);                                                           \
-    }                                                                                                                  \
-    break;
+    default: return attn_typed<KT, 0>(a, nb_max, stream);                                                              \
+    }
     switch (a->kv.dtype) {
     case LMS_CU_F32: LMS_CU_ATT_HD(LMS_CU_F32)
     case LMS_CU_F16: LMS_CU_ATT_HD(LMS_CU_F16)
@@ -927,6 +962,14 @@ extern "C" int lms_cu_softcap_launch(float *v, size_t n, float c, void *stream)
 extern "C" int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *stream)
 {
     return launch(argmax_kernel, dim3(1), dim3(1024), 0, stream, v, n, id);
+}
+
+extern "C" int lms_cu_readbw_launch(const void *p, size_t n16, uint32_t *sink, int sms, void *stream)
+{
+    cudaError_t e;
+    readbw_kernel<<<sms * 4, 512, 0, (cudaStream_t)stream>>>((const uint4 *)p, n16, sink);
+    e = cudaGetLastError();
+    return (int)e;
 }
 
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }

@@ -120,6 +120,10 @@ int lms_cu_softcap_launch(float *v, size_t n, float c, void *stream);
 /* *id = the index of the largest of v[0..n) (the first on ties). */
 int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *stream);
 
+/* Read n16 16-byte words of p (a bandwidth probe); *sink is written only when
+ * their xor is a value no real data gives, so the reads cannot be dropped. */
+int lms_cu_readbw_launch(const void *p, size_t n16, uint32_t *sink, int sms, void *stream);
+
 /* Kernel attributes (shared-memory limits) set once; 0 or a cudaError_t. */
 int lms_cu_kernels_init(void);
 /* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0). */
