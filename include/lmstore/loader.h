@@ -48,14 +48,43 @@ extern "C" {
 /* lms_device (a compute device, CPU or CUDA; the loader only borrows it) and
  * lms_model are opaque handles declared in lmstore/types.h. */
 
+/* ---- devices (stable) ----------------------------------------------------------- */
+
+typedef enum lms_device_kind {
+    LMS_DEVICE_CPU = 0,
+    LMS_DEVICE_CUDA = 1,
+} lms_device_kind;
+
 /*
- * Open a device by name: "cpu", "cuda" (= "cuda:0") or "cuda:N". Errors:
- * LMS_EINVAL (unknown name), LMS_EUNSUPPORTED (built without that backend),
- * LMS_EDEVICE (no such device, e.g. no GPU on this machine). Close with
- * lms_device_close (NULL ok). A device must outlive every model opened on it.
+ * Open a device by name: "cpu", "cuda" (= "cuda:0") or "cuda:N"; the one
+ * function that resolves a device name, so `--device cuda:1` means the same
+ * device to every caller. Errors: LMS_EINVAL (unknown name),
+ * LMS_EUNSUPPORTED (built without that backend), LMS_EDEVICE (no such
+ * device; on a machine without a GPU the detail says "no CUDA device").
+ * On failure *out is NULL. Close with lms_device_close (NULL ok). A device
+ * must outlive every model opened on it.
  */
 int lms_device_open_name(const char *name, lms_device **out);
+/* Open device `ordinal` of `kind`; errors and ownership as above. */
+int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out);
 void lms_device_close(lms_device *dev);
+/* true when this build has a backend for `kind` (not whether a device exists). */
+bool lms_device_available(lms_device_kind kind);
+
+/* What a device is, for logs and for callers that size their own buffers. */
+typedef struct lms_device_info {
+    lms_device_kind kind;
+    int ordinal;
+    char name[160];         /* printable: "cpu", "cuda:0 (NVIDIA H200)" */
+    uint64_t total_mem;     /* bytes of device memory (CPU: physical memory) */
+    uint64_t free_mem;      /* bytes free now (CPU: available memory); 0 = unknown */
+    bool unified_memory;    /* reads host memory as its own (CPU, integrated GPUs) */
+    int compute_major, compute_minor; /* CUDA compute capability; 0 on the CPU */
+} lms_device_info;
+
+/* Fill *out for `dev`; free_mem is read at the call. Errors: LMS_EINVAL
+ * (NULL argument). Thread-safe. */
+int lms_device_get_info(const lms_device *dev, lms_device_info *out);
 
 /*
  * Pin `bytes` of host memory for staging copies to `dev` now and keep it

@@ -398,6 +398,64 @@ static void mapped_on_cpu_device_points_at_the_mapping(void **state)
 }
 
 
+static void device_info_describes_the_cpu_and_its_memory(void **state)
+{
+    (void)state;
+    lms_device *dev = NULL;
+    lms_device_info di;
+    assert_int_equal(lms_device_open_name("cpu", &dev), 0);
+    assert_int_equal(lms_device_get_info(dev, &di), 0);
+    assert_int_equal(di.kind, LMS_DEVICE_CPU);
+    assert_int_equal(di.ordinal, 0);
+    assert_string_equal(di.name, "cpu");
+    assert_true(di.unified_memory);
+    /* the machine's memory, as sysconf counts it */
+    uint64_t phys = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    assert_int_equal(di.total_mem, phys);
+    assert_true(di.free_mem > 0 && di.free_mem <= di.total_mem);
+    assert_int_equal(di.compute_major, 0);
+    assert_int_equal(lms_device_get_info(NULL, &di), LMS_EINVAL);
+    assert_int_equal(lms_device_get_info(dev, NULL), LMS_EINVAL);
+    lms_device_close(dev);
+    assert_true(lms_device_available(LMS_DEVICE_CPU));
+    assert_int_equal(lms_device_open((lms_device_kind)7, 0, &dev), LMS_EINVAL);
+    assert_null(dev);
+}
+
+/* "cuda:N" past the devices present: LMS_EDEVICE saying "no CUDA device"
+ * (also on a machine without a GPU); a build without CUDA: LMS_EUNSUPPORTED.
+ * The CLI turns either into exit status 1 with that message. */
+static void opening_a_missing_cuda_device_fails_clearly(void **state)
+{
+    (void)state;
+    bool cuda = lms_device_available(LMS_DEVICE_CUDA);
+    const char *want = cuda ? "no CUDA device" : "without CUDA";
+    lms_device *dev = (lms_device *)&dev;
+    int rc = lms_device_open_name("cuda:1000", &dev);
+    assert_int_equal(rc, cuda ? LMS_EDEVICE : LMS_EUNSUPPORTED);
+    assert_null(dev);
+    assert_non_null(strstr(lms_last_error(), want));
+    assert_non_null(strstr(lms_last_error(), "cuda:1000"));
+    rc = lms_device_open_name("cuda", &dev); /* succeeds on a GPU host */
+    if (rc == 0) {
+        lms_device_info di;
+        assert_int_equal(lms_device_get_info(dev, &di), 0);
+        assert_non_null(strstr(di.name, "cuda:0 ("));
+        lms_device_close(dev);
+    } else {
+        assert_int_equal(rc, cuda ? LMS_EDEVICE : LMS_EUNSUPPORTED);
+        assert_non_null(strstr(lms_last_error(), want));
+    }
+    char *out = NULL;
+    rc = lms_test_sh(&out, "'%s' bench load tiny --store '%s' --device cuda:1000", lms_test_bin(), g_store);
+    assert_int_equal(rc, 1);
+    assert_non_null(out);
+    if (!strstr(out, want))
+        fail_msg("bench load --device cuda:1000 said: %s", out);
+    free(out);
+}
+
+
 /* ---- a CPU device that "pins" like CUDA does: registrations are tracked,
  * overlapping ones are refused (cudaErrorHostMemoryAlreadyRegistered), and
  * unregistering an unknown base fails, so the registered paths run here. */
@@ -1043,6 +1101,8 @@ int main(void)
         cmocka_unit_test(resident_staging_ring_copies_every_byte),
         cmocka_unit_test(resident_parallel_readers_copy_every_byte),
         cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
+        cmocka_unit_test(device_info_describes_the_cpu_and_its_memory),
+        cmocka_unit_test(opening_a_missing_cuda_device_fails_clearly),
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
         cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
         cmocka_unit_test(reserved_staging_is_lent_to_one_load_at_a_time),
