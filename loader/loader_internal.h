@@ -31,16 +31,52 @@
 
 #include "common/common.h"
 #include "lmstore/loader.h"
+#include "lmstore/loader_experimental.h"
 #include "loader/device.h"
 #include "store/store_internal.h"
 
 #define LMS__PAGE 4096u
-#define LMS__DEFAULT_CHUNK (64ull << 20)
-#define LMS__DEFAULT_RING_CHUNK (4ull << 20) /* best of 2/4/8/16/32 MiB measured (bench/RESULTS.md, runs 3-6) */
-#define LMS__AUTO_COLD_READERS 8 /* AUTO, model not in the page cache: at most this many O_DIRECT readers */
-#define LMS__DEFAULT_RING_FIRST 8 /* ring slots carrying the first layer (lms_model_params.ring_first_slots); best of 2/4/8/all measured (bench/RESULTS.md) */
-#define LMS__CHUNK_ALIGN (2ull << 20)
-#define LMS__DEFAULT_REGISTER_PERCENT 50 /* LMS_COPY_SPLIT */
+#define LMS__CHUNK_ALIGN (2ull << 20) /* registration blocks and chunks are multiples of this */
+
+/* ---- the load plan: every default resolved in one place ------------------------ */
+
+/*
+ * What a load does, from lms_model_params and its tuning with every 0
+ * replaced by its default (lms__load_plan_resolve, loader/params.c: the only
+ * place that knows the defaults). The model keeps it; model.c, resident.c
+ * and lms_model_staging_bytes read it and resolve nothing themselves.
+ * Decisions that depend on the model or the machine at open (AUTO placement,
+ * AUTO copy source) are made from it by model.c and resident.c.
+ */
+typedef struct lms__load_plan {
+    lms_device *device;       /* NULL = CPU host views */
+    lms_placement placement;  /* as asked; AUTO is decided at open (model.c) */
+    lms_prefetch prefetch;
+    bool mlock, verify, sync;
+    int threads;              /* register / reader / verify threads */
+    int cold_readers;         /* copy AUTO, model mostly not in the page cache: reader threads */
+    uint64_t device_reserve;  /* AUTO: device bytes kept free besides the weights */
+    /* tuning */
+    lms_copy_source copy;
+    bool no_readers, ring_host_alloc;
+    int streams;
+    uint64_t chunk;           /* registration grid; copy size out of the mapping (REGISTER, DIRECT) */
+    uint64_t ring_chunk;      /* copy size through the staging ring (also SPLIT's staged chunks) */
+    int ring_slots, ring_first_slots;
+    int register_percent;     /* SPLIT */
+    lms_load_order order;
+    size_t staging_bytes;     /* the ring: ring_slots x (ring_chunk + 2 pages) */
+} lms__load_plan;
+
+/* Resolve p (NULL = defaults). LMS_EINVAL naming the field for a value out
+ * of range; *out is then unspecified. */
+int lms__load_plan_resolve(const lms_model_params *p, lms__load_plan *out);
+/* Free device memory a RESIDENT load with an arena of `arena_bytes` needs
+ * for placement AUTO to choose it, on a device of `total_mem` bytes: the
+ * arena, the caller's reserve and a margin. */
+uint64_t lms__load_plan_device_need(const lms__load_plan *pl, uint64_t arena_bytes, uint64_t total_mem);
+
+/* ---- mappings and registrations ------------------------------------------------ */
 
 typedef struct lms__regblock {
     int refs;
@@ -113,9 +149,8 @@ struct lms_model {
     lms_store *store;
     char *name;
     uint8_t id[LMS_MODEL_ID_LEN];
-    lms_model_params params;  /* with defaults filled in */
-    bool chunk_given;         /* params.chunk_bytes was set by the caller */
-    lms_device *dev;          /* params.device or NULL */
+    lms__load_plan plan;      /* the params, every default resolved */
+    lms_device *dev;          /* plan.device */
     lms_placement placement;
     size_t n;
     lms_tensor *t;            /* views, storage order */
@@ -141,11 +176,6 @@ typedef struct lms__staging lms__staging;
 uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes);
 void lms__staging_return(lms_device *dev);
 void lms__staging_release(lms_device *dev); /* lms_device_close */
-
-/* Worker threads when lms_model_params.threads is 0: 3/4 of the CPUs, 2..12
- * (12 read the page cache fastest into a reserved ring on a 16-core GPU
- * host; 16 were slower: bench/RESULTS.md, loader run 6). */
-static inline int lms__default_threads(void) { return LMS_MAX(2, LMS_MIN(12, lms__cpu_count() * 3 / 4)); }
 
 /* Start the resident load (placement RESIDENT); m->t[i].device is set. */
 int lms__resident_start(lms_model *m);

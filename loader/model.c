@@ -29,13 +29,6 @@
 #define MADV_POPULATE_READ 22
 #endif
 
-lms_model_params lms_model_default_params(void)
-{
-    lms_model_params p;
-    memset(&p, 0, sizeof p);
-    return p;
-}
-
 /* ---- reading the records -------------------------------------------------------- */
 
 typedef struct rec {
@@ -266,7 +259,7 @@ static int run_parallel(int threads, size_t n, lms_pool_fn fn, void *arg)
 
 static int prepare_host(lms_model *m)
 {
-    const lms_model_params *p = &m->params;
+    const lms__load_plan *p = &m->plan;
     int rc = 0;
     hrange *r = NULL;
     size_t nr = 0;
@@ -352,7 +345,7 @@ static int place_mapped(lms_model *m)
             m->t[i].device = (void *)m->t[i].host;
         return 0;
     }
-    uint64_t want = m->params.chunk_bytes;
+    uint64_t want = m->plan.chunk;
     /* Blocks the tensors touch, each registered once. */
     size_t cap = m->n + 8, n = 0;
     blk *b = lms__malloc(cap * sizeof *b);
@@ -510,28 +503,10 @@ static bool records_differ(const reclist *a, const reclist *b)
     return false;
 }
 
-static int check_params(const lms_model_params *p)
-{
-    if ((unsigned)p->placement > LMS_PLACE_RESIDENT || (unsigned)p->prefetch > LMS_PREFETCH_POPULATE ||
-        (unsigned)p->order > LMS_ORDER_FILE || (unsigned)p->copy > LMS_COPY_SPLIT ||
-        p->register_percent < 0 || p->register_percent > 100)
-        return lms__err(LMS_EINVAL, "model params: placement, prefetch, order, copy or register_percent out of range");
-    if (p->streams < 0 || p->streams > 64 || p->threads < 0 || p->threads > 256 || p->ring_slots < 0 ||
-        p->ring_slots > 1024 || p->ring_first_slots < 0 || p->ring_first_slots > 1024)
-        return lms__err(LMS_EINVAL, "model params: streams (0..64), threads (0..256), ring_slots or ring_first_slots (0..1024) "
-                        "out of range");
-    if (p->chunk_bytes > (1ull << 34))
-        return lms__err(LMS_EINVAL, "model params: chunk_bytes %llu is larger than 16 GiB",
-                        (unsigned long long)p->chunk_bytes);
-    if (p->placement >= LMS_PLACE_MAPPED && !p->device)
-        return lms__err(LMS_EINVAL, "model params: mapped and resident placements need a device");
-    return 0;
-}
-
 int lms_model_open(lms_store *store, const char *name, const lms_model_params *params, lms_model **out)
 {
     double t0 = lms__now();
-    lms_model_params p = params ? *params : lms_model_default_params();
+    lms__load_plan p;
     reclist l = {0};
     int rc;
     if (!out)
@@ -539,30 +514,15 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
     *out = NULL;
     if (!store || !name)
         return lms__err(LMS_EINVAL, "lms_model_open: store and name are required");
-    if ((rc = check_params(&p)))
+    if ((rc = lms__load_plan_resolve(params, &p)))
         return rc;
-    if (p.streams == 0)
-        p.streams = 4;
-    if (p.threads == 0)
-        p.threads = lms__default_threads();
-    bool chunk_given = p.chunk_bytes != 0;
-    if (p.chunk_bytes == 0)
-        p.chunk_bytes = LMS__DEFAULT_CHUNK;
-    p.chunk_bytes = lms__align_up(p.chunk_bytes, LMS__CHUNK_ALIGN);
-    if (p.ring_slots == 0)
-        p.ring_slots = 2 * p.threads;
-    if (p.ring_first_slots == 0)
-        p.ring_first_slots = LMS__DEFAULT_RING_FIRST;
-    if (p.register_percent == 0)
-        p.register_percent = LMS__DEFAULT_REGISTER_PERCENT;
 
     lms_model *m = lms__calloc(1, sizeof *m);
     if (!m)
         return LMS_ENOMEM;
     m->t0 = t0;
     m->store = store;
-    m->params = p;
-    m->chunk_given = chunk_given;
+    m->plan = p;
     m->dev = p.device;
     lms__store_ref(store);
     if (!(m->name = lms__strdup(name))) {

@@ -84,7 +84,6 @@ struct lms__resident {
     int mode;
     bool cold;        /* AUTO found the model mostly not in the page cache */
     uint64_t chunk;   /* bytes per chunk in effect (staged chunks in SPLIT) */
-    uint64_t grid_want; /* registration grid asked for (REGISTERED, SPLIT) */
     chunk *c;
     size_t nc;
     extent *e;
@@ -160,7 +159,7 @@ static void fail(lms__resident *r, int rc)
 static int plan(lms__resident *r)
 {
     lms_model *m = r->m;
-    const lms_model_params *p = &m->params;
+    const lms__load_plan *p = &m->plan;
     size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
     size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
     size_t no = 0;
@@ -228,7 +227,7 @@ static int plan(lms__resident *r)
     for (size_t k = 0; k < r->ne; k++) {
         extent *x = &r->e[k];
         bool regs = r->mode == MODE_REGISTERED || r->mode == MODE_SPLIT;
-        uint64_t grid = regs ? lms__reg_grid(x->map, r->dev, r->grid_want) : 0;
+        uint64_t grid = regs ? lms__reg_grid(x->map, r->dev, p->chunk) : 0;
         x->c0 = r->nc;
         size_t cut = x->cut0;
         for (uint64_t a = x->start; a < x->end;) {
@@ -320,7 +319,7 @@ out:
 static int assign_slots(lms__resident *r)
 {
     int first = r->ring_borrowed ? r->nslots /* pinned already */
-                                 : LMS_MIN(LMS_MAX(r->m->params.ring_first_slots, 1), r->nslots);
+                                 : LMS_MIN(LMS_MAX(r->m->plan.ring_first_slots, 1), r->nslots);
     r->grow_at = first < r->nslots && r->first_slot < r->nl - 1 ? r->last[r->first_slot] : 0; /* no layers: all */
     size_t *lastuse = lms__malloc((size_t)LMS_MAX(r->nslots, 1) * sizeof *lastuse);
     if (!lastuse)
@@ -379,7 +378,7 @@ static double cached_fraction(const lms_model *m)
 static int alloc_slot(lms__resident *r, int si)
 {
     lms_device *d = r->dev;
-    if (!r->m->params.ring_host_alloc && d->ops->host_register && d->ops->host_unregister) {
+    if (!r->m->plan.ring_host_alloc && d->ops->host_register && d->ops->host_unregister) {
         size_t bytes = (size_t)lms__align_up(r->slot_bytes, LMS__CHUNK_ALIGN);
         void *p = lms__aligned_alloc((size_t)LMS__CHUNK_ALIGN, bytes);
         if (!p)
@@ -618,7 +617,7 @@ static int alloc_ring(lms__resident *r)
         return LMS_ENOMEM;
     if (!d->ops->alloc_host)
         return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory for a staging ring", d->ops->name);
-    uint8_t *pool = r->m->params.ring_host_alloc ? NULL
+    uint8_t *pool = r->m->plan.ring_host_alloc ? NULL
                                                   : lms__staging_borrow(d, (size_t)r->nslots * (size_t)r->slot_bytes);
     if (pool) { /* slot_raw stays NULL: not ours to free */
         r->ring_borrowed = true;
@@ -690,7 +689,7 @@ static void free_resident(lms__resident *r)
 
 int lms__resident_start(lms_model *m)
 {
-    const lms_model_params *p = &m->params;
+    const lms__load_plan *p = &m->plan;
     lms_device *d = m->dev;
     int rc;
     lms__resident *r = lms__calloc(1, sizeof *r);
@@ -705,8 +704,7 @@ int lms__resident_start(lms_model *m)
     double t_start = lms__now() - m->t0;
 
     /* the copy source (see the table at the top) */
-    lms_copy_source want = p->force_readers ? LMS_COPY_STAGE_DIRECT : p->force_staging ? LMS_COPY_STAGE_MAP : p->copy;
-    switch (want) {
+    switch (p->copy) {
     case LMS_COPY_REGISTER: r->mode = MODE_REGISTERED; break;
     case LMS_COPY_STAGE_MAP: r->mode = MODE_STAGE_MAP; break;
     case LMS_COPY_STAGE_READ: r->mode = MODE_STAGE_READ; break;
@@ -723,9 +721,7 @@ int lms__resident_start(lms_model *m)
             r->mode = AUTO_WARM_MODE;
         }
     }
-    r->chunk = m->chunk_given || r->mode == MODE_REGISTERED || r->mode == MODE_DIRECT ? p->chunk_bytes
-                                                                                      : LMS__DEFAULT_RING_CHUNK;
-    r->grid_want = r->mode == MODE_SPLIT && !m->chunk_given ? LMS__DEFAULT_CHUNK : r->chunk;
+    r->chunk = r->mode == MODE_REGISTERED || r->mode == MODE_DIRECT ? p->chunk : p->ring_chunk;
     r->nslots = p->ring_slots;
     if ((rc = plan(r)))
         return rc;
@@ -766,9 +762,8 @@ int lms__resident_start(lms_model *m)
     r->workers = lms__calloc((size_t)p->threads + 1, sizeof *r->workers);
     if (!r->workers)
         return LMS_ENOMEM;
-    /* the disk, not the copies, bounds a cold load: more readers than
-     * LMS__AUTO_COLD_READERS read no faster there (bench/RESULTS.md, run 6) */
-    int nw = r->mode == MODE_DIRECT ? 0 : r->cold ? LMS_MIN(p->threads, LMS__AUTO_COLD_READERS) : p->threads;
+    /* the disk, not the copies, bounds a cold load: fewer readers */
+    int nw = r->mode == MODE_DIRECT ? 0 : r->cold ? p->cold_readers : p->threads;
     m->stats.threads = nw;
     for (int w = 0; w < nw; w++) {
         if (pthread_create(&r->workers[w], NULL, worker_main, r))

@@ -48,18 +48,6 @@ static void staging_free(lms_device *d, lms__staging *s)
     lms__free(s);
 }
 
-size_t lms_model_staging_bytes(const lms_model_params *p)
-{
-    lms_model_params d = lms_model_default_params();
-    if (!p)
-        p = &d;
-    /* as lms_model_open and lms__resident_start resolve them */
-    int threads = p->threads ? p->threads : lms__default_threads();
-    int slots = p->ring_slots ? p->ring_slots : 2 * threads;
-    uint64_t chunk = p->chunk_bytes ? lms__align_up(p->chunk_bytes, LMS__CHUNK_ALIGN) : LMS__DEFAULT_RING_CHUNK;
-    return (size_t)slots * (size_t)(chunk + 2 * LMS__PAGE);
-}
-
 int lms_device_reserve_staging(lms_device *dev, size_t bytes)
 {
     if (!dev)

@@ -162,8 +162,10 @@ static void lookups_files_and_ids(void **state)
     lms_model_params p = lms_model_default_params();
     p.placement = LMS_PLACE_RESIDENT; /* needs a device */
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
+    lms_model_tuning tu = {0};
     p = lms_model_default_params();
-    p.streams = -1;
+    p.tuning = &tu;
+    tu.streams = -1;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
     assert_int_equal(lms_store_close(st), 0);
 }
@@ -312,16 +314,17 @@ static void run_resident_cpu(bool staging, bool readers, lms_load_order order, i
     lms_store *st = open_store();
     lms_device *dev = NULL;
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    lms_model_tuning t = {0};
     lms_model_params p = lms_model_default_params();
     p.device = dev;
     p.placement = LMS_PLACE_RESIDENT;
-    p.force_staging = staging;
-    p.force_readers = readers;
-    p.order = order;
+    p.tuning = &t;
+    t.copy = readers ? LMS_COPY_STAGE_DIRECT : staging ? LMS_COPY_STAGE_MAP : LMS_COPY_AUTO;
+    t.order = order;
     p.threads = threads;
-    p.streams = 3;
-    p.chunk_bytes = 1; /* rounds up to 2 MiB: the MLP matrices span chunks */
-    p.ring_slots = 2;
+    t.streams = 3;
+    t.chunk_bytes = 1; /* rounds up to 2 MiB: the MLP matrices span chunks */
+    t.ring_slots = 2;
     lms_model *m = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_placement(m), LMS_PLACE_RESIDENT);
@@ -578,10 +581,12 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     (void)state;
     lms_store *st = open_store();
     lms_device *dev = open_pin_device();
+    lms_model_tuning t = {0};
     lms_model_params p = lms_model_default_params();
     p.device = dev;
-    p.chunk_bytes = 2 << 20;
-    p.no_readers = true;
+    p.tuning = &t;
+    t.chunk_bytes = 2 << 20;
+    t.no_readers = true;
     p.placement = LMS_PLACE_MAPPED;
     lms_model *a = NULL, *b = NULL, *c = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &a), 0);
@@ -589,11 +594,11 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_true(pins_a > 2);
     for (size_t i = 0; i < lms_model_tensor_count(a); i++)
         assert_ptr_equal(lms_model_tensor_at(a, i)->device, lms_model_tensor_at(a, i)->host);
-    p.chunk_bytes = 0; /* another grid asked: the first one stays in effect */
+    t.chunk_bytes = 0; /* another grid asked: the first one stays in effect */
     assert_int_equal(lms_model_open(st, "tiny", &p, &b), 0);
     assert_int_equal(g_npins, pins_a); /* b shares a's blocks */
     p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_REGISTER;
+    t.copy = LMS_COPY_REGISTER;
     p.threads = 3;
     assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
@@ -638,7 +643,7 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     check_bytes_equal_source(c, true);
     lms_model_close(c);
     /* AUTO on a device that pins, page cache warm: the staging ring filled by reads */
-    p.copy = LMS_COPY_AUTO;
+    t.copy = LMS_COPY_AUTO;
     assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
     assert_int_equal(lms_model_stats_get(c, &s), 0);
@@ -647,8 +652,8 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     lms_model_close(c);
     /* every copy source asked for explicitly */
     for (int src = LMS_COPY_REGISTER; src <= LMS_COPY_SPLIT; src++) {
-        p.copy = (lms_copy_source)src;
-        p.chunk_bytes = src == LMS_COPY_SPLIT ? 2 << 20 : 0; /* SPLIT: several blocks, some of each kind */
+        t.copy = (lms_copy_source)src;
+        t.chunk_bytes = src == LMS_COPY_SPLIT ? 2 << 20 : 0; /* SPLIT: several blocks, some of each kind */
         int pin_calls = g_pin_calls;
         assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
         assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
@@ -668,8 +673,8 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     }
     assert_int_equal(g_npins, 0);
     /* the ring from the device's pinned allocator instead: no pin calls for it */
-    p.copy = LMS_COPY_STAGE_READ;
-    p.ring_host_alloc = true;
+    t.copy = LMS_COPY_STAGE_READ;
+    t.ring_host_alloc = true;
     {
         int pin_calls = g_pin_calls;
         assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
@@ -678,7 +683,7 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
         lms_model_close(c);
         assert_int_equal(g_pin_calls, pin_calls);
     }
-    p.ring_host_alloc = false;
+    t.ring_host_alloc = false;
     /* mapped placement refused: an error naming the segment, nothing held */
     p.placement = LMS_PLACE_MAPPED;
     atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);
@@ -696,15 +701,17 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
  * copies were issued; every byte still arrives, for each setting. */
 /* Params of a resident load through the staging ring filled by pread
  * (0 = the default for chunk, threads, slots). */
-static lms_model_params staged_params(lms_device *dev, uint64_t chunk, int threads, int slots)
+static lms_model_params staged_params(lms_device *dev, lms_model_tuning *t, uint64_t chunk, int threads, int slots)
 {
     lms_model_params p = lms_model_default_params();
+    memset(t, 0, sizeof *t);
+    p.tuning = t;
     p.device = dev;
     p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_STAGE_READ;
-    p.chunk_bytes = chunk;
+    t->copy = LMS_COPY_STAGE_READ;
+    t->chunk_bytes = chunk;
     p.threads = threads;
-    p.ring_slots = slots;
+    t->ring_slots = slots;
     return p;
 }
 
@@ -727,10 +734,11 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
     (void)state;
     lms_store *st = open_store();
     lms_device *dev = open_pin_device();
-    lms_model_params p = staged_params(dev, 2 << 20, 4, 6); /* layer 0 spans several 2 MiB chunks */
+    lms_model_tuning t;
+    lms_model_params p = staged_params(dev, &t, 2 << 20, 4, 6); /* layer 0 spans several 2 MiB chunks */
     const int firsts[] = {1, 2, 6, 1024};
     for (size_t k = 0; k < LMS_ARRAY_LEN(firsts); k++) {
-        p.ring_first_slots = firsts[k];
+        t.ring_first_slots = firsts[k];
         lms_model *m = load_counting_copies(st, &p);
         uintptr_t lo = UINTPTR_MAX, hi = 0;
         for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
@@ -750,15 +758,15 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
         int pins = g_ring_pins;
         pthread_mutex_unlock(&g_pin_mu);
         assert_true(l0 > 2);
-        if (firsts[k] < p.ring_slots)
+        if (firsts[k] < t.ring_slots)
             assert_true(most <= firsts[k]);
-        assert_true(pins <= p.ring_slots);
+        assert_true(pins <= t.ring_slots);
         if (firsts[k] <= 2)
             assert_true(pins > firsts[k]); /* the rest of the ring is used after layer 0 */
         lms_model_close(m);
         assert_int_equal(g_npins, 0);
     }
-    p.ring_first_slots = -1;
+    t.ring_first_slots = -1;
     lms_model *m = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
     assert_null(m);
@@ -782,8 +790,9 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     assert_int_equal(lms_device_reserve_staging(dev, 1 << 20), 0); /* already covered: nothing pinned */
     assert_int_equal(g_pin_calls, 1);
 
-    lms_model_params p = staged_params(dev, 2 << 20, 3, 6); /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
-    p.ring_first_slots = 2;
+    lms_model_tuning t;
+    lms_model_params p = staged_params(dev, &t, 2 << 20, 3, 6); /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
+    t.ring_first_slots = 2;
     for (int round = 0; round < 3; round++) {
         /* round 1: the pool is lent elsewhere, so the load pins a ring of its own */
         uint8_t *held = round == 1 ? lms__staging_borrow(dev, 1) : NULL;
@@ -814,7 +823,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
         assert_int_equal(g_npins, 1); /* the pool stays pinned */
     }
     /* a ring larger than the pool pins its own */
-    p.ring_slots = 12;
+    t.ring_slots = 12;
     lms_model *m = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
@@ -834,7 +843,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     /* a device without registration (the CPU): the pool is plain host memory */
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
     assert_int_equal(lms_device_reserve_staging(dev, 0), 0);
-    p = staged_params(dev, 0, 0, 0);
+    p = staged_params(dev, &t, 0, 0, 0);
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
     check_bytes_equal_source(m, true);
@@ -857,7 +866,8 @@ typedef struct reserve_race {
 static void *reserve_race_loads(void *v)
 {
     reserve_race *rr = v;
-    lms_model_params p = staged_params(rr->dev, 2 << 20, 2, 3);
+    lms_model_tuning t;
+    lms_model_params p = staged_params(rr->dev, &t, 2 << 20, 2, 3);
     for (int k = 0; k < 6; k++) {
         lms_model *m = NULL;
         lms_model_stats s;
@@ -910,11 +920,11 @@ static void read_error_during_resident_load_is_reported_by_wait(void **state)
     lms_store *st = open_store();
     lms_device *dev = NULL;
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    lms_model_tuning t = {.copy = LMS_COPY_STAGE_DIRECT, .chunk_bytes = 2 << 20};
     lms_model_params p = lms_model_default_params();
     p.device = dev;
     p.placement = LMS_PLACE_RESIDENT;
-    p.force_readers = true;
-    p.chunk_bytes = 2 << 20;
+    p.tuning = &t;
     p.threads = 2;
     lms_model *m = NULL;
     lms__fault_arm(LMS_FAULT_READ, 4, true);
@@ -946,11 +956,12 @@ static void *conc_main(void *v)
 {
     conc_arg *a = v;
     for (int it = 0; it < 12; it++) {
+        lms_model_tuning tu = {.copy = LMS_COPY_STAGE_READ};
         lms_model_params p = lms_model_default_params();
         if ((it + a->id) % 3 == 1) {
             p.device = a->dev;
             p.placement = LMS_PLACE_RESIDENT;
-            p.copy = LMS_COPY_STAGE_READ;
+            p.tuning = &tu;
             p.threads = 2;
         } else if ((it + a->id) % 3 == 2) {
             p.prefetch = LMS_PREFETCH_POPULATE;
@@ -1048,12 +1059,13 @@ static void failed_opens_leave_nothing_behind(void **state)
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
     lms_device *pin = open_pin_device();
     for (int variant = 0; variant < 4; variant++) {
+        lms_model_tuning t = {.copy = variant == 1 ? LMS_COPY_STAGE_READ : LMS_COPY_REGISTER,
+                              .chunk_bytes = 2 << 20};
         lms_model_params p = lms_model_default_params();
         if (variant >= 1) {
             p.device = variant == 1 ? dev : pin;
             p.placement = variant == 3 ? LMS_PLACE_MAPPED : LMS_PLACE_RESIDENT;
-            p.copy = variant == 1 ? LMS_COPY_STAGE_READ : LMS_COPY_REGISTER;
-            p.chunk_bytes = 2 << 20;
+            p.tuning = &t;
             p.sync = true;
             p.threads = 2;
         }

@@ -103,13 +103,11 @@ static int check_device_bytes(lms_model *m)
 static lms_model *open_with(lms_store *st, lms_placement pl, lms_copy_source copy, uint64_t chunk,
                             lms_load_order order)
 {
+    lms_model_tuning t = {.copy = copy, .chunk_bytes = chunk, .order = order, .ring_host_alloc = g_ring_host_alloc};
     lms_model_params p = lms_model_default_params();
     p.device = g_dev;
     p.placement = pl;
-    p.copy = copy;
-    p.chunk_bytes = chunk;
-    p.order = order;
-    p.ring_host_alloc = g_ring_host_alloc;
+    p.tuning = &t;
     lms_model *m = NULL;
     int rc = lms_model_open(st, "m", &p, &m);
     if (rc)
