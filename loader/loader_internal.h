@@ -177,6 +177,9 @@ uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes);
 void lms__staging_return(lms_device *dev);
 void lms__staging_release(lms_device *dev); /* lms_device_close */
 
+/* Bytes of the device arena a RESIDENT load of m would allocate (its
+ * unique tensors laid out in copy order, as lms__resident_start does). */
+int lms__resident_arena_bytes(const lms_model *m, uint64_t *out);
 /* Start the resident load (placement RESIDENT); m->t[i].device is set. */
 int lms__resident_start(lms_model *m);
 int lms__resident_wait(lms_model *m, int32_t layer, bool block);

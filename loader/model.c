@@ -492,6 +492,53 @@ static int map_segments(lms_model *m, const reclist *l)
     return 0;
 }
 
+/*
+ * Placement AUTO: HOST without a device or on the CPU; MAPPED on a GPU that
+ * reads host memory as its own (unified memory); on a discrete GPU RESIDENT
+ * when the arena fits in the free device memory besides the caller's
+ * reserve and a margin (lms__load_plan_device_need), MAPPED otherwise, so a
+ * model larger than the GPU still runs, reading its weights over the bus.
+ * Unknown free memory (a backend that cannot tell) counts as fitting.
+ */
+static int choose_placement(lms_model *m, lms_placement *out)
+{
+    lms_device *dev = m->dev;
+    if (!dev || dev->kind == LMS_DEVICE_CPU) {
+        *out = LMS_PLACE_HOST;
+        return 0;
+    }
+    lms_device_info di;
+    lms_device_get_info(dev, &di);
+    if (di.unified_memory) {
+        *out = LMS_PLACE_MAPPED;
+        return 0;
+    }
+    uint64_t arena = 0;
+    int rc = lms__resident_arena_bytes(m, &arena);
+    if (rc)
+        return rc;
+    uint64_t need = lms__load_plan_device_need(&m->plan, arena, di.total_mem);
+    if (di.free_mem == 0) {
+        lms__info("model '%s': free memory of %s unknown: resident placement", m->name, di.name);
+        *out = LMS_PLACE_RESIDENT;
+        return 0;
+    }
+    m->stats.device_free_bytes = di.free_mem;
+    m->stats.device_need_bytes = need;
+    if (need <= di.free_mem) {
+        lms__info("model '%s': resident on %s (%.2f GB of weights; %.2f GB needed with the reserve, "
+                  "%.2f GB free)", m->name, di.name, arena / 1e9, need / 1e9, di.free_mem / 1e9);
+        *out = LMS_PLACE_RESIDENT;
+    } else {
+        lms__warn("model '%s': %.2f GB of weights and %.2f GB kept free (device_reserve_bytes and a margin) do "
+                  "not fit in the %.2f GB free on %s: mapped placement (the device reads the weights from host "
+                  "memory)",
+                  m->name, arena / 1e9, (need - arena) / 1e9, di.free_mem / 1e9, di.name);
+        *out = LMS_PLACE_MAPPED;
+    }
+    return 0;
+}
+
 static bool records_differ(const reclist *a, const reclist *b)
 {
     if (a->n != b->n)
@@ -605,21 +652,17 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
 
     /* placement */
     lms_placement pl = p.placement;
-    if (pl == LMS_PLACE_AUTO) {
-        if (!m->dev || m->dev->kind == LMS_DEVICE_CPU) {
-            pl = LMS_PLACE_HOST;
-        } else {
-            lms_device_props dp;
-            memset(&dp, 0, sizeof dp);
-            if (m->dev->ops->props)
-                m->dev->ops->props(m->dev, &dp);
-            pl = dp.unified_memory ? LMS_PLACE_MAPPED : LMS_PLACE_RESIDENT;
-        }
-    }
+    if (pl == LMS_PLACE_AUTO && (rc = choose_placement(m, &pl)))
+        goto fail;
+    bool too_big = m->stats.device_need_bytes > m->stats.device_free_bytes;
     m->placement = pl;
     if (pl == LMS_PLACE_MAPPED) {
         rc = place_mapped(m);
-        if (rc && p.placement == LMS_PLACE_AUTO && rc == LMS_EDEVICE) {
+        if (rc && too_big) {
+            rc = lms__err_prefix(rc, "model '%s' does not fit in device memory and the mapped placement failed: ",
+                                 name);
+            goto fail;
+        } else if (rc && p.placement == LMS_PLACE_AUTO && rc == LMS_EDEVICE) {
             lms__info("model '%s': mapped placement refused (%s); copying to the device instead", name,
                       lms_last_error());
             release_held(m);

@@ -156,25 +156,20 @@ static void fail(lms__resident *r, int rc)
 
 /* ---- planning ------------------------------------------------------------------ */
 
-static int plan(lms__resident *r)
+/* The extents in copy order and where each lands in the arena: r->e,
+ * r->ne, r->cuts and r->arena_bytes; ext_of[i] = the extent of unique
+ * tensor i. ord and ext_of hold m->n + 1 entries. */
+static int plan_extents(lms__resident *r, size_t *ord, size_t *ext_of)
 {
-    lms_model *m = r->m;
-    const lms__load_plan *p = &m->plan;
-    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
-    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    const lms_model *m = r->m;
     size_t no = 0;
-    int rc = 0;
-    if (!ord || !ext_of) {
-        rc = LMS_ENOMEM;
-        goto out;
-    }
     /* copy order */
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < m->n; i++) {
             if (m->ti[i].canon != i || m->t[i].nbytes == 0)
                 continue;
             bool block = m->t[i].layer >= 0 && m->t[i].layer != LMS_LAYER_POST;
-            if (p->order == LMS_ORDER_FILE ? pass == 0 : (pass == 0) == block)
+            if (m->plan.order == LMS_ORDER_FILE ? pass == 0 : (pass == 0) == block)
                 ord[no++] = i;
         }
     }
@@ -182,10 +177,8 @@ static int plan(lms__resident *r)
     size_t ncuts = 0;
     r->e = lms__calloc(no + 1, sizeof *r->e);
     r->cuts = lms__calloc(no + 1, sizeof *r->cuts);
-    if (!r->e || !r->cuts) {
-        rc = LMS_ENOMEM;
-        goto out;
-    }
+    if (!r->e || !r->cuts)
+        return LMS_ENOMEM;
     uint64_t align = LMS_MAX(256u, lms_store_alignment(m->store));
     uint64_t arena = 0;
     for (size_t j = 0; j < no; j++) {
@@ -213,6 +206,32 @@ static int plan(lms__resident *r)
     if (r->ne)
         arena = r->e[r->ne - 1].dst + (r->e[r->ne - 1].end - r->e[r->ne - 1].start);
     r->arena_bytes = arena;
+    return 0;
+}
+
+int lms__resident_arena_bytes(const lms_model *m, uint64_t *out)
+{
+    lms__resident r = {.m = (lms_model *)m};
+    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
+    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    int rc = ord && ext_of ? plan_extents(&r, ord, ext_of) : LMS_ENOMEM;
+    *out = r.arena_bytes;
+    lms__free(r.e);
+    lms__free(r.cuts);
+    lms__free(ord);
+    lms__free(ext_of);
+    return rc;
+}
+
+static int plan(lms__resident *r)
+{
+    lms_model *m = r->m;
+    const lms__load_plan *p = &m->plan;
+    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
+    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    int rc = ord && ext_of ? plan_extents(r, ord, ext_of) : LMS_ENOMEM;
+    if (rc)
+        goto out;
 
     /* chunks */
     uint64_t cb = r->chunk;

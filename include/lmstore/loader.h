@@ -109,7 +109,9 @@ int lms_device_get_info(const lms_device *dev, lms_device_info *out);
 int lms_device_reserve_staging(lms_device *dev, size_t bytes);
 
 typedef enum lms_placement {
-    LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT */
+    LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT
+                          * when the weights fit in its free memory besides
+                          * device_reserve_bytes, else MAPPED (logged; see lms_model_stats) */
     LMS_PLACE_HOST,      /* host views only; device pointers are NULL */
     LMS_PLACE_MAPPED,    /* the mapping registered in place; device reads host memory (zero copies) */
     LMS_PLACE_RESIDENT,  /* all weights copied into one device arena, layer by layer */
@@ -253,6 +255,11 @@ typedef struct lms_model_stats {
     bool ring_reserved;        /* ...which was the device's reserved staging memory */
     bool readers;              /* ...filled by parallel readers (pread / O_DIRECT) */
     bool direct_io;            /* the readers used O_DIRECT */
+    /* placement AUTO on a discrete GPU: the device memory free at open, and
+     * what RESIDENT needed of it (arena + device_reserve_bytes + a margin);
+     * when need > free AUTO chose MAPPED. 0 when AUTO did not weigh them. */
+    uint64_t device_free_bytes;
+    uint64_t device_need_bytes;
 } lms_model_stats;
 
 int lms_model_stats_get(lms_model *model, lms_model_stats *out);

@@ -696,6 +696,130 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_int_equal(lms_store_close(st), 0);
 }
 
+/* ---- placement AUTO on a discrete GPU: the pin device, calling itself CUDA,
+ * reports the memory below. */
+static uint64_t g_fake_total, g_fake_free;
+static bool g_fake_unified;
+
+static int fake_gpu_props(lms_device *dev, lms_device_props *out)
+{
+    (void)dev;
+    memset(out, 0, sizeof *out);
+    strcpy(out->name, "Fake GPU");
+    out->total_mem = g_fake_total;
+    out->free_mem = g_fake_free;
+    out->unified_memory = g_fake_unified;
+    out->can_register_host = out->can_register_readonly = out->can_map_host = true;
+    return 0;
+}
+
+/* Open "tiny" with AUTO placement (and `reserve`) on the fake GPU whose
+ * free memory is `free`; returns the model, its stats in *s. */
+static lms_model *open_auto(lms_store *st, lms_device *dev, uint64_t free, uint64_t reserve, lms_model_stats *s)
+{
+    g_fake_free = free;
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.device_reserve_bytes = reserve;
+    p.sync = true;
+    lms_model *m = NULL;
+    if (lms_model_open(st, "tiny", &p, &m))
+        fail_msg("open: %s", lms_last_error());
+    assert_int_equal(lms_model_stats_get(m, s), 0);
+    assert_int_equal(s->placement, lms_model_placement(m));
+    return m;
+}
+
+static void auto_placement_is_resident_when_the_model_fits_and_mapped_when_not(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = open_pin_device();
+    dev->kind = LMS_DEVICE_CUDA; /* a discrete GPU, as far as the loader can tell */
+    g_pin_ops.props = fake_gpu_props;
+    g_fake_total = 16ull << 30;
+    g_fake_unified = false;
+    const uint64_t margin = 256ull << 20, reserve = 512ull << 20; /* the documented defaults */
+    lms_device_info di;
+    assert_int_equal(lms_device_get_info(dev, &di), 0);
+    assert_string_equal(di.name, "fakepin:0 (Fake GPU)");
+
+    /* plenty free: resident, and the need is arena + default reserve + margin */
+    lms_model_stats s;
+    lms_model *m = open_auto(st, dev, 8ull << 30, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    assert_true(s.device_bytes >= s.tensor_bytes);
+    assert_int_equal(s.device_need_bytes, s.device_bytes + reserve + margin);
+    assert_int_equal(s.device_free_bytes, 8ull << 30);
+    check_bytes_equal_source(m, true);
+    uint64_t need = s.device_need_bytes, arena = s.device_bytes;
+    lms_model_close(m);
+
+    /* exactly enough: still resident; one byte less: mapped, reading the mapping in place */
+    m = open_auto(st, dev, need, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    lms_model_close(m);
+    m = open_auto(st, dev, need - 1, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_MAPPED);
+    assert_int_equal(s.device_need_bytes, need);
+    assert_int_equal(s.device_free_bytes, need - 1);
+    assert_int_equal(s.device_bytes, 0);
+    assert_true(g_npins > 0);
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++)
+        assert_ptr_equal(lms_model_tensor_at(m, i)->device, lms_model_tensor_at(m, i)->host);
+    lms_model_close(m);
+    assert_int_equal(g_npins, 0);
+
+    /* the caller's reserve counts: a large one turns the same free memory into mapped, a small one fits */
+    m = open_auto(st, dev, 8ull << 30, 8ull << 30, &s);
+    assert_int_equal(s.placement, LMS_PLACE_MAPPED);
+    lms_model_close(m);
+    m = open_auto(st, dev, arena + 1 + margin, 1, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    assert_int_equal(s.device_need_bytes, arena + 1 + margin);
+    lms_model_close(m);
+    /* the margin grows with the device: 1% of it when that is more than 256 MiB */
+    g_fake_total = 64ull << 30;
+    m = open_auto(st, dev, 8ull << 30, 0, &s);
+    assert_int_equal(s.device_need_bytes, arena + reserve + (64ull << 30) / 100);
+    lms_model_close(m);
+
+    /* too large, and the mapped placement refused: a clear error, nothing left behind */
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);
+    g_fake_free = need - 1;
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EDEVICE);
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_NONE);
+    assert_null(m);
+    assert_non_null(strstr(lms_last_error(), "does not fit in device memory"));
+    assert_int_equal(g_npins, 0);
+
+    /* free memory unknown: resident, as before AUTO weighed it */
+    m = open_auto(st, dev, 0, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    assert_int_equal(s.device_need_bytes, 0);
+    lms_model_close(m);
+    /* unified memory: mapped, whatever is free */
+    g_fake_unified = true;
+    m = open_auto(st, dev, 8ull << 30, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_MAPPED);
+    assert_int_equal(s.device_need_bytes, 0);
+    lms_model_close(m);
+    assert_int_equal(g_pin_errors, 0);
+    lms_device_close(dev);
+
+    /* the CPU device: host views */
+    assert_int_equal(lms_device_open_name("cpu", &dev), 0);
+    m = open_auto(st, dev, 0, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_HOST);
+    assert_null(lms_model_tensor_at(m, 0)->device);
+    lms_model_close(m);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 /* ring_first_slots: layer 0 (the first in copy order) is copied out of at most
  * that many ring slots, and the other slots are pinned only after all of its
  * copies were issued; every byte still arrives, for each setting. */
@@ -1116,6 +1240,7 @@ int main(void)
         cmocka_unit_test(device_info_describes_the_cpu_and_its_memory),
         cmocka_unit_test(opening_a_missing_cuda_device_fails_clearly),
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
+        cmocka_unit_test(auto_placement_is_resident_when_the_model_fits_and_mapped_when_not),
         cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
         cmocka_unit_test(reserved_staging_is_lent_to_one_load_at_a_time),
         cmocka_unit_test(reserving_while_loads_run_is_safe),
