@@ -22,10 +22,18 @@
  * (4) One mutex (the table's) guards counts and states; the slow calls
  *     (cudaHostRegister / Unregister, mmap) run outside it with the block or
  *     mapping marked busy, so registrations proceed in parallel.
+ * (5) Bytes of a segment are read (views, verification, copies, pread into
+ *     the ring) only through a mapping the reader holds that covers them.
+ *
+ * Functions that rely on one of these open with an assertion of it
+ * (assert(lms__mutex_held(&mu)), assert(lms__lmap_covers(...))), as
+ * SQLite's btree.c opens with assert( sqlite3BtreeHoldsMutex(p) ); the build
+ * keeps assertions on in every build type.
  */
 #ifndef LMS_LOADER_INTERNAL_H
 #define LMS_LOADER_INTERNAL_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -37,6 +45,42 @@
 
 #define LMS__PAGE 4096u
 #define LMS__CHUNK_ALIGN (2ull << 20) /* registration blocks and chunks are multiples of this */
+
+/* ---- a mutex that knows its holder ------------------------------------------------ */
+
+/* pthread mutex plus the holding thread, so that a function that needs the
+ * lock can assert it is held (SQLite's sqlite3_mutex_held). Waits on a
+ * condition variable go through lms__mutex_wait, which keeps the holder
+ * right across the wait. */
+typedef struct lms__mutex {
+    pthread_mutex_t mu;
+    _Atomic(const void *) holder; /* &lms__thread_tag of the holding thread; NULL = free */
+} lms__mutex;
+#define LMS__MUTEX_INIT {PTHREAD_MUTEX_INITIALIZER, NULL}
+extern _Thread_local char lms__thread_tag; /* its address names the thread (loader/maps.c) */
+
+static inline void lms__mutex_lock(lms__mutex *m)
+{
+    pthread_mutex_lock(&m->mu);
+    atomic_store_explicit(&m->holder, &lms__thread_tag, memory_order_relaxed);
+}
+static inline void lms__mutex_unlock(lms__mutex *m)
+{
+    atomic_store_explicit(&m->holder, NULL, memory_order_relaxed);
+    pthread_mutex_unlock(&m->mu);
+}
+static inline void lms__mutex_wait(pthread_cond_t *cv, lms__mutex *m)
+{
+    atomic_store_explicit(&m->holder, NULL, memory_order_relaxed);
+    pthread_cond_wait(cv, &m->mu);
+    atomic_store_explicit(&m->holder, &lms__thread_tag, memory_order_relaxed);
+}
+/* true when the calling thread holds m (only the holder ever stores its own
+ * tag, so a relaxed load cannot see it otherwise) */
+static inline bool lms__mutex_held(lms__mutex *m)
+{
+    return atomic_load_explicit(&m->holder, memory_order_relaxed) == &lms__thread_tag;
+}
 
 /* ---- the load plan: every default resolved in one place ------------------------ */
 
@@ -101,6 +145,12 @@ typedef struct lms__lmap {
     lms__regset *regs;
     struct lms__lmap *next;
 } lms__lmap;
+
+/* Invariant 5: [off, off + len) of the segment lies in mapping m. */
+static inline bool lms__lmap_covers(const lms__lmap *m, uint64_t off, uint64_t len)
+{
+    return m && m->sm.base && off <= m->sm.size && len <= m->sm.size - off;
+}
 
 /* Acquire a mapping of segment `seg` that covers [0, need_end): the current
  * one or a fresh one. Holds a store reference for the table. */

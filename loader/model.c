@@ -238,6 +238,7 @@ static void verify_one(void *arg, size_t i, int worker)
     (void)worker;
     if (m->ti[i].canon != i)
         return;
+    assert(lms__lmap_covers(m->ti[i].map, m->ti[i].offset, m->t[i].nbytes));
     lms_hash128 h = lms__hash128(m->t[i].host, (size_t)m->t[i].nbytes);
     if (!lms__hash128_eq(h, lms__hash128_get(m->ti[i].hash))) {
         size_t cur = atomic_load(&c->bad);
@@ -638,6 +639,7 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
         memcpy(t->shape, r->shape, sizeof t->shape);
         t->nbytes = r->nbytes;
         t->layer = r->layer;
+        assert(lms__lmap_covers(m->ti[i].map, r->offset, r->nbytes)); /* map_segments mapped up to its end */
         t->host = m->ti[i].map->sm.base + r->offset;
         if (r->layer >= 0 && r->layer != LMS_LAYER_POST && r->layer > maxl)
             maxl = r->layer;
