@@ -15,11 +15,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -1038,6 +1040,38 @@ static void reserving_while_loads_run_is_safe(void **state)
     assert_int_equal(lms_store_close(rr.st), 0);
 }
 
+/* The preconditions are asserted in every build type: releasing a
+ * registration never taken, or returning staging memory never borrowed,
+ * stops the process (run in a child) instead of corrupting the counts. */
+static void broken_preconditions_stop_at_an_assertion(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 2); /* the assertion's message */
+            lms_store *st = NULL;
+            lms_device *dev = NULL;
+            lms_model *m = NULL;
+            if (lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st) || lms_device_open(LMS_DEVICE_CPU, 0, &dev) ||
+                lms_model_open(st, "tiny", NULL, &m))
+                _exit(3);
+            if (k == 0)
+                lms__reg_release(m->ti[0].map, dev, 0);
+            else
+                lms__staging_return(dev);
+            _exit(0); /* not reached while assertions are on */
+        }
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+            fail_msg("case %d: child ended with status %#x, not SIGABRT", k, status);
+    }
+}
+
 static void read_error_during_resident_load_is_reported_by_wait(void **state)
 {
     (void)state;
@@ -1244,6 +1278,7 @@ int main(void)
         cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
         cmocka_unit_test(reserved_staging_is_lent_to_one_load_at_a_time),
         cmocka_unit_test(reserving_while_loads_run_is_safe),
+        cmocka_unit_test(broken_preconditions_stop_at_an_assertion),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
         cmocka_unit_test(a_grown_segment_gets_a_second_mapping_and_both_stay_valid),
