@@ -74,19 +74,14 @@ int lms_device_get_info(const lms_device *dev, lms_device_info *out)
         return lms__err(LMS_EINVAL, "lms_device_get_info: device and out are required");
     lms_device_props p;
     memset(&p, 0, sizeof p);
-    memset(out, 0, sizeof *out);
     if (dev->ops->props) /* reads the free memory now; the device is not changed */
         (void)dev->ops->props((lms_device *)dev, &p);
-    out->kind = dev->kind;
-    out->ordinal = dev->ordinal;
+    *out = (lms_device_info){.kind = dev->kind, .ordinal = dev->ordinal, .total_mem = p.total_mem,
+                             .free_mem = p.free_mem, .unified_memory = p.unified_memory,
+                             .compute_major = p.compute_major, .compute_minor = p.compute_minor};
     if (dev->kind == LMS_DEVICE_CPU)
         snprintf(out->name, sizeof out->name, "%s", dev->ops->name);
     else
         snprintf(out->name, sizeof out->name, "%s:%d (%.127s)", dev->ops->name, dev->ordinal, p.name);
-    out->total_mem = p.total_mem;
-    out->free_mem = p.free_mem;
-    out->unified_memory = p.unified_memory;
-    out->compute_major = p.compute_major;
-    out->compute_minor = p.compute_minor;
     return 0;
 }
