@@ -89,8 +89,9 @@ typedef struct lms_device_info {
     int compute_major, compute_minor; /* CUDA compute capability; 0 on the CPU */
 } lms_device_info;
 
-/* Fill *out for `dev`; free_mem is read at the call. Errors: LMS_EINVAL
- * (NULL argument). Thread-safe. */
+/* Fill *out for `dev`; free_mem is read at the call (on CUDA this makes
+ * the device current on the calling thread). Errors: LMS_EINVAL (NULL
+ * argument). Thread-safe. */
 int lms_device_get_info(const lms_device *dev, lms_device_info *out);
 
 /*
@@ -146,7 +147,8 @@ typedef struct lms_model_params {
                               * CPUs, 2..12 */
     uint64_t device_reserve_bytes; /* placement AUTO on a discrete GPU: device memory the caller
                               * will allocate besides the weights (KV cache, activations), kept
-                              * free when choosing RESIDENT; 0 = 512 MiB */
+                              * free when choosing RESIDENT; 0 = 512 MiB. Not used by the
+                              * other placements */
     const struct lms_model_tuning *tuning; /* [EXPERIMENTAL] NULL = defaults. Read during
                               * lms_model_open only */
 } lms_model_params;
