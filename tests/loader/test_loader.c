@@ -7,7 +7,10 @@
  * staging ring, parallel readers) run on the CPU device copies every byte;
  * the registered paths (with a CPU device that tracks pins like CUDA) pin
  * each block once, share blocks between models, unpin before unmapping, and
- * fall back to the staging ring when pinning is refused;
+ * fall back to the staging ring when pinning is refused; placement AUTO on
+ * that device posing as a discrete GPU is resident while the model fits
+ * beside the reserve and mapped when not; device info and the errors of a
+ * missing CUDA device; a broken precondition stops at an assertion;
  * a segment that grew after it was mapped gets a second mapping; opens and
  * closes from several threads at once; failed opens (every allocation
  * failing in turn) leave nothing behind.
