@@ -1,7 +1,9 @@
 /*
  * loader/device.h - the device interface: how lmstore allocates and moves
  * memory on a compute device. kvcache and engine allocate device memory only
- * through this table; the loader uses it to place weights.
+ * through this table; the loader uses it to place weights. Opening, closing
+ * and describing a device are public (include/lmstore/loader.h); this header
+ * is the backend half: the struct and its table of operations.
  *
  * A backend is a table of function pointers (ggml's ggml_backend_i idea);
  * entries marked (optional) may be NULL, and callers check. The CPU backend
@@ -22,16 +24,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lmstore/loader.h" /* lms_device, lms_device_kind, lms_device_open ... (the public half) */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum lms_device_kind {
-    LMS_DEVICE_CPU = 0,
-    LMS_DEVICE_CUDA = 1,
-} lms_device_kind;
-
-typedef struct lms_device lms_device;
 typedef struct lms_stream lms_stream; /* backend-defined */
 typedef struct lms_event lms_event;   /* backend-defined */
 
@@ -98,16 +96,6 @@ struct lms_device {
      * lms_device_reserve_staging (loader/staging.c), freed by lms_device_close */
     struct lms__staging *staging;
 };
-
-/*
- * Open device `ordinal` of `kind`. LMS_EUNSUPPORTED when the backend was not
- * built; LMS_EDEVICE when it was built but no such device exists (a CUDA
- * build on a machine without a GPU). On failure *out is NULL.
- */
-int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out);
-void lms_device_close(lms_device *dev); /* NULL ok */
-/* true when a backend for `kind` was compiled in. */
-bool lms_device_available(lms_device_kind kind);
 
 #ifdef __cplusplus
 }

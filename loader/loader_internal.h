@@ -22,25 +22,105 @@
  * (4) One mutex (the table's) guards counts and states; the slow calls
  *     (cudaHostRegister / Unregister, mmap) run outside it with the block or
  *     mapping marked busy, so registrations proceed in parallel.
+ * (5) Bytes of a segment are read (views, verification, copies, pread into
+ *     the ring) only through a mapping the reader holds that covers them.
+ *
+ * Functions that rely on one of these open with an assertion of it
+ * (assert(lms__mutex_held(&mu)), assert(lms__lmap_covers(...))), as
+ * SQLite's btree.c opens with assert( sqlite3BtreeHoldsMutex(p) ); the build
+ * keeps assertions on in every build type.
  */
 #ifndef LMS_LOADER_INTERNAL_H
 #define LMS_LOADER_INTERNAL_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "common/common.h"
 #include "lmstore/loader.h"
+#include "lmstore/loader_experimental.h"
 #include "loader/device.h"
 #include "store/store_internal.h"
 
 #define LMS__PAGE 4096u
-#define LMS__DEFAULT_CHUNK (64ull << 20)
-#define LMS__DEFAULT_RING_CHUNK (4ull << 20) /* best of 2/4/8/16/32 MiB measured (bench/RESULTS.md, runs 3-6) */
-#define LMS__AUTO_COLD_READERS 8 /* AUTO, model not in the page cache: at most this many O_DIRECT readers */
-#define LMS__DEFAULT_RING_FIRST 8 /* ring slots carrying the first layer (lms_model_params.ring_first_slots); best of 2/4/8/all measured (bench/RESULTS.md) */
-#define LMS__CHUNK_ALIGN (2ull << 20)
-#define LMS__DEFAULT_REGISTER_PERCENT 50 /* LMS_COPY_SPLIT */
+#define LMS__CHUNK_ALIGN (2ull << 20) /* registration blocks and chunks are multiples of this */
+
+/* ---- a mutex that knows its holder ------------------------------------------------ */
+
+/* pthread mutex plus the holding thread, so that a function that needs the
+ * lock can assert it is held (SQLite's sqlite3_mutex_held). Waits on a
+ * condition variable go through lms__mutex_wait, which keeps the holder
+ * right across the wait. */
+typedef struct lms__mutex {
+    pthread_mutex_t mu;
+    _Atomic(const void *) holder; /* &lms__thread_tag of the holding thread; NULL = free */
+} lms__mutex;
+#define LMS__MUTEX_INIT {PTHREAD_MUTEX_INITIALIZER, NULL}
+extern _Thread_local char lms__thread_tag; /* its address names the thread (loader/maps.c) */
+
+static inline void lms__mutex_lock(lms__mutex *m)
+{
+    pthread_mutex_lock(&m->mu);
+    atomic_store_explicit(&m->holder, &lms__thread_tag, memory_order_relaxed);
+}
+static inline void lms__mutex_unlock(lms__mutex *m)
+{
+    atomic_store_explicit(&m->holder, NULL, memory_order_relaxed);
+    pthread_mutex_unlock(&m->mu);
+}
+static inline void lms__mutex_wait(pthread_cond_t *cv, lms__mutex *m)
+{
+    atomic_store_explicit(&m->holder, NULL, memory_order_relaxed);
+    pthread_cond_wait(cv, &m->mu);
+    atomic_store_explicit(&m->holder, &lms__thread_tag, memory_order_relaxed);
+}
+/* true when the calling thread holds m (only the holder ever stores its own
+ * tag, so a relaxed load cannot see it otherwise) */
+static inline bool lms__mutex_held(lms__mutex *m)
+{
+    return atomic_load_explicit(&m->holder, memory_order_relaxed) == &lms__thread_tag;
+}
+
+/* ---- the load plan: every default resolved in one place ------------------------ */
+
+/*
+ * What a load does, from lms_model_params and its tuning with every 0
+ * replaced by its default (lms__load_plan_resolve, loader/params.c: the only
+ * place that knows the defaults). The model keeps it; model.c, resident.c
+ * and lms_model_staging_bytes read it and resolve nothing themselves.
+ * Decisions that depend on the model or the machine at open (AUTO placement,
+ * AUTO copy source) are made from it by model.c and resident.c.
+ */
+typedef struct lms__load_plan {
+    lms_device *device;       /* NULL = CPU host views */
+    lms_placement placement;  /* as asked; AUTO is decided at open (model.c) */
+    lms_prefetch prefetch;
+    bool mlock, verify, sync;
+    int threads;              /* register / reader / verify threads */
+    int cold_readers;         /* copy AUTO, model mostly not in the page cache: reader threads */
+    uint64_t device_reserve;  /* AUTO: device bytes kept free besides the weights */
+    /* tuning */
+    lms_copy_source copy;
+    bool no_readers, ring_host_alloc;
+    int streams;
+    uint64_t chunk;           /* registration grid; copy size out of the mapping (REGISTER, DIRECT) */
+    uint64_t ring_chunk;      /* copy size through the staging ring (also SPLIT's staged chunks) */
+    int ring_slots, ring_first_slots;
+    int register_percent;     /* SPLIT */
+    lms_load_order order;
+    size_t staging_bytes;     /* the ring: ring_slots x (ring_chunk + 2 pages) */
+} lms__load_plan;
+
+/* Resolve p (NULL = defaults). LMS_EINVAL naming the field for a value out
+ * of range; *out is then unspecified. */
+int lms__load_plan_resolve(const lms_model_params *p, lms__load_plan *out);
+/* Free device memory a RESIDENT load with an arena of `arena_bytes` needs
+ * for placement AUTO to choose it, on a device of `total_mem` bytes: the
+ * arena, the caller's reserve and a margin. */
+uint64_t lms__load_plan_device_need(const lms__load_plan *pl, uint64_t arena_bytes, uint64_t total_mem);
+
+/* ---- mappings and registrations ------------------------------------------------ */
 
 typedef struct lms__regblock {
     int refs;
@@ -65,6 +145,12 @@ typedef struct lms__lmap {
     lms__regset *regs;
     struct lms__lmap *next;
 } lms__lmap;
+
+/* Invariant 5: [off, off + len) of the segment lies in mapping m. */
+static inline bool lms__lmap_covers(const lms__lmap *m, uint64_t off, uint64_t len)
+{
+    return m && m->sm.base && off <= m->sm.size && len <= m->sm.size - off;
+}
 
 /* Acquire a mapping of segment `seg` that covers [0, need_end): the current
  * one or a fresh one. Holds a store reference for the table. */
@@ -113,9 +199,8 @@ struct lms_model {
     lms_store *store;
     char *name;
     uint8_t id[LMS_MODEL_ID_LEN];
-    lms_model_params params;  /* with defaults filled in */
-    bool chunk_given;         /* params.chunk_bytes was set by the caller */
-    lms_device *dev;          /* params.device or NULL */
+    lms__load_plan plan;      /* the params, every default resolved */
+    lms_device *dev;          /* plan.device */
     lms_placement placement;
     size_t n;
     lms_tensor *t;            /* views, storage order */
@@ -142,11 +227,9 @@ uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes);
 void lms__staging_return(lms_device *dev);
 void lms__staging_release(lms_device *dev); /* lms_device_close */
 
-/* Worker threads when lms_model_params.threads is 0: 3/4 of the CPUs, 2..12
- * (12 read the page cache fastest into a reserved ring on a 16-core GPU
- * host; 16 were slower: bench/RESULTS.md, loader run 6). */
-static inline int lms__default_threads(void) { return LMS_MAX(2, LMS_MIN(12, lms__cpu_count() * 3 / 4)); }
-
+/* Bytes of the device arena a RESIDENT load of m would allocate (its
+ * unique tensors laid out in copy order, as lms__resident_start does). */
+int lms__resident_arena_bytes(const lms_model *m, uint64_t *out);
 /* Start the resident load (placement RESIDENT); m->t[i].device is set. */
 int lms__resident_start(lms_model *m);
 int lms__resident_wait(lms_model *m, int32_t layer, bool block);

@@ -1,6 +1,6 @@
 /*
  * loader/maps.c - the per-store table of segment mappings and of their
- * registrations with devices (loader_internal.h, invariants 1-4).
+ * registrations with devices (loader_internal.h, invariants 1-5).
  *
  * The store handle is opaque to the loader and has no slot for it, so the
  * tables live in one process-wide list keyed by store handle. A table exists
@@ -21,14 +21,16 @@ typedef struct storetab {
     struct storetab *next;
 } storetab;
 
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static lms__mutex g_mu = LMS__MUTEX_INIT;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER; /* a busy block or mapping changed state */
 static storetab *g_tabs;
 
 atomic_int lms__loader_test_refuse;
+_Thread_local char lms__thread_tag;
 
 static storetab *tab_find(lms_store *st, bool create)
 {
+    assert(lms__mutex_held(&g_mu));
     for (storetab *t = g_tabs; t; t = t->next)
         if (t->store == st)
             return t;
@@ -45,6 +47,7 @@ static storetab *tab_find(lms_store *st, bool create)
 
 static void tab_drop_if_empty(storetab *t)
 {
+    assert(lms__mutex_held(&g_mu));
     if (t->maps)
         return;
     for (storetab **pp = &g_tabs; *pp; pp = &(*pp)->next)
@@ -58,22 +61,22 @@ static void tab_drop_if_empty(storetab *t)
 int lms__lmap_acquire(lms_store *st, uint32_t seg, uint64_t need_end, lms__lmap **out)
 {
     *out = NULL;
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     storetab *t = tab_find(st, true);
     if (!t) {
-        pthread_mutex_unlock(&g_mu);
+        lms__mutex_unlock(&g_mu);
         return LMS_ENOMEM;
     }
     /* the newest mapping of seg comes first in the list */
     for (lms__lmap *m = t->maps; m; m = m->next) {
         if (m->sm.id == seg && m->sm.size >= need_end) {
             m->refs++;
-            pthread_mutex_unlock(&g_mu);
+            lms__mutex_unlock(&g_mu);
             *out = m;
             return 0;
         }
     }
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
 
     /* Map outside the lock; two threads may race to map the same segment,
      * and the loser unmaps its copy (cheap, rare). */
@@ -93,10 +96,10 @@ int lms__lmap_acquire(lms_store *st, uint32_t seg, uint64_t need_end, lms__lmap 
         lms__free(m);
         return rc;
     }
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     t = tab_find(st, true);
     if (!t) {
-        pthread_mutex_unlock(&g_mu);
+        lms__mutex_unlock(&g_mu);
         lms__segment_unmap(&m->sm);
         lms__free(m);
         return LMS_ENOMEM;
@@ -104,7 +107,7 @@ int lms__lmap_acquire(lms_store *st, uint32_t seg, uint64_t need_end, lms__lmap 
     for (lms__lmap *o = t->maps; o; o = o->next) {
         if (o->sm.id == seg && o->sm.size >= need_end) { /* lost the race */
             o->refs++;
-            pthread_mutex_unlock(&g_mu);
+            lms__mutex_unlock(&g_mu);
             lms__segment_unmap(&m->sm);
             lms__free(m);
             *out = o;
@@ -115,7 +118,7 @@ int lms__lmap_acquire(lms_store *st, uint32_t seg, uint64_t need_end, lms__lmap 
     m->next = t->maps;
     t->maps = m;
     lms__store_ref(st);
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
     *out = m;
     return 0;
 }
@@ -124,9 +127,10 @@ void lms__lmap_release(lms_store *st, lms__lmap *m)
 {
     if (!m)
         return;
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
+    assert(m->refs > 0); /* invariant 2: released once per acquire */
     if (--m->refs > 0) {
-        pthread_mutex_unlock(&g_mu);
+        lms__mutex_unlock(&g_mu);
         return;
     }
     storetab *t = tab_find(st, false);
@@ -138,17 +142,14 @@ void lms__lmap_release(lms_store *st, lms__lmap *m)
             }
         tab_drop_if_empty(t);
     }
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
 
-    /* Invariant 3: no block of an unused mapping is still registered. */
+    /* Invariant 3: no block of an unused mapping is still registered (or
+     * being registered): every holder released its reference first. */
     for (lms__regset *r = m->regs, *next; r; r = next) {
         next = r->next;
-        for (size_t k = 0; k < r->nblocks; k++) {
-            if (r->b[k].state == 2) { /* a holder leaked its reference: unregister anyway */
-                lms__warn("loader: %s block %zu still registered at unmap", m->sm.path, k);
-                r->dev->ops->host_unregister(r->dev, (void *)(m->sm.base + k * r->block));
-            }
-        }
+        for (size_t k = 0; k < r->nblocks; k++)
+            assert(r->b[k].refs == 0 && (r->b[k].state == 0 || r->b[k].state == 3));
         lms__free(r->b);
         lms__free(r);
     }
@@ -163,29 +164,31 @@ void lms__lmap_release(lms_store *st, lms__lmap *m)
 
 void lms__lmap_note_mlock(lms__lmap *m)
 {
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
+    assert(m->refs > 0);
     m->mlock_users++;
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
 }
 
 int lms__lmap_mlock_users(lms__lmap *m)
 {
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     int n = m->mlock_users;
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
     return n;
 }
 
 int lms__lmap_fd_direct(lms__lmap *m, bool *direct)
 {
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
+    assert(m->refs > 0); /* the file stays open while the mapping is held */
     if (m->fd_direct == -1) {
         int fd = open(m->sm.path, O_RDONLY | O_DIRECT | O_CLOEXEC);
         m->fd_direct = fd >= 0 ? fd : -2; /* tmpfs and some others refuse O_DIRECT */
     }
     int fd = m->fd_direct >= 0 ? m->fd_direct : m->sm.fd;
     *direct = m->fd_direct >= 0;
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
     return fd;
 }
 
@@ -193,6 +196,8 @@ int lms__lmap_fd_direct(lms__lmap *m, bool *direct)
 
 static lms__regset *regset_get(lms__lmap *m, lms_device *dev, uint64_t block, bool create)
 {
+    assert(lms__mutex_held(&g_mu));
+    assert(!create || (block > 0 && block % LMS__CHUNK_ALIGN == 0)); /* the grid: whole 2 MiB pages */
     for (lms__regset *r = m->regs; r; r = r->next)
         if (r->dev == dev)
             return r;
@@ -216,10 +221,10 @@ static lms__regset *regset_get(lms__lmap *m, lms_device *dev, uint64_t block, bo
 
 uint64_t lms__reg_grid(lms__lmap *m, lms_device *dev, uint64_t want)
 {
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     lms__regset *r = regset_get(m, dev, want, false);
     uint64_t g = r ? r->block : want;
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
     return g;
 }
 
@@ -244,14 +249,15 @@ static int do_register(lms__lmap *m, lms_device *dev, uint64_t block, size_t k, 
 
 int lms__reg_acquire(lms__lmap *m, lms_device *dev, uint64_t block, size_t k, unsigned flags, void **dev_base)
 {
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
+    assert(m->refs > 0); /* invariant 3: only a held mapping is registered */
     lms__regset *r = regset_get(m, dev, block, true);
     if (!r) {
-        pthread_mutex_unlock(&g_mu);
+        lms__mutex_unlock(&g_mu);
         return LMS_ENOMEM;
     }
     if (k >= r->nblocks) {
-        pthread_mutex_unlock(&g_mu);
+        lms__mutex_unlock(&g_mu);
         return lms__err(LMS_EINVAL, "%s: block %zu past the mapping", m->sm.path, k);
     }
     lms__regblock *b = &r->b[k];
@@ -259,25 +265,25 @@ int lms__reg_acquire(lms__lmap *m, lms_device *dev, uint64_t block, size_t k, un
         if (b->state == 2) {
             b->refs++;
             *dev_base = b->dev_ptr;
-            pthread_mutex_unlock(&g_mu);
+            lms__mutex_unlock(&g_mu);
             return 0;
         }
         if (b->state == 3) {
-            pthread_mutex_unlock(&g_mu);
+            lms__mutex_unlock(&g_mu);
             return lms__err(LMS_EDEVICE, "%s: host registration of block %zu was refused", m->sm.path, k);
         }
         if (b->state == 0)
             break;
-        pthread_cond_wait(&g_cv, &g_mu);
+        lms__mutex_wait(&g_cv, &g_mu);
     }
     b->state = 1;
     block = r->block;
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
 
     void *dp = NULL;
     int rc = do_register(m, dev, block, k, flags, &dp);
 
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     if (rc) {
         /* Remember a refusal only for real ones; a simulated refusal must
          * not outlive the test that asked for it. */
@@ -289,32 +295,30 @@ int lms__reg_acquire(lms__lmap *m, lms_device *dev, uint64_t block, size_t k, un
         *dev_base = dp;
     }
     pthread_cond_broadcast(&g_cv);
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
     return rc;
 }
 
 void lms__reg_release(lms__lmap *m, lms_device *dev, size_t k)
 {
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     lms__regset *r = regset_get(m, dev, 0, false);
-    if (!r || k >= r->nblocks || r->b[k].state != 2 || r->b[k].refs <= 0) {
-        pthread_mutex_unlock(&g_mu);
-        return;
-    }
+    /* registrations are balanced: only a reference taken by lms__reg_acquire is released */
+    assert(r && k < r->nblocks && r->b[k].state == 2 && r->b[k].refs > 0);
     lms__regblock *b = &r->b[k];
     if (--b->refs > 0) {
-        pthread_mutex_unlock(&g_mu);
+        lms__mutex_unlock(&g_mu);
         return;
     }
     b->state = 1;
     uint64_t block = r->block;
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
 
     dev->ops->host_unregister(dev, (void *)(m->sm.base + k * block));
 
-    pthread_mutex_lock(&g_mu);
+    lms__mutex_lock(&g_mu);
     b->state = 0;
     b->dev_ptr = NULL;
     pthread_cond_broadcast(&g_cv);
-    pthread_mutex_unlock(&g_mu);
+    lms__mutex_unlock(&g_mu);
 }

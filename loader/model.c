@@ -29,13 +29,6 @@
 #define MADV_POPULATE_READ 22
 #endif
 
-lms_model_params lms_model_default_params(void)
-{
-    lms_model_params p;
-    memset(&p, 0, sizeof p);
-    return p;
-}
-
 /* ---- reading the records -------------------------------------------------------- */
 
 typedef struct rec {
@@ -245,6 +238,7 @@ static void verify_one(void *arg, size_t i, int worker)
     (void)worker;
     if (m->ti[i].canon != i)
         return;
+    assert(lms__lmap_covers(m->ti[i].map, m->ti[i].offset, m->t[i].nbytes));
     lms_hash128 h = lms__hash128(m->t[i].host, (size_t)m->t[i].nbytes);
     if (!lms__hash128_eq(h, lms__hash128_get(m->ti[i].hash))) {
         size_t cur = atomic_load(&c->bad);
@@ -266,7 +260,7 @@ static int run_parallel(int threads, size_t n, lms_pool_fn fn, void *arg)
 
 static int prepare_host(lms_model *m)
 {
-    const lms_model_params *p = &m->params;
+    const lms__load_plan *p = &m->plan;
     int rc = 0;
     hrange *r = NULL;
     size_t nr = 0;
@@ -352,7 +346,7 @@ static int place_mapped(lms_model *m)
             m->t[i].device = (void *)m->t[i].host;
         return 0;
     }
-    uint64_t want = m->params.chunk_bytes;
+    uint64_t want = m->plan.chunk;
     /* Blocks the tensors touch, each registered once. */
     size_t cap = m->n + 8, n = 0;
     blk *b = lms__malloc(cap * sizeof *b);
@@ -499,6 +493,53 @@ static int map_segments(lms_model *m, const reclist *l)
     return 0;
 }
 
+/*
+ * Placement AUTO: HOST without a device or on the CPU; MAPPED on a GPU that
+ * reads host memory as its own (unified memory); on a discrete GPU RESIDENT
+ * when the arena fits in the free device memory besides the caller's
+ * reserve and a margin (lms__load_plan_device_need), MAPPED otherwise, so a
+ * model larger than the GPU still runs, reading its weights over the bus.
+ * Unknown free memory (a backend that cannot tell) counts as fitting.
+ */
+static int choose_placement(lms_model *m, lms_placement *out)
+{
+    lms_device *dev = m->dev;
+    if (!dev || dev->kind == LMS_DEVICE_CPU) {
+        *out = LMS_PLACE_HOST;
+        return 0;
+    }
+    lms_device_info di;
+    lms_device_get_info(dev, &di);
+    if (di.unified_memory) {
+        *out = LMS_PLACE_MAPPED;
+        return 0;
+    }
+    uint64_t arena = 0;
+    int rc = lms__resident_arena_bytes(m, &arena);
+    if (rc)
+        return rc;
+    uint64_t need = lms__load_plan_device_need(&m->plan, arena, di.total_mem);
+    if (di.free_mem == 0) {
+        lms__info("model '%s': free memory of %s unknown: resident placement", m->name, di.name);
+        *out = LMS_PLACE_RESIDENT;
+        return 0;
+    }
+    m->stats.device_free_bytes = di.free_mem;
+    m->stats.device_need_bytes = need;
+    if (need <= di.free_mem) {
+        lms__info("model '%s': resident on %s (%.2f GB of weights; %.2f GB needed with the reserve, "
+                  "%.2f GB free)", m->name, di.name, arena / 1e9, need / 1e9, di.free_mem / 1e9);
+        *out = LMS_PLACE_RESIDENT;
+    } else {
+        lms__warn("model '%s': %.2f GB of weights and %.2f GB kept free (device_reserve_bytes and a margin) do "
+                  "not fit in the %.2f GB free on %s: mapped placement (the device reads the weights from host "
+                  "memory)",
+                  m->name, arena / 1e9, (need - arena) / 1e9, di.free_mem / 1e9, di.name);
+        *out = LMS_PLACE_MAPPED;
+    }
+    return 0;
+}
+
 static bool records_differ(const reclist *a, const reclist *b)
 {
     if (a->n != b->n)
@@ -510,28 +551,10 @@ static bool records_differ(const reclist *a, const reclist *b)
     return false;
 }
 
-static int check_params(const lms_model_params *p)
-{
-    if ((unsigned)p->placement > LMS_PLACE_RESIDENT || (unsigned)p->prefetch > LMS_PREFETCH_POPULATE ||
-        (unsigned)p->order > LMS_ORDER_FILE || (unsigned)p->copy > LMS_COPY_SPLIT ||
-        p->register_percent < 0 || p->register_percent > 100)
-        return lms__err(LMS_EINVAL, "model params: placement, prefetch, order, copy or register_percent out of range");
-    if (p->streams < 0 || p->streams > 64 || p->threads < 0 || p->threads > 256 || p->ring_slots < 0 ||
-        p->ring_slots > 1024 || p->ring_first_slots < 0 || p->ring_first_slots > 1024)
-        return lms__err(LMS_EINVAL, "model params: streams (0..64), threads (0..256), ring_slots or ring_first_slots (0..1024) "
-                        "out of range");
-    if (p->chunk_bytes > (1ull << 34))
-        return lms__err(LMS_EINVAL, "model params: chunk_bytes %llu is larger than 16 GiB",
-                        (unsigned long long)p->chunk_bytes);
-    if (p->placement >= LMS_PLACE_MAPPED && !p->device)
-        return lms__err(LMS_EINVAL, "model params: mapped and resident placements need a device");
-    return 0;
-}
-
 int lms_model_open(lms_store *store, const char *name, const lms_model_params *params, lms_model **out)
 {
     double t0 = lms__now();
-    lms_model_params p = params ? *params : lms_model_default_params();
+    lms__load_plan p;
     reclist l = {0};
     int rc;
     if (!out)
@@ -539,30 +562,15 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
     *out = NULL;
     if (!store || !name)
         return lms__err(LMS_EINVAL, "lms_model_open: store and name are required");
-    if ((rc = check_params(&p)))
+    if ((rc = lms__load_plan_resolve(params, &p)))
         return rc;
-    if (p.streams == 0)
-        p.streams = 4;
-    if (p.threads == 0)
-        p.threads = lms__default_threads();
-    bool chunk_given = p.chunk_bytes != 0;
-    if (p.chunk_bytes == 0)
-        p.chunk_bytes = LMS__DEFAULT_CHUNK;
-    p.chunk_bytes = lms__align_up(p.chunk_bytes, LMS__CHUNK_ALIGN);
-    if (p.ring_slots == 0)
-        p.ring_slots = 2 * p.threads;
-    if (p.ring_first_slots == 0)
-        p.ring_first_slots = LMS__DEFAULT_RING_FIRST;
-    if (p.register_percent == 0)
-        p.register_percent = LMS__DEFAULT_REGISTER_PERCENT;
 
     lms_model *m = lms__calloc(1, sizeof *m);
     if (!m)
         return LMS_ENOMEM;
     m->t0 = t0;
     m->store = store;
-    m->params = p;
-    m->chunk_given = chunk_given;
+    m->plan = p;
     m->dev = p.device;
     lms__store_ref(store);
     if (!(m->name = lms__strdup(name))) {
@@ -631,6 +639,7 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
         memcpy(t->shape, r->shape, sizeof t->shape);
         t->nbytes = r->nbytes;
         t->layer = r->layer;
+        assert(lms__lmap_covers(m->ti[i].map, r->offset, r->nbytes)); /* map_segments mapped up to its end */
         t->host = m->ti[i].map->sm.base + r->offset;
         if (r->layer >= 0 && r->layer != LMS_LAYER_POST && r->layer > maxl)
             maxl = r->layer;
@@ -645,21 +654,17 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
 
     /* placement */
     lms_placement pl = p.placement;
-    if (pl == LMS_PLACE_AUTO) {
-        if (!m->dev || m->dev->kind == LMS_DEVICE_CPU) {
-            pl = LMS_PLACE_HOST;
-        } else {
-            lms_device_props dp;
-            memset(&dp, 0, sizeof dp);
-            if (m->dev->ops->props)
-                m->dev->ops->props(m->dev, &dp);
-            pl = dp.unified_memory ? LMS_PLACE_MAPPED : LMS_PLACE_RESIDENT;
-        }
-    }
+    if (pl == LMS_PLACE_AUTO && (rc = choose_placement(m, &pl)))
+        goto fail;
+    bool too_big = m->stats.device_need_bytes > m->stats.device_free_bytes;
     m->placement = pl;
     if (pl == LMS_PLACE_MAPPED) {
         rc = place_mapped(m);
-        if (rc && p.placement == LMS_PLACE_AUTO && rc == LMS_EDEVICE) {
+        if (rc && too_big) {
+            rc = lms__err_prefix(rc, "model '%s' does not fit in device memory and the mapped placement failed: ",
+                                 name);
+            goto fail;
+        } else if (rc && p.placement == LMS_PLACE_AUTO && rc == LMS_EDEVICE) {
             lms__info("model '%s': mapped placement refused (%s); copying to the device instead", name,
                       lms_last_error());
             release_held(m);

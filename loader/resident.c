@@ -84,7 +84,6 @@ struct lms__resident {
     int mode;
     bool cold;        /* AUTO found the model mostly not in the page cache */
     uint64_t chunk;   /* bytes per chunk in effect (staged chunks in SPLIT) */
-    uint64_t grid_want; /* registration grid asked for (REGISTERED, SPLIT) */
     chunk *c;
     size_t nc;
     extent *e;
@@ -112,7 +111,7 @@ struct lms__resident {
     bool thread_started;
     pthread_t *workers;
     int nworkers;
-    pthread_mutex_t mu;
+    lms__mutex mu;
     pthread_cond_t cv;
     size_t issued, next_take;
     uint8_t *ready;   /* per chunk: 0 not yet, 1 ready, 2 ready (unregistered: copy from pageable memory) */
@@ -139,6 +138,7 @@ static int slot_of(const lms__resident *r, int32_t layer)
 
 static void fail_locked(lms__resident *r, int rc)
 {
+    assert(lms__mutex_held(&r->mu));
     if (!r->failed) {
         r->failed = true;
         r->err = rc ? rc : LMS_EDEVICE;
@@ -150,32 +150,27 @@ static void fail_locked(lms__resident *r, int rc)
 
 static void fail(lms__resident *r, int rc)
 {
-    pthread_mutex_lock(&r->mu);
+    lms__mutex_lock(&r->mu);
     fail_locked(r, rc);
-    pthread_mutex_unlock(&r->mu);
+    lms__mutex_unlock(&r->mu);
 }
 
 /* ---- planning ------------------------------------------------------------------ */
 
-static int plan(lms__resident *r)
+/* The extents in copy order and where each lands in the arena: r->e,
+ * r->ne, r->cuts and r->arena_bytes; ext_of[i] = the extent of unique
+ * tensor i. ord and ext_of hold m->n + 1 entries. */
+static int plan_extents(lms__resident *r, size_t *ord, size_t *ext_of)
 {
-    lms_model *m = r->m;
-    const lms_model_params *p = &m->params;
-    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
-    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    const lms_model *m = r->m;
     size_t no = 0;
-    int rc = 0;
-    if (!ord || !ext_of) {
-        rc = LMS_ENOMEM;
-        goto out;
-    }
     /* copy order */
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < m->n; i++) {
             if (m->ti[i].canon != i || m->t[i].nbytes == 0)
                 continue;
             bool block = m->t[i].layer >= 0 && m->t[i].layer != LMS_LAYER_POST;
-            if (p->order == LMS_ORDER_FILE ? pass == 0 : (pass == 0) == block)
+            if (m->plan.order == LMS_ORDER_FILE ? pass == 0 : (pass == 0) == block)
                 ord[no++] = i;
         }
     }
@@ -183,10 +178,8 @@ static int plan(lms__resident *r)
     size_t ncuts = 0;
     r->e = lms__calloc(no + 1, sizeof *r->e);
     r->cuts = lms__calloc(no + 1, sizeof *r->cuts);
-    if (!r->e || !r->cuts) {
-        rc = LMS_ENOMEM;
-        goto out;
-    }
+    if (!r->e || !r->cuts)
+        return LMS_ENOMEM;
     uint64_t align = LMS_MAX(256u, lms_store_alignment(m->store));
     uint64_t arena = 0;
     for (size_t j = 0; j < no; j++) {
@@ -214,6 +207,32 @@ static int plan(lms__resident *r)
     if (r->ne)
         arena = r->e[r->ne - 1].dst + (r->e[r->ne - 1].end - r->e[r->ne - 1].start);
     r->arena_bytes = arena;
+    return 0;
+}
+
+int lms__resident_arena_bytes(const lms_model *m, uint64_t *out)
+{
+    lms__resident r = {.m = (lms_model *)m};
+    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
+    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    int rc = ord && ext_of ? plan_extents(&r, ord, ext_of) : LMS_ENOMEM;
+    *out = r.arena_bytes;
+    lms__free(r.e);
+    lms__free(r.cuts);
+    lms__free(ord);
+    lms__free(ext_of);
+    return rc;
+}
+
+static int plan(lms__resident *r)
+{
+    lms_model *m = r->m;
+    const lms__load_plan *p = &m->plan;
+    size_t *ord = lms__malloc((m->n + 1) * sizeof *ord);
+    size_t *ext_of = lms__malloc((m->n + 1) * sizeof *ext_of);
+    int rc = ord && ext_of ? plan_extents(r, ord, ext_of) : LMS_ENOMEM;
+    if (rc)
+        goto out;
 
     /* chunks */
     uint64_t cb = r->chunk;
@@ -228,7 +247,7 @@ static int plan(lms__resident *r)
     for (size_t k = 0; k < r->ne; k++) {
         extent *x = &r->e[k];
         bool regs = r->mode == MODE_REGISTERED || r->mode == MODE_SPLIT;
-        uint64_t grid = regs ? lms__reg_grid(x->map, r->dev, r->grid_want) : 0;
+        uint64_t grid = regs ? lms__reg_grid(x->map, r->dev, p->chunk) : 0;
         x->c0 = r->nc;
         size_t cut = x->cut0;
         for (uint64_t a = x->start; a < x->end;) {
@@ -320,7 +339,7 @@ out:
 static int assign_slots(lms__resident *r)
 {
     int first = r->ring_borrowed ? r->nslots /* pinned already */
-                                 : LMS_MIN(LMS_MAX(r->m->params.ring_first_slots, 1), r->nslots);
+                                 : LMS_MIN(LMS_MAX(r->m->plan.ring_first_slots, 1), r->nslots);
     r->grow_at = first < r->nslots && r->first_slot < r->nl - 1 ? r->last[r->first_slot] : 0; /* no layers: all */
     size_t *lastuse = lms__malloc((size_t)LMS_MAX(r->nslots, 1) * sizeof *lastuse);
     if (!lastuse)
@@ -379,7 +398,7 @@ static double cached_fraction(const lms_model *m)
 static int alloc_slot(lms__resident *r, int si)
 {
     lms_device *d = r->dev;
-    if (!r->m->params.ring_host_alloc && d->ops->host_register && d->ops->host_unregister) {
+    if (!r->m->plan.ring_host_alloc && d->ops->host_register && d->ops->host_unregister) {
         size_t bytes = (size_t)lms__align_up(r->slot_bytes, LMS__CHUNK_ALIGN);
         void *p = lms__aligned_alloc((size_t)LMS__CHUNK_ALIGN, bytes);
         if (!p)
@@ -404,9 +423,22 @@ static int alloc_slot(lms__resident *r, int si)
     return 0;
 }
 
+/* Ring slot of c may be filled: the copy out of its previous chunk was
+ * issued and has completed (or it has none). */
+static bool slot_free(lms__resident *r, const chunk *c)
+{
+    if (c->prev == SIZE_MAX)
+        return true;
+    lms__mutex_lock(&r->mu);
+    bool issued = r->issued > c->prev;
+    lms__mutex_unlock(&r->mu);
+    return issued && r->dev->ops->event_done(r->dev, r->sev[c->slot]);
+}
+
 static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
 {
     chunk *c = &r->c[ci];
+    assert(lms__lmap_covers(c->map, c->off, c->len));
     *ready = 1;
     if (c->slot < 0) { /* REGISTERED, and SPLIT's registered blocks */
         void *dp = NULL;
@@ -423,6 +455,7 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
         return 0;
     }
     int si = c->slot;
+    assert(si < r->nslots && slot_free(r, c));
     if (!r->slot[si]) { /* ring slots are pinned on first use, by the worker that fills them */
         int rc = alloc_slot(r, si);
         if (rc)
@@ -440,6 +473,7 @@ static int prepare_chunk(lms__resident *r, size_t ci, uint8_t *ready)
         uint64_t ro = c->off & ~(uint64_t)(LMS__PAGE - 1);
         uint64_t re = lms__align_up(c->off + c->len, LMS__PAGE);
         if (direct && re <= c->map->sm.size) {
+            assert(re - ro <= r->slot_bytes); /* the page-aligned read fits its slot */
             c->srcoff = c->off - ro;
             int rc = lms__pread_all(fd, slot, (size_t)(re - ro), ro, c->map->sm.path);
             if (rc == 0) {
@@ -463,7 +497,7 @@ static void *worker_main(void *arg)
     size_t window = r->mode == MODE_REGISTERED ? (size_t)LMS_MAX(8, 2 * r->nworkers)
                     : r->mode == MODE_SPLIT    ? (size_t)LMS_MAX(8, 2 * r->nslots)
                                                : (size_t)r->nslots;
-    pthread_mutex_lock(&r->mu);
+    lms__mutex_lock(&r->mu);
     for (;;) {
         if (r->failed || r->stop || r->next_take >= r->nc)
             break;
@@ -472,17 +506,17 @@ static void *worker_main(void *arg)
         while (!r->failed && !r->stop &&
                (ci >= r->issued + window || (c->prev != SIZE_MAX && c->prev >= r->issued) ||
                 (c->slot >= 0 && c->prev == SIZE_MAX && ci >= r->grow_at && r->issued < r->grow_at)))
-            pthread_cond_wait(&r->cv, &r->mu);
+            lms__mutex_wait(&r->cv, &r->mu);
         if (r->failed || r->stop)
             break;
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
         int rc = 0;
         if (c->slot >= 0 && c->prev != SIZE_MAX) /* the slot's last copy must be done */
             rc = r->dev->ops->event_sync(r->dev, r->sev[c->slot]);
         uint8_t ready = 0;
         if (!rc)
             rc = prepare_chunk(r, ci, &ready);
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         if (rc) {
             fail_locked(r, rc);
             break;
@@ -490,36 +524,52 @@ static void *worker_main(void *arg)
         r->ready[ci] = ready;
         pthread_cond_broadcast(&r->cv);
     }
-    pthread_mutex_unlock(&r->mu);
+    lms__mutex_unlock(&r->mu);
     return NULL;
 }
 
 /* ---- the loader thread ---------------------------------------------------------------- */
 
-static void note_done_layers(lms__resident *r, bool block)
+/* Layer slot s's events are recorded on every stream (or it has nothing to copy). */
+static bool layer_recorded(lms__resident *r, int s)
+{
+    lms__mutex_lock(&r->mu);
+    bool rec = r->lrec[s];
+    lms__mutex_unlock(&r->mu);
+    return rec;
+}
+
+/* Wait for (block) or poll layer slot s's events: 0 when its copies are
+ * complete, LMS_EBUSY (poll) when not yet, or the device's error. An event
+ * that was never recorded reads as complete, hence the precondition. */
+static int layer_events(lms__resident *r, int s, bool block)
 {
     lms_device *d = r->dev;
+    assert(layer_recorded(r, s));
+    for (int k = 0; k < r->ns; k++) {
+        lms_event *e = r->lev[s * r->ns + k];
+        if (!block && !d->ops->event_done(d, e))
+            return LMS_EBUSY;
+        int rc = block ? d->ops->event_sync(d, e) : 0;
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void note_done_layers(lms__resident *r, bool block)
+{
     double now = 0;
     for (int s = 0; s < r->nl; s++) {
         if (r->ldone[s] != 0 || !r->last[s])
             continue;
-        pthread_mutex_lock(&r->mu);
-        bool rec = r->lrec[s];
-        pthread_mutex_unlock(&r->mu);
-        if (!rec)
-            continue;
-        bool ok = true;
-        for (int k = 0; k < r->ns && ok; k++) {
-            lms_event *e = r->lev[s * r->ns + k];
-            ok = block ? d->ops->event_sync(d, e) == 0 : d->ops->event_done(d, e);
-        }
-        if (!ok)
+        if (!layer_recorded(r, s) || layer_events(r, s, block))
             continue;
         if (now == 0)
             now = lms__now() - r->m->t0;
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         r->ldone[s] = now;
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
     }
 }
 
@@ -529,19 +579,22 @@ static void *loader_main(void *arg)
     lms_device *d = r->dev;
     int rc = 0;
     for (size_t ci = 0; ci < r->nc; ci++) {
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         while (!r->failed && !r->stop && !r->ready[ci])
-            pthread_cond_wait(&r->cv, &r->mu);
+            lms__mutex_wait(&r->cv, &r->mu);
         bool quit = r->failed || r->stop;
         uint8_t ready = r->ready[ci];
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
         if (quit)
             break;
         chunk *c = &r->c[ci];
         lms_stream *s = r->st[ci % (size_t)r->ns];
         const uint8_t *src = c->map->sm.base + c->off;
         bool ring = c->slot >= 0;
-        (void)ready; /* 2: a refused registration, copied from pageable memory */
+        /* ready 2: a refused registration, copied from pageable memory */
+        assert(ready == 1 || (ready == 2 && !ring));
+        assert(ring ? c->srcoff + c->len <= r->slot_bytes : lms__lmap_covers(c->map, c->off, c->len));
+        assert(c->dst + c->len <= r->arena_bytes);
         if (ring)
             src = r->slot[c->slot] + c->srcoff;
         rc = d->ops->copy_h2d(d, r->arena + c->dst, src, (size_t)c->len, s);
@@ -556,7 +609,7 @@ static void *loader_main(void *arg)
             break;
         }
         atomic_fetch_add(&r->copied, c->len);
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         if (ci == 0)
             r->m->stats.first_copy_s = lms__now() - r->m->t0;
         r->issued = ci + 1;
@@ -564,7 +617,7 @@ static void *loader_main(void *arg)
             if (r->last[ls] == ci + 1)
                 r->lrec[ls] = true;
         pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
         note_done_layers(r, false);
     }
     for (int w = 0; w < r->nworkers; w++)
@@ -576,20 +629,20 @@ static void *loader_main(void *arg)
             fail(r, rc = src);
     }
     /* no copy out of the ring is in flight any more: the next load may have it */
-    pthread_mutex_lock(&r->mu);
+    lms__mutex_lock(&r->mu);
     if (r->ring_borrowed) {
         lms__staging_return(d);
         r->ring_borrowed = false;
     }
     bool complete = !r->failed && r->issued == r->nc;
-    pthread_mutex_unlock(&r->mu);
+    lms__mutex_unlock(&r->mu);
     if (complete) {
         note_done_layers(r, true);
         double now = lms__now() - r->m->t0;
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         if (r->m->stats.all_s == 0 || r->m->stats.all_s > now)
             r->m->stats.all_s = now;
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
     }
     /* registrations are released once the copies out of them are done */
     for (size_t ci = 0; ci < r->nc; ci++)
@@ -597,10 +650,10 @@ static void *loader_main(void *arg)
             lms__reg_release(r->c[ci].map, d, (size_t)(r->c[ci].off / r->c[ci].grid));
             r->held[ci] = false;
         }
-    pthread_mutex_lock(&r->mu);
+    lms__mutex_lock(&r->mu);
     r->done = true;
     pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    lms__mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -618,7 +671,7 @@ static int alloc_ring(lms__resident *r)
         return LMS_ENOMEM;
     if (!d->ops->alloc_host)
         return lms__err(LMS_EUNSUPPORTED, "device '%s' has no pinned host memory for a staging ring", d->ops->name);
-    uint8_t *pool = r->m->params.ring_host_alloc ? NULL
+    uint8_t *pool = r->m->plan.ring_host_alloc ? NULL
                                                   : lms__staging_borrow(d, (size_t)r->nslots * (size_t)r->slot_bytes);
     if (pool) { /* slot_raw stays NULL: not ours to free */
         r->ring_borrowed = true;
@@ -683,20 +736,20 @@ static void free_resident(lms__resident *r)
     lms__free(r->c);
     lms__free(r->e);
     lms__free(r->cuts);
-    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->mu.mu);
     pthread_cond_destroy(&r->cv);
     lms__free(r);
 }
 
 int lms__resident_start(lms_model *m)
 {
-    const lms_model_params *p = &m->params;
+    const lms__load_plan *p = &m->plan;
     lms_device *d = m->dev;
     int rc;
     lms__resident *r = lms__calloc(1, sizeof *r);
     if (!r)
         return LMS_ENOMEM;
-    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->mu.mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->m = m;
     r->dev = d;
@@ -705,8 +758,7 @@ int lms__resident_start(lms_model *m)
     double t_start = lms__now() - m->t0;
 
     /* the copy source (see the table at the top) */
-    lms_copy_source want = p->force_readers ? LMS_COPY_STAGE_DIRECT : p->force_staging ? LMS_COPY_STAGE_MAP : p->copy;
-    switch (want) {
+    switch (p->copy) {
     case LMS_COPY_REGISTER: r->mode = MODE_REGISTERED; break;
     case LMS_COPY_STAGE_MAP: r->mode = MODE_STAGE_MAP; break;
     case LMS_COPY_STAGE_READ: r->mode = MODE_STAGE_READ; break;
@@ -723,9 +775,7 @@ int lms__resident_start(lms_model *m)
             r->mode = AUTO_WARM_MODE;
         }
     }
-    r->chunk = m->chunk_given || r->mode == MODE_REGISTERED || r->mode == MODE_DIRECT ? p->chunk_bytes
-                                                                                      : LMS__DEFAULT_RING_CHUNK;
-    r->grid_want = r->mode == MODE_SPLIT && !m->chunk_given ? LMS__DEFAULT_CHUNK : r->chunk;
+    r->chunk = r->mode == MODE_REGISTERED || r->mode == MODE_DIRECT ? p->chunk : p->ring_chunk;
     r->nslots = p->ring_slots;
     if ((rc = plan(r)))
         return rc;
@@ -766,9 +816,8 @@ int lms__resident_start(lms_model *m)
     r->workers = lms__calloc((size_t)p->threads + 1, sizeof *r->workers);
     if (!r->workers)
         return LMS_ENOMEM;
-    /* the disk, not the copies, bounds a cold load: more readers than
-     * LMS__AUTO_COLD_READERS read no faster there (bench/RESULTS.md, run 6) */
-    int nw = r->mode == MODE_DIRECT ? 0 : r->cold ? LMS_MIN(p->threads, LMS__AUTO_COLD_READERS) : p->threads;
+    /* the disk, not the copies, bounds a cold load: fewer readers */
+    int nw = r->mode == MODE_DIRECT ? 0 : r->cold ? p->cold_readers : p->threads;
     m->stats.threads = nw;
     for (int w = 0; w < nw; w++) {
         if (pthread_create(&r->workers[w], NULL, worker_main, r))
@@ -810,39 +859,30 @@ int lms__resident_start(lms_model *m)
 int lms__resident_wait(lms_model *m, int32_t layer, bool block)
 {
     lms__resident *r = m->res;
-    lms_device *d = r->dev;
     int s = slot_of(r, layer);
-    pthread_mutex_lock(&r->mu);
+    lms__mutex_lock(&r->mu);
     while (!r->lrec[s] && !r->failed) {
         if (!block) {
-            pthread_mutex_unlock(&r->mu);
+            lms__mutex_unlock(&r->mu);
             return LMS_EBUSY;
         }
-        pthread_cond_wait(&r->cv, &r->mu);
+        lms__mutex_wait(&r->cv, &r->mu);
     }
     if (!r->lrec[s]) {
         int rc = lms__err(r->err, "%s", r->msg);
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
         return rc;
     }
-    pthread_mutex_unlock(&r->mu);
-    for (int k = 0; k < r->ns; k++) {
-        lms_event *e = r->lev[s * r->ns + k];
-        if (!block) {
-            if (!d->ops->event_done(d, e))
-                return LMS_EBUSY;
-            continue;
-        }
-        int rc = d->ops->event_sync(d, e);
-        if (rc)
-            return lms__err_prefix(rc, "model '%s': waiting for layer %d: ", m->name, (int)layer);
-    }
+    lms__mutex_unlock(&r->mu);
+    int rc = layer_events(r, s, block);
+    if (rc)
+        return block ? lms__err_prefix(rc, "model '%s': waiting for layer %d: ", m->name, (int)layer) : rc;
     if (layer == LMS_LAYER_ALL) { /* seen complete here before the loader thread noted it */
         double now = lms__now() - m->t0;
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         if (m->stats.all_s == 0 || m->stats.all_s > now)
             m->stats.all_s = now;
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
     }
     return 0;
 }
@@ -853,17 +893,17 @@ void lms__resident_stop(lms_model *m)
     if (!r)
         return;
     if (r->thread_started) {
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         r->stop = true;
         pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
         pthread_join(r->thread, NULL);
     } else {
         /* failed before the loader thread started: stop the workers */
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         r->stop = true;
         pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
         for (int w = 0; w < r->nworkers; w++)
             pthread_join(r->workers[w], NULL);
         if (r->dev && r->st)
@@ -879,14 +919,14 @@ int lms_model_stats_get(lms_model *m, lms_model_stats *out)
         return lms__err(LMS_EINVAL, "lms_model_stats_get: model and out are required");
     lms__resident *r = m->res;
     if (r) {
-        pthread_mutex_lock(&r->mu);
+        lms__mutex_lock(&r->mu);
         *out = m->stats;
         out->copied_bytes = atomic_load(&r->copied);
         out->registered_bytes = atomic_load(&r->registered);
         if (r->last[r->first_slot] && r->ldone[r->first_slot])
             out->first_layer_s = r->ldone[r->first_slot];
         out->direct_io = atomic_load(&r->direct_io);
-        pthread_mutex_unlock(&r->mu);
+        lms__mutex_unlock(&r->mu);
     } else {
         *out = m->stats;
     }

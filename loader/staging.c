@@ -33,12 +33,22 @@ struct lms__staging {
     bool lent;       /* guarded by staging_mu */
 };
 
-static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
+static lms__mutex staging_mu = LMS__MUTEX_INIT;
+
+/* Lend the pool (lent = true) or take it back: under staging_mu, and only
+ * as a change (one borrower at a time, one return per borrow). */
+static void set_lent(lms__staging *s, bool lent)
+{
+    assert(lms__mutex_held(&staging_mu));
+    assert(s->lent != lent);
+    s->lent = lent;
+}
 
 static void staging_free(lms_device *d, lms__staging *s)
 {
     if (!s)
         return;
+    assert(!s->lent); /* unpublished and returned: nobody copies out of it */
     if (s->registered) {
         (void)d->ops->host_unregister(d, s->base);
         lms__free(s->base);
@@ -48,18 +58,6 @@ static void staging_free(lms_device *d, lms__staging *s)
     lms__free(s);
 }
 
-size_t lms_model_staging_bytes(const lms_model_params *p)
-{
-    lms_model_params d = lms_model_default_params();
-    if (!p)
-        p = &d;
-    /* as lms_model_open and lms__resident_start resolve them */
-    int threads = p->threads ? p->threads : lms__default_threads();
-    int slots = p->ring_slots ? p->ring_slots : 2 * threads;
-    uint64_t chunk = p->chunk_bytes ? lms__align_up(p->chunk_bytes, LMS__CHUNK_ALIGN) : LMS__DEFAULT_RING_CHUNK;
-    return (size_t)slots * (size_t)(chunk + 2 * LMS__PAGE);
-}
-
 int lms_device_reserve_staging(lms_device *dev, size_t bytes)
 {
     if (!dev)
@@ -67,10 +65,10 @@ int lms_device_reserve_staging(lms_device *dev, size_t bytes)
     if (!bytes)
         bytes = lms_model_staging_bytes(NULL);
     bytes = (size_t)lms__align_up(bytes, LMS__CHUNK_ALIGN);
-    pthread_mutex_lock(&staging_mu);
+    lms__mutex_lock(&staging_mu);
     lms__staging *old = dev->staging;
     bool covered = old && old->bytes >= bytes, lent = old && old->lent;
-    pthread_mutex_unlock(&staging_mu);
+    lms__mutex_unlock(&staging_mu);
     if (covered)
         return 0;
     if (lent)
@@ -110,15 +108,15 @@ int lms_device_reserve_staging(lms_device *dev, size_t bytes)
         return lms__err_prefix(rc, "device '%s': pinning %zu bytes of staging memory: ", dev->ops->name, bytes);
     }
     /* publish it, unless a load borrowed the old pool meanwhile */
-    pthread_mutex_lock(&staging_mu);
+    lms__mutex_lock(&staging_mu);
     old = dev->staging;
     if (old && old->lent) {
-        pthread_mutex_unlock(&staging_mu);
+        lms__mutex_unlock(&staging_mu);
         staging_free(dev, s);
         return lms__err(LMS_EBUSY, "device '%s': its staging memory is in use by a load", dev->ops->name);
     }
     dev->staging = s;
-    pthread_mutex_unlock(&staging_mu);
+    lms__mutex_unlock(&staging_mu);
     staging_free(dev, old); /* unpublished and not lent: nobody can reach it */
     return 0;
 }
@@ -126,29 +124,31 @@ int lms_device_reserve_staging(lms_device *dev, size_t bytes)
 uint8_t *lms__staging_borrow(lms_device *dev, size_t bytes)
 {
     uint8_t *base = NULL;
-    pthread_mutex_lock(&staging_mu);
+    lms__mutex_lock(&staging_mu);
     lms__staging *s = dev->staging;
     if (s && s->bytes >= bytes && !s->lent) {
-        s->lent = true;
+        set_lent(s, true);
         base = s->base;
     }
-    pthread_mutex_unlock(&staging_mu);
+    lms__mutex_unlock(&staging_mu);
     return base;
 }
 
 void lms__staging_return(lms_device *dev)
 {
-    pthread_mutex_lock(&staging_mu);
-    if (dev->staging)
-        dev->staging->lent = false;
-    pthread_mutex_unlock(&staging_mu);
+    lms__mutex_lock(&staging_mu);
+    /* the pool a load borrowed is never replaced while lent (lms_device_reserve_staging) */
+    assert(dev->staging);
+    set_lent(dev->staging, false);
+    lms__mutex_unlock(&staging_mu);
 }
 
 void lms__staging_release(lms_device *dev)
 {
-    pthread_mutex_lock(&staging_mu);
+    lms__mutex_lock(&staging_mu);
     lms__staging *s = dev->staging;
+    assert(!s || !s->lent); /* the device outlives its models, so no load holds the pool */
     dev->staging = NULL;
-    pthread_mutex_unlock(&staging_mu);
+    lms__mutex_unlock(&staging_mu);
     staging_free(dev, s);
 }

@@ -16,6 +16,7 @@
 
 #include "common/common.h"
 #include "lmstore/loader.h"
+#include "lmstore/loader_experimental.h" /* the copy knobs: --copy, --chunk, --slots, ... */
 #include "lmstore/store.h"
 #include "tools/bench.h"
 #include "tools/cli.h"
@@ -66,8 +67,10 @@ static const char *place_name(lms_placement p)
 int lms_bench_load(int argc, char **argv)
 {
     const char *store_opt = NULL, *devname = "cpu", *place = NULL, *prefetch = NULL, *v = NULL, *model = NULL;
-    bool json = false, reserve = false;
+    bool json = false, reserve = false, staging = false, readers = false;
+    lms_model_tuning t = {0};
     lms_model_params p = lms_model_default_params();
+    p.tuning = &t;
     int64_t n;
     uint64_t sz;
     for (int i = 1; i < argc;) {
@@ -77,7 +80,7 @@ int lms_bench_load(int argc, char **argv)
         if (lms_cli_opt(argc, argv, &i, "--streams", &v)) {
             if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 64)
                 return lms_cli_usage("bench", "--streams wants 1..64");
-            p.streams = (int)n;
+            t.streams = (int)n;
         } else if (lms_cli_opt(argc, argv, &i, "--threads", &v)) {
             if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 256)
                 return lms_cli_usage("bench", "--threads wants 1..256");
@@ -85,42 +88,42 @@ int lms_bench_load(int argc, char **argv)
         } else if (lms_cli_opt(argc, argv, &i, "--slots", &v)) {
             if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 1024)
                 return lms_cli_usage("bench", "--slots wants 1..1024");
-            p.ring_slots = (int)n;
+            t.ring_slots = (int)n;
         } else if (lms_cli_opt(argc, argv, &i, "--chunk", &v)) {
             if (!lms_cli_parse_size(v, &sz) || sz == 0)
                 return lms_cli_usage("bench", "--chunk wants a size such as 64M");
-            p.chunk_bytes = sz;
+            t.chunk_bytes = sz;
         } else if (lms_cli_opt(argc, argv, &i, "--copy", &v)) {
-            if (!strcmp(v, "auto")) p.copy = LMS_COPY_AUTO;
-            else if (!strcmp(v, "register")) p.copy = LMS_COPY_REGISTER;
-            else if (!strcmp(v, "stage-map")) p.copy = LMS_COPY_STAGE_MAP;
-            else if (!strcmp(v, "stage-read")) p.copy = LMS_COPY_STAGE_READ;
-            else if (!strcmp(v, "stage-direct")) p.copy = LMS_COPY_STAGE_DIRECT;
-            else if (!strcmp(v, "split")) p.copy = LMS_COPY_SPLIT;
+            if (!strcmp(v, "auto")) t.copy = LMS_COPY_AUTO;
+            else if (!strcmp(v, "register")) t.copy = LMS_COPY_REGISTER;
+            else if (!strcmp(v, "stage-map")) t.copy = LMS_COPY_STAGE_MAP;
+            else if (!strcmp(v, "stage-read")) t.copy = LMS_COPY_STAGE_READ;
+            else if (!strcmp(v, "stage-direct")) t.copy = LMS_COPY_STAGE_DIRECT;
+            else if (!strcmp(v, "split")) t.copy = LMS_COPY_SPLIT;
             else return lms_cli_usage("bench", "--copy wants auto, register, stage-map, stage-read, stage-direct "
                                                "or split");
         } else if (lms_cli_opt(argc, argv, &i, "--register-percent", &v)) {
             if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 100)
                 return lms_cli_usage("bench", "--register-percent wants 1..100");
-            p.register_percent = (int)n;
+            t.register_percent = (int)n;
         } else if (lms_cli_opt(argc, argv, &i, "--order", &v)) {
-            if (!strcmp(v, "blocks")) p.order = LMS_ORDER_BLOCKS_FIRST;
-            else if (!strcmp(v, "file")) p.order = LMS_ORDER_FILE;
+            if (!strcmp(v, "blocks")) t.order = LMS_ORDER_BLOCKS_FIRST;
+            else if (!strcmp(v, "file")) t.order = LMS_ORDER_FILE;
             else return lms_cli_usage("bench", "--order wants blocks or file");
         } else if (!strcmp(argv[i], "--json")) {
             json = true, i++;
         } else if (!strcmp(argv[i], "--staging")) {
-            p.force_staging = true, i++;
+            staging = true, i++;
         } else if (!strcmp(argv[i], "--readers")) {
-            p.force_readers = true, i++;
+            readers = true, i++;
         } else if (!strcmp(argv[i], "--no-readers")) {
-            p.no_readers = true, i++;
+            t.no_readers = true, i++;
         } else if (lms_cli_opt(argc, argv, &i, "--ring-first", &v)) {
             if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 1024)
                 return lms_cli_usage("bench", "--ring-first wants 1..1024");
-            p.ring_first_slots = (int)n;
+            t.ring_first_slots = (int)n;
         } else if (!strcmp(argv[i], "--ring-hostalloc")) {
-            p.ring_host_alloc = true, i++;
+            t.ring_host_alloc = true, i++;
         } else if (!strcmp(argv[i], "--reserve")) {
             reserve = true, i++;
         } else if (!strcmp(argv[i], "--verify")) {
@@ -136,6 +139,11 @@ int lms_bench_load(int argc, char **argv)
     }
     if (!model)
         return lms_cli_usage("bench", "bench load needs a MODEL");
+    /* --readers (= --copy stage-direct), else --staging (= --copy stage-map), overrides --copy */
+    if (readers)
+        t.copy = LMS_COPY_STAGE_DIRECT;
+    else if (staging)
+        t.copy = LMS_COPY_STAGE_MAP;
     bool cpu = !strcmp(devname, "cpu");
     if (!place) p.placement = cpu ? LMS_PLACE_HOST : LMS_PLACE_AUTO;
     else if (!strcmp(place, "host")) p.placement = LMS_PLACE_HOST;
@@ -179,7 +187,7 @@ int lms_bench_load(int argc, char **argv)
         goto out;
     }
     double t_open = lms__now() - t0;
-    int32_t first = p.order == LMS_ORDER_FILE ? LMS_LAYER_PRE : 0;
+    int32_t first = t.order == LMS_ORDER_FILE ? LMS_LAYER_PRE : 0;
     if (lms_model_n_layers(m) == 0)
         first = LMS_LAYER_ALL;
     if ((rc = lms_model_wait_layer(m, first))) {

@@ -24,6 +24,13 @@
  * while models of it are open. Tensor views, their names, `host` and `device`
  * pointers are owned by the model and valid until lms_model_close.
  *
+ * Stability: everything declared here is stable API, the structs
+ * lms_model_params, lms_device_info, lms_tensor and lms_model_stats
+ * included (fields are only added, at the end). The tuning knobs of the
+ * resident copies (copy source, streams, chunk size, ring shape, order) are
+ * not: they live in lmstore/loader_experimental.h, [EXPERIMENTAL], reached
+ * through lms_model_params.tuning, and may change in any release.
+ *
  * Thread safety: lms_model_open and lms_model_close may be called from any
  * thread, also concurrently on one store. The lookups (lms_model_tensor,
  * _tensor_at, _count, _id, _name, _n_layers, _device, _stats) only read state
@@ -48,14 +55,44 @@ extern "C" {
 /* lms_device (a compute device, CPU or CUDA; the loader only borrows it) and
  * lms_model are opaque handles declared in lmstore/types.h. */
 
+/* ---- devices (stable) ----------------------------------------------------------- */
+
+typedef enum lms_device_kind {
+    LMS_DEVICE_CPU = 0,
+    LMS_DEVICE_CUDA = 1,
+} lms_device_kind;
+
 /*
- * Open a device by name: "cpu", "cuda" (= "cuda:0") or "cuda:N". Errors:
- * LMS_EINVAL (unknown name), LMS_EUNSUPPORTED (built without that backend),
- * LMS_EDEVICE (no such device, e.g. no GPU on this machine). Close with
- * lms_device_close (NULL ok). A device must outlive every model opened on it.
+ * Open a device by name: "cpu", "cuda" (= "cuda:0") or "cuda:N"; the one
+ * function that resolves a device name, so `--device cuda:1` means the same
+ * device to every caller. Errors: LMS_EINVAL (unknown name),
+ * LMS_EUNSUPPORTED (built without that backend), LMS_EDEVICE (no such
+ * device; on a machine without a GPU the detail says "no CUDA device").
+ * On failure *out is NULL. Close with lms_device_close (NULL ok). A device
+ * must outlive every model opened on it.
  */
 int lms_device_open_name(const char *name, lms_device **out);
+/* Open device `ordinal` of `kind`; errors and ownership as above. */
+int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out);
 void lms_device_close(lms_device *dev);
+/* true when this build has a backend for `kind` (not whether a device exists). */
+bool lms_device_available(lms_device_kind kind);
+
+/* What a device is, for logs and for callers that size their own buffers. */
+typedef struct lms_device_info {
+    lms_device_kind kind;
+    int ordinal;
+    char name[160];         /* printable: "cpu", "cuda:0 (NVIDIA H200)" */
+    uint64_t total_mem;     /* bytes of device memory (CPU: physical memory) */
+    uint64_t free_mem;      /* bytes free now (CPU: available memory); 0 = unknown */
+    bool unified_memory;    /* reads host memory as its own (CPU, integrated GPUs) */
+    int compute_major, compute_minor; /* CUDA compute capability; 0 on the CPU */
+} lms_device_info;
+
+/* Fill *out for `dev`; free_mem is read at the call (on CUDA this makes
+ * the device current on the calling thread). Errors: LMS_EINVAL (NULL
+ * argument). Thread-safe. */
+int lms_device_get_info(const lms_device *dev, lms_device_info *out);
 
 /*
  * Pin `bytes` of host memory for staging copies to `dev` now and keep it
@@ -63,9 +100,8 @@ void lms_device_close(lms_device *dev);
  * load with default params uses: 2 x threads ring slots of 4 MiB, 96 MiB on
  * 16+ cores). A resident load that copies through a staging ring borrows it,
  * if it is free and large enough, instead of pinning slots while it loads
- * (on the H200 test host that took the first layer from 7-9% of a 16 GB load
- * to under 5%), and gives it back once its copies are complete; loads
- * running meanwhile pin their own.
+ * (which delays its first layer: docs/LOADER.md), and gives it back once
+ * its copies are complete; loads running meanwhile pin their own.
  * Calling again with a size it already covers does nothing. Errors:
  * LMS_EBUSY (a larger size asked while a load holds the memory),
  * LMS_ENOMEM, LMS_EDEVICE. Thread-safe, also against loads running on the
@@ -74,7 +110,9 @@ void lms_device_close(lms_device *dev);
 int lms_device_reserve_staging(lms_device *dev, size_t bytes);
 
 typedef enum lms_placement {
-    LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT */
+    LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT
+                          * when the weights fit in its free memory besides
+                          * device_reserve_bytes, else MAPPED (logged; see lms_model_stats) */
     LMS_PLACE_HOST,      /* host views only; device pointers are NULL */
     LMS_PLACE_MAPPED,    /* the mapping registered in place; device reads host memory (zero copies) */
     LMS_PLACE_RESIDENT,  /* all weights copied into one device arena, layer by layer */
@@ -86,72 +124,41 @@ typedef enum lms_prefetch {
     LMS_PREFETCH_POPULATE, /* every page read before open returns (MADV_POPULATE_READ, or touching) */
 } lms_prefetch;
 
-typedef enum lms_load_order {
-    /* Resident copies run over the transformer blocks first (layer 0, 1, ...
-     * in file order), then the tensors outside the blocks (embedding, final
-     * norm, LM head), so layer 0 is ready after ~1/n of the bytes. The
-     * embedding's host view can serve token lookups meanwhile. */
-    LMS_ORDER_BLOCKS_FIRST = 0,
-    LMS_ORDER_FILE, /* strict storage (file) order: embedding, layers, norm, head */
-} lms_load_order;
-
-/* Where resident copies read the weights from (the fallbacks stay automatic). */
-typedef enum lms_copy_source {
-    LMS_COPY_AUTO = 0,     /* page cache warm: LMS_COPY_STAGE_READ; cold: LMS_COPY_STAGE_DIRECT */
-    LMS_COPY_REGISTER,     /* pin the mapping in place (cudaHostRegister) and DMA from it */
-    LMS_COPY_STAGE_MAP,    /* memcpy from the mapping into a pinned ring, DMA from the ring */
-    LMS_COPY_STAGE_READ,   /* parallel pread (page cache) into a pinned ring */
-    LMS_COPY_STAGE_DIRECT, /* parallel pread with O_DIRECT (where aligned) into a pinned ring */
-    LMS_COPY_SPLIT,        /* both at once: register_percent of the registration blocks pinned in
-                            * place and DMA'd from there, the rest pread into the pinned ring */
-} lms_copy_source;
-
 /* Layer indices of lms_tensor.layer and lms_model_wait_layer. */
 #define LMS_LAYER_PRE (-1)           /* tensors before the blocks (embedding) */
 #define LMS_LAYER_POST INT32_MAX     /* tensors after the blocks (final norm, LM head) */
 #define LMS_LAYER_ALL (-2)           /* lms_model_wait_layer: every tensor */
 
+/* [EXPERIMENTAL] tuning of the resident copies: lmstore/loader_experimental.h */
+struct lms_model_tuning;
+
+/* Stable. What a caller decides about a load; every field's 0 is the
+ * default, and lms_model_default_params() returns all defaults. */
 typedef struct lms_model_params {
     lms_device *device;      /* NULL = CPU (host views only). Borrowed; must outlive the model */
     lms_placement placement; /* 0 = AUTO */
     lms_prefetch prefetch;   /* host pages: 0 = NONE */
     bool mlock;              /* mlock the model's mapped ranges (fails open with LMS_EIO if refused) */
     bool verify;             /* hash every tensor (XXH3-128) at open; LMS_ECORRUPT names the tensor */
-    /* Fallbacks of the CUDA placements, forced here for tests and benchmarks;
-     * each is otherwise chosen automatically. */
-    bool force_staging;      /* resident: never register the mapping; copy through a pinned staging ring */
-    bool force_readers;      /* resident: parallel pread (O_DIRECT where aligned) into the ring,
-                              * the path taken when the data is not in the page cache */
-    bool no_readers;         /* resident, copy AUTO: do not switch to O_DIRECT readers when the
-                              * model is not in the page cache (read through the page cache) */
-    int streams;             /* copy streams; 0 = 4 */
-    int threads;             /* register / reader / verify threads; 0 = 3/4 of the online CPUs, 2..12 */
-    uint64_t chunk_bytes;    /* register and copy granularity, rounded up to 2 MiB; 0 = 64 MiB
-                              * when registering, 4 MiB through the staging ring */
-    int ring_slots;          /* staging ring buffers of chunk_bytes each; 0 = 2 x threads */
-    lms_load_order order;    /* resident copy order; 0 = BLOCKS_FIRST */
     bool sync;               /* resident: return from open only when every weight is resident
                               * (default false: open returns once the copies are queued and
                               * lms_model_wait_layer waits for each layer) */
-    lms_copy_source copy;    /* resident: 0 = AUTO. force_staging / force_readers, when set,
-                              * mean STAGE_MAP / STAGE_DIRECT. A refused registration falls
-                              * back to STAGE_READ */
-    int register_percent;    /* resident, copy SPLIT: share of the registration blocks (chunk grid,
-                              * 64 MiB) copied from the mapping pinned in place, 1..100; 0 = 50 */
-    bool ring_host_alloc;    /* staging ring slots from the device's pinned allocator
-                              * (cudaHostAlloc) rather than huge-page host memory registered
-                              * with the device (the default, cheaper to pin) */
-    int ring_first_slots;    /* resident, staging ring: slots that carry the first layer in copy
-                              * order; the other slots are pinned only once that layer's copies
-                              * are queued, so it does not wait for the whole ring to be pinned.
-                              * 0 = 8; >= ring_slots = the whole ring from the start */
+    int threads;             /* register / reader / verify threads, 1..256; 0 = 3/4 of the online
+                              * CPUs, 2..12 */
+    uint64_t device_reserve_bytes; /* placement AUTO on a discrete GPU: device memory the caller
+                              * will allocate besides the weights (KV cache, activations), kept
+                              * free when choosing RESIDENT; 0 = 512 MiB. Not used by the
+                              * other placements */
+    const struct lms_model_tuning *tuning; /* [EXPERIMENTAL] NULL = defaults. Read during
+                              * lms_model_open only */
 } lms_model_params;
 
 lms_model_params lms_model_default_params(void);
 
 /* Bytes of pinned staging memory a resident load with params `p` (NULL =
- * defaults) copies through: ring_slots x (chunk + 8 KiB). The size to give
- * lms_device_reserve_staging so that such loads borrow the device's pool. */
+ * defaults) copies through (its ring of slots). The size to give
+ * lms_device_reserve_staging so that such loads borrow the device's pool.
+ * 0 when p holds a value out of range. */
 size_t lms_model_staging_bytes(const lms_model_params *p);
 
 /*
@@ -250,6 +257,11 @@ typedef struct lms_model_stats {
     bool ring_reserved;        /* ...which was the device's reserved staging memory */
     bool readers;              /* ...filled by parallel readers (pread / O_DIRECT) */
     bool direct_io;            /* the readers used O_DIRECT */
+    /* placement AUTO on a discrete GPU: the device memory free at open, and
+     * what RESIDENT needed of it (arena + device_reserve_bytes + a margin);
+     * when need > free AUTO chose MAPPED. 0 when AUTO did not weigh them. */
+    uint64_t device_free_bytes;
+    uint64_t device_need_bytes;
 } lms_model_stats;
 
 int lms_model_stats_get(lms_model *model, lms_model_stats *out);

@@ -3,16 +3,44 @@
  * memory is host memory (64-byte aligned), copies are memcpy, streams and
  * events are no-ops because every operation completes before it returns.
  */
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "loader/device.h"
+
+/* MemAvailable of /proc/meminfo in bytes (what can be allocated without
+ * swapping, page cache counted as free); the free pages when it is absent. */
+static uint64_t mem_available(void)
+{
+    uint64_t bytes = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                bytes = (uint64_t)kb << 10;
+                break;
+            }
+        fclose(f);
+    }
+    if (!bytes) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    }
+    return bytes;
+}
 
 static int cpu_props(lms_device *dev, lms_device_props *out)
 {
     (void)dev;
     memset(out, 0, sizeof *out);
     strcpy(out->name, "cpu");
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    out->total_mem = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    out->free_mem = mem_available();
     out->unified_memory = true;
     return 0;
 }

@@ -325,10 +325,10 @@ int lms__device_cuda_open_impl(int ordinal, lms_device **out)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return lms__err(LMS_EDEVICE, "cuda: no usable CUDA device (%s)", cudaGetErrorString(e));
+        return lms__err(LMS_EDEVICE, "no CUDA device (%s)", cudaGetErrorString(e));
     }
     if (ordinal < 0 || ordinal >= n)
-        return lms__err(LMS_EDEVICE, "cuda: no device %d (%d present)", ordinal, n);
+        return lms__err(LMS_EDEVICE, "no CUDA device cuda:%d (%d present)", ordinal, n);
     if ((e = cudaSetDevice(ordinal)) != cudaSuccess || (e = cudaFree(NULL)) != cudaSuccess)
         return cu_fail(e, "initialising device %d", ordinal);
 

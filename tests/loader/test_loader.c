@@ -7,7 +7,10 @@
  * staging ring, parallel readers) run on the CPU device copies every byte;
  * the registered paths (with a CPU device that tracks pins like CUDA) pin
  * each block once, share blocks between models, unpin before unmapping, and
- * fall back to the staging ring when pinning is refused;
+ * fall back to the staging ring when pinning is refused; placement AUTO on
+ * that device posing as a discrete GPU is resident while the model fits
+ * beside the reserve and mapped when not; device info and the errors of a
+ * missing CUDA device; a broken precondition stops at an assertion;
  * a segment that grew after it was mapped gets a second mapping; opens and
  * closes from several threads at once; failed opens (every allocation
  * failing in turn) leave nothing behind.
@@ -15,11 +18,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -162,8 +167,10 @@ static void lookups_files_and_ids(void **state)
     lms_model_params p = lms_model_default_params();
     p.placement = LMS_PLACE_RESIDENT; /* needs a device */
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
+    lms_model_tuning tu = {0};
     p = lms_model_default_params();
-    p.streams = -1;
+    p.tuning = &tu;
+    tu.streams = -1;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
     assert_int_equal(lms_store_close(st), 0);
 }
@@ -312,16 +319,17 @@ static void run_resident_cpu(bool staging, bool readers, lms_load_order order, i
     lms_store *st = open_store();
     lms_device *dev = NULL;
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    lms_model_tuning t = {0};
     lms_model_params p = lms_model_default_params();
     p.device = dev;
     p.placement = LMS_PLACE_RESIDENT;
-    p.force_staging = staging;
-    p.force_readers = readers;
-    p.order = order;
+    p.tuning = &t;
+    t.copy = readers ? LMS_COPY_STAGE_DIRECT : staging ? LMS_COPY_STAGE_MAP : LMS_COPY_AUTO;
+    t.order = order;
     p.threads = threads;
-    p.streams = 3;
-    p.chunk_bytes = 1; /* rounds up to 2 MiB: the MLP matrices span chunks */
-    p.ring_slots = 2;
+    t.streams = 3;
+    t.chunk_bytes = 1; /* rounds up to 2 MiB: the MLP matrices span chunks */
+    t.ring_slots = 2;
     lms_model *m = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_placement(m), LMS_PLACE_RESIDENT);
@@ -395,6 +403,64 @@ static void mapped_on_cpu_device_points_at_the_mapping(void **state)
     assert_int_equal(lms_device_open_name("gpu", &dev), LMS_EINVAL);
     assert_int_equal(lms_device_open_name("cuda:x", &dev), LMS_EINVAL);
     assert_int_equal(lms_store_close(st), 0);
+}
+
+
+static void device_info_describes_the_cpu_and_its_memory(void **state)
+{
+    (void)state;
+    lms_device *dev = NULL;
+    lms_device_info di;
+    assert_int_equal(lms_device_open_name("cpu", &dev), 0);
+    assert_int_equal(lms_device_get_info(dev, &di), 0);
+    assert_int_equal(di.kind, LMS_DEVICE_CPU);
+    assert_int_equal(di.ordinal, 0);
+    assert_string_equal(di.name, "cpu");
+    assert_true(di.unified_memory);
+    /* the machine's memory, as sysconf counts it */
+    uint64_t phys = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    assert_int_equal(di.total_mem, phys);
+    assert_true(di.free_mem > 0 && di.free_mem <= di.total_mem);
+    assert_int_equal(di.compute_major, 0);
+    assert_int_equal(lms_device_get_info(NULL, &di), LMS_EINVAL);
+    assert_int_equal(lms_device_get_info(dev, NULL), LMS_EINVAL);
+    lms_device_close(dev);
+    assert_true(lms_device_available(LMS_DEVICE_CPU));
+    assert_int_equal(lms_device_open((lms_device_kind)7, 0, &dev), LMS_EINVAL);
+    assert_null(dev);
+}
+
+/* "cuda:N" past the devices present: LMS_EDEVICE saying "no CUDA device"
+ * (also on a machine without a GPU); a build without CUDA: LMS_EUNSUPPORTED.
+ * The CLI turns either into exit status 1 with that message. */
+static void opening_a_missing_cuda_device_fails_clearly(void **state)
+{
+    (void)state;
+    bool cuda = lms_device_available(LMS_DEVICE_CUDA);
+    const char *want = cuda ? "no CUDA device" : "without CUDA";
+    lms_device *dev = (lms_device *)&dev;
+    int rc = lms_device_open_name("cuda:1000", &dev);
+    assert_int_equal(rc, cuda ? LMS_EDEVICE : LMS_EUNSUPPORTED);
+    assert_null(dev);
+    assert_non_null(strstr(lms_last_error(), want));
+    assert_non_null(strstr(lms_last_error(), "cuda:1000"));
+    rc = lms_device_open_name("cuda", &dev); /* succeeds on a GPU host */
+    if (rc == 0) {
+        lms_device_info di;
+        assert_int_equal(lms_device_get_info(dev, &di), 0);
+        assert_non_null(strstr(di.name, "cuda:0 ("));
+        lms_device_close(dev);
+    } else {
+        assert_int_equal(rc, cuda ? LMS_EDEVICE : LMS_EUNSUPPORTED);
+        assert_non_null(strstr(lms_last_error(), want));
+    }
+    char *out = NULL;
+    rc = lms_test_sh(&out, "'%s' bench load tiny --store '%s' --device cuda:1000", lms_test_bin(), g_store);
+    assert_int_equal(rc, 1);
+    assert_non_null(out);
+    if (!strstr(out, want))
+        fail_msg("bench load --device cuda:1000 said: %s", out);
+    free(out);
 }
 
 
@@ -520,10 +586,12 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     (void)state;
     lms_store *st = open_store();
     lms_device *dev = open_pin_device();
+    lms_model_tuning t = {0};
     lms_model_params p = lms_model_default_params();
     p.device = dev;
-    p.chunk_bytes = 2 << 20;
-    p.no_readers = true;
+    p.tuning = &t;
+    t.chunk_bytes = 2 << 20;
+    t.no_readers = true;
     p.placement = LMS_PLACE_MAPPED;
     lms_model *a = NULL, *b = NULL, *c = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &a), 0);
@@ -531,11 +599,11 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_true(pins_a > 2);
     for (size_t i = 0; i < lms_model_tensor_count(a); i++)
         assert_ptr_equal(lms_model_tensor_at(a, i)->device, lms_model_tensor_at(a, i)->host);
-    p.chunk_bytes = 0; /* another grid asked: the first one stays in effect */
+    t.chunk_bytes = 0; /* another grid asked: the first one stays in effect */
     assert_int_equal(lms_model_open(st, "tiny", &p, &b), 0);
     assert_int_equal(g_npins, pins_a); /* b shares a's blocks */
     p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_REGISTER;
+    t.copy = LMS_COPY_REGISTER;
     p.threads = 3;
     assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
@@ -580,7 +648,7 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     check_bytes_equal_source(c, true);
     lms_model_close(c);
     /* AUTO on a device that pins, page cache warm: the staging ring filled by reads */
-    p.copy = LMS_COPY_AUTO;
+    t.copy = LMS_COPY_AUTO;
     assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
     assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
     assert_int_equal(lms_model_stats_get(c, &s), 0);
@@ -589,8 +657,8 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     lms_model_close(c);
     /* every copy source asked for explicitly */
     for (int src = LMS_COPY_REGISTER; src <= LMS_COPY_SPLIT; src++) {
-        p.copy = (lms_copy_source)src;
-        p.chunk_bytes = src == LMS_COPY_SPLIT ? 2 << 20 : 0; /* SPLIT: several blocks, some of each kind */
+        t.copy = (lms_copy_source)src;
+        t.chunk_bytes = src == LMS_COPY_SPLIT ? 2 << 20 : 0; /* SPLIT: several blocks, some of each kind */
         int pin_calls = g_pin_calls;
         assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
         assert_int_equal(lms_model_wait_layer(c, LMS_LAYER_ALL), 0);
@@ -610,8 +678,8 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     }
     assert_int_equal(g_npins, 0);
     /* the ring from the device's pinned allocator instead: no pin calls for it */
-    p.copy = LMS_COPY_STAGE_READ;
-    p.ring_host_alloc = true;
+    t.copy = LMS_COPY_STAGE_READ;
+    t.ring_host_alloc = true;
     {
         int pin_calls = g_pin_calls;
         assert_int_equal(lms_model_open(st, "tiny", &p, &c), 0);
@@ -620,7 +688,7 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
         lms_model_close(c);
         assert_int_equal(g_pin_calls, pin_calls);
     }
-    p.ring_host_alloc = false;
+    t.ring_host_alloc = false;
     /* mapped placement refused: an error naming the segment, nothing held */
     p.placement = LMS_PLACE_MAPPED;
     atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);
@@ -633,20 +701,146 @@ static void registered_paths_pin_once_share_blocks_and_unpin_before_unmap(void *
     assert_int_equal(lms_store_close(st), 0);
 }
 
+/* ---- placement AUTO on a discrete GPU: the pin device, calling itself CUDA,
+ * reports the memory below. */
+static uint64_t g_fake_total, g_fake_free;
+static bool g_fake_unified;
+
+static int fake_gpu_props(lms_device *dev, lms_device_props *out)
+{
+    (void)dev;
+    memset(out, 0, sizeof *out);
+    strcpy(out->name, "Fake GPU");
+    out->total_mem = g_fake_total;
+    out->free_mem = g_fake_free;
+    out->unified_memory = g_fake_unified;
+    out->can_register_host = out->can_register_readonly = out->can_map_host = true;
+    return 0;
+}
+
+/* Open "tiny" with AUTO placement (and `reserve`) on the fake GPU whose
+ * free memory is `free`; returns the model, its stats in *s. */
+static lms_model *open_auto(lms_store *st, lms_device *dev, uint64_t free, uint64_t reserve, lms_model_stats *s)
+{
+    g_fake_free = free;
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    p.device_reserve_bytes = reserve;
+    p.sync = true;
+    lms_model *m = NULL;
+    if (lms_model_open(st, "tiny", &p, &m))
+        fail_msg("open: %s", lms_last_error());
+    assert_int_equal(lms_model_stats_get(m, s), 0);
+    assert_int_equal(s->placement, lms_model_placement(m));
+    return m;
+}
+
+static void auto_placement_is_resident_when_the_model_fits_and_mapped_when_not(void **state)
+{
+    (void)state;
+    lms_store *st = open_store();
+    lms_device *dev = open_pin_device();
+    dev->kind = LMS_DEVICE_CUDA; /* a discrete GPU, as far as the loader can tell */
+    g_pin_ops.props = fake_gpu_props;
+    g_fake_total = 16ull << 30;
+    g_fake_unified = false;
+    const uint64_t margin = 256ull << 20, reserve = 512ull << 20; /* the documented defaults */
+    lms_device_info di;
+    assert_int_equal(lms_device_get_info(dev, &di), 0);
+    assert_string_equal(di.name, "fakepin:0 (Fake GPU)");
+
+    /* plenty free: resident, and the need is arena + default reserve + margin */
+    lms_model_stats s;
+    lms_model *m = open_auto(st, dev, 8ull << 30, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    assert_true(s.device_bytes >= s.tensor_bytes);
+    assert_int_equal(s.device_need_bytes, s.device_bytes + reserve + margin);
+    assert_int_equal(s.device_free_bytes, 8ull << 30);
+    check_bytes_equal_source(m, true);
+    uint64_t need = s.device_need_bytes, arena = s.device_bytes;
+    lms_model_close(m);
+
+    /* exactly enough: still resident; one byte less: mapped, reading the mapping in place */
+    m = open_auto(st, dev, need, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    lms_model_close(m);
+    m = open_auto(st, dev, need - 1, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_MAPPED);
+    assert_int_equal(s.device_need_bytes, need);
+    assert_int_equal(s.device_free_bytes, need - 1);
+    assert_int_equal(s.device_bytes, 0);
+    assert_true(g_npins > 0);
+    for (size_t i = 0; i < lms_model_tensor_count(m); i++)
+        assert_ptr_equal(lms_model_tensor_at(m, i)->device, lms_model_tensor_at(m, i)->host);
+    lms_model_close(m);
+    assert_int_equal(g_npins, 0);
+
+    /* the caller's reserve counts: a large one turns the same free memory into mapped, a small one fits */
+    m = open_auto(st, dev, 8ull << 30, 8ull << 30, &s);
+    assert_int_equal(s.placement, LMS_PLACE_MAPPED);
+    lms_model_close(m);
+    m = open_auto(st, dev, arena + 1 + margin, 1, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    assert_int_equal(s.device_need_bytes, arena + 1 + margin);
+    lms_model_close(m);
+    /* the margin grows with the device: 1% of it when that is more than 256 MiB */
+    g_fake_total = 64ull << 30;
+    m = open_auto(st, dev, 8ull << 30, 0, &s);
+    assert_int_equal(s.device_need_bytes, arena + reserve + (64ull << 30) / 100);
+    lms_model_close(m);
+
+    /* too large, and the mapped placement refused: a clear error, nothing left behind */
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_SIMULATED);
+    g_fake_free = need - 1;
+    lms_model_params p = lms_model_default_params();
+    p.device = dev;
+    m = NULL;
+    assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EDEVICE);
+    atomic_store(&lms__loader_test_refuse, LMS__REFUSE_NONE);
+    assert_null(m);
+    assert_non_null(strstr(lms_last_error(), "does not fit in device memory"));
+    assert_int_equal(g_npins, 0);
+
+    /* free memory unknown: resident, as before AUTO weighed it */
+    m = open_auto(st, dev, 0, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_RESIDENT);
+    assert_int_equal(s.device_need_bytes, 0);
+    lms_model_close(m);
+    /* unified memory: mapped, whatever is free */
+    g_fake_unified = true;
+    m = open_auto(st, dev, 8ull << 30, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_MAPPED);
+    assert_int_equal(s.device_need_bytes, 0);
+    lms_model_close(m);
+    assert_int_equal(g_pin_errors, 0);
+    lms_device_close(dev);
+
+    /* the CPU device: host views */
+    assert_int_equal(lms_device_open_name("cpu", &dev), 0);
+    m = open_auto(st, dev, 0, 0, &s);
+    assert_int_equal(s.placement, LMS_PLACE_HOST);
+    assert_null(lms_model_tensor_at(m, 0)->device);
+    lms_model_close(m);
+    lms_device_close(dev);
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 /* ring_first_slots: layer 0 (the first in copy order) is copied out of at most
  * that many ring slots, and the other slots are pinned only after all of its
  * copies were issued; every byte still arrives, for each setting. */
 /* Params of a resident load through the staging ring filled by pread
  * (0 = the default for chunk, threads, slots). */
-static lms_model_params staged_params(lms_device *dev, uint64_t chunk, int threads, int slots)
+static lms_model_params staged_params(lms_device *dev, lms_model_tuning *t, uint64_t chunk, int threads, int slots)
 {
     lms_model_params p = lms_model_default_params();
+    memset(t, 0, sizeof *t);
+    p.tuning = t;
     p.device = dev;
     p.placement = LMS_PLACE_RESIDENT;
-    p.copy = LMS_COPY_STAGE_READ;
-    p.chunk_bytes = chunk;
+    t->copy = LMS_COPY_STAGE_READ;
+    t->chunk_bytes = chunk;
     p.threads = threads;
-    p.ring_slots = slots;
+    t->ring_slots = slots;
     return p;
 }
 
@@ -669,10 +863,11 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
     (void)state;
     lms_store *st = open_store();
     lms_device *dev = open_pin_device();
-    lms_model_params p = staged_params(dev, 2 << 20, 4, 6); /* layer 0 spans several 2 MiB chunks */
+    lms_model_tuning t;
+    lms_model_params p = staged_params(dev, &t, 2 << 20, 4, 6); /* layer 0 spans several 2 MiB chunks */
     const int firsts[] = {1, 2, 6, 1024};
     for (size_t k = 0; k < LMS_ARRAY_LEN(firsts); k++) {
-        p.ring_first_slots = firsts[k];
+        t.ring_first_slots = firsts[k];
         lms_model *m = load_counting_copies(st, &p);
         uintptr_t lo = UINTPTR_MAX, hi = 0;
         for (size_t i = 0; i < lms_model_tensor_count(m); i++) {
@@ -692,15 +887,15 @@ static void first_layer_uses_only_the_first_ring_slots(void **state)
         int pins = g_ring_pins;
         pthread_mutex_unlock(&g_pin_mu);
         assert_true(l0 > 2);
-        if (firsts[k] < p.ring_slots)
+        if (firsts[k] < t.ring_slots)
             assert_true(most <= firsts[k]);
-        assert_true(pins <= p.ring_slots);
+        assert_true(pins <= t.ring_slots);
         if (firsts[k] <= 2)
             assert_true(pins > firsts[k]); /* the rest of the ring is used after layer 0 */
         lms_model_close(m);
         assert_int_equal(g_npins, 0);
     }
-    p.ring_first_slots = -1;
+    t.ring_first_slots = -1;
     lms_model *m = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), LMS_EINVAL);
     assert_null(m);
@@ -724,8 +919,9 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     assert_int_equal(lms_device_reserve_staging(dev, 1 << 20), 0); /* already covered: nothing pinned */
     assert_int_equal(g_pin_calls, 1);
 
-    lms_model_params p = staged_params(dev, 2 << 20, 3, 6); /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
-    p.ring_first_slots = 2;
+    lms_model_tuning t;
+    lms_model_params p = staged_params(dev, &t, 2 << 20, 3, 6); /* 6 x (2 MiB + 8 KiB) fits in 16 MiB */
+    t.ring_first_slots = 2;
     for (int round = 0; round < 3; round++) {
         /* round 1: the pool is lent elsewhere, so the load pins a ring of its own */
         uint8_t *held = round == 1 ? lms__staging_borrow(dev, 1) : NULL;
@@ -756,7 +952,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
         assert_int_equal(g_npins, 1); /* the pool stays pinned */
     }
     /* a ring larger than the pool pins its own */
-    p.ring_slots = 12;
+    t.ring_slots = 12;
     lms_model *m = NULL;
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
@@ -776,7 +972,7 @@ static void reserved_staging_is_lent_to_one_load_at_a_time(void **state)
     /* a device without registration (the CPU): the pool is plain host memory */
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
     assert_int_equal(lms_device_reserve_staging(dev, 0), 0);
-    p = staged_params(dev, 0, 0, 0);
+    p = staged_params(dev, &t, 0, 0, 0);
     assert_int_equal(lms_model_open(st, "tiny", &p, &m), 0);
     assert_int_equal(lms_model_wait_layer(m, LMS_LAYER_ALL), 0);
     check_bytes_equal_source(m, true);
@@ -799,7 +995,8 @@ typedef struct reserve_race {
 static void *reserve_race_loads(void *v)
 {
     reserve_race *rr = v;
-    lms_model_params p = staged_params(rr->dev, 2 << 20, 2, 3);
+    lms_model_tuning t;
+    lms_model_params p = staged_params(rr->dev, &t, 2 << 20, 2, 3);
     for (int k = 0; k < 6; k++) {
         lms_model *m = NULL;
         lms_model_stats s;
@@ -846,17 +1043,49 @@ static void reserving_while_loads_run_is_safe(void **state)
     assert_int_equal(lms_store_close(rr.st), 0);
 }
 
+/* The preconditions are asserted in every build type: releasing a
+ * registration never taken, or returning staging memory never borrowed,
+ * stops the process (run in a child) instead of corrupting the counts. */
+static void broken_preconditions_stop_at_an_assertion(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 2); /* the assertion's message */
+            lms_store *st = NULL;
+            lms_device *dev = NULL;
+            lms_model *m = NULL;
+            if (lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st) || lms_device_open(LMS_DEVICE_CPU, 0, &dev) ||
+                lms_model_open(st, "tiny", NULL, &m))
+                _exit(3);
+            if (k == 0)
+                lms__reg_release(m->ti[0].map, dev, 0);
+            else
+                lms__staging_return(dev);
+            _exit(0); /* not reached while assertions are on */
+        }
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+            fail_msg("case %d: child ended with status %#x, not SIGABRT", k, status);
+    }
+}
+
 static void read_error_during_resident_load_is_reported_by_wait(void **state)
 {
     (void)state;
     lms_store *st = open_store();
     lms_device *dev = NULL;
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
+    lms_model_tuning t = {.copy = LMS_COPY_STAGE_DIRECT, .chunk_bytes = 2 << 20};
     lms_model_params p = lms_model_default_params();
     p.device = dev;
     p.placement = LMS_PLACE_RESIDENT;
-    p.force_readers = true;
-    p.chunk_bytes = 2 << 20;
+    p.tuning = &t;
     p.threads = 2;
     lms_model *m = NULL;
     lms__fault_arm(LMS_FAULT_READ, 4, true);
@@ -888,11 +1117,12 @@ static void *conc_main(void *v)
 {
     conc_arg *a = v;
     for (int it = 0; it < 12; it++) {
+        lms_model_tuning tu = {.copy = LMS_COPY_STAGE_READ};
         lms_model_params p = lms_model_default_params();
         if ((it + a->id) % 3 == 1) {
             p.device = a->dev;
             p.placement = LMS_PLACE_RESIDENT;
-            p.copy = LMS_COPY_STAGE_READ;
+            p.tuning = &tu;
             p.threads = 2;
         } else if ((it + a->id) % 3 == 2) {
             p.prefetch = LMS_PREFETCH_POPULATE;
@@ -990,12 +1220,13 @@ static void failed_opens_leave_nothing_behind(void **state)
     assert_int_equal(lms_device_open(LMS_DEVICE_CPU, 0, &dev), 0);
     lms_device *pin = open_pin_device();
     for (int variant = 0; variant < 4; variant++) {
+        lms_model_tuning t = {.copy = variant == 1 ? LMS_COPY_STAGE_READ : LMS_COPY_REGISTER,
+                              .chunk_bytes = 2 << 20};
         lms_model_params p = lms_model_default_params();
         if (variant >= 1) {
             p.device = variant == 1 ? dev : pin;
             p.placement = variant == 3 ? LMS_PLACE_MAPPED : LMS_PLACE_RESIDENT;
-            p.copy = variant == 1 ? LMS_COPY_STAGE_READ : LMS_COPY_REGISTER;
-            p.chunk_bytes = 2 << 20;
+            p.tuning = &t;
             p.sync = true;
             p.threads = 2;
         }
@@ -1043,10 +1274,14 @@ int main(void)
         cmocka_unit_test(resident_staging_ring_copies_every_byte),
         cmocka_unit_test(resident_parallel_readers_copy_every_byte),
         cmocka_unit_test(mapped_on_cpu_device_points_at_the_mapping),
+        cmocka_unit_test(device_info_describes_the_cpu_and_its_memory),
+        cmocka_unit_test(opening_a_missing_cuda_device_fails_clearly),
         cmocka_unit_test(registered_paths_pin_once_share_blocks_and_unpin_before_unmap),
+        cmocka_unit_test(auto_placement_is_resident_when_the_model_fits_and_mapped_when_not),
         cmocka_unit_test(first_layer_uses_only_the_first_ring_slots),
         cmocka_unit_test(reserved_staging_is_lent_to_one_load_at_a_time),
         cmocka_unit_test(reserving_while_loads_run_is_safe),
+        cmocka_unit_test(broken_preconditions_stop_at_an_assertion),
         cmocka_unit_test(read_error_during_resident_load_is_reported_by_wait),
         cmocka_unit_test(concurrent_opens_and_closes_on_one_store),
         cmocka_unit_test(a_grown_segment_gets_a_second_mapping_and_both_stay_valid),

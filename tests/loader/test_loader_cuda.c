@@ -3,7 +3,8 @@
  * mapped placement and in the resident placement through each of its paths
  * (registered mapping, staging ring, parallel readers, and staging after a
  * refused registration), every tensor's device bytes equal the host bytes
- * and the bytes the generator wrote. Device bytes are read by the GPU
+ * and the bytes the generator wrote; placement AUTO chooses resident or
+ * mapped by the free device memory and the caller's reserve. Device bytes are read by the GPU
  * (device-to-device copy into a scratch buffer) and copied back.
  *
  * Without a GPU (or in a build without CUDA) it exits 77: skipped.
@@ -103,13 +104,11 @@ static int check_device_bytes(lms_model *m)
 static lms_model *open_with(lms_store *st, lms_placement pl, lms_copy_source copy, uint64_t chunk,
                             lms_load_order order)
 {
+    lms_model_tuning t = {.copy = copy, .chunk_bytes = chunk, .order = order, .ring_host_alloc = g_ring_host_alloc};
     lms_model_params p = lms_model_default_params();
     p.device = g_dev;
     p.placement = pl;
-    p.copy = copy;
-    p.chunk_bytes = chunk;
-    p.order = order;
-    p.ring_host_alloc = g_ring_host_alloc;
+    p.tuning = &t;
     lms_model *m = NULL;
     int rc = lms_model_open(st, "m", &p, &m);
     if (rc)
@@ -266,6 +265,49 @@ static void auto_placement_and_props(void **state)
     assert_int_equal(lms_store_close(st), 0);
 }
 
+/* lms_device_get_info names the GPU; placement AUTO keeps the model
+ * resident while it fits beside the caller's reserve, and maps it when the
+ * reserve leaves too little (the device then reads the weights in place). */
+static void auto_placement_weighs_free_memory_against_the_reserve(void **state)
+{
+    (void)state;
+    lms_device_info di;
+    assert_int_equal(lms_device_get_info(g_dev, &di), 0);
+    print_message("device info: %s, %llu MB total, %llu MB free, cc %d.%d, unified %d\n", di.name,
+                  (unsigned long long)(di.total_mem >> 20), (unsigned long long)(di.free_mem >> 20), di.compute_major,
+                  di.compute_minor, di.unified_memory);
+    assert_int_equal(di.kind, LMS_DEVICE_CUDA);
+    assert_int_equal(di.ordinal, 0);
+    assert_memory_equal(di.name, "cuda:0 (", 8);
+    assert_true(di.free_mem > 0 && di.free_mem <= di.total_mem);
+    assert_true(di.compute_major >= 3);
+    if (di.unified_memory) {
+        print_message("unified memory: AUTO maps whatever fits; nothing to weigh\n");
+        return;
+    }
+    lms_store *st = NULL;
+    assert_int_equal(lms_store_open(g_store, LMS_STORE_RDONLY, NULL, &st), 0);
+    for (int k = 0; k < 2; k++) {
+        lms_model_params p = lms_model_default_params();
+        p.device = g_dev;
+        p.sync = true;
+        p.device_reserve_bytes = k ? di.free_mem : 0; /* k = 1: the caller wants all that is free */
+        lms_model *m = NULL;
+        assert_int_equal(lms_model_open(st, "m", &p, &m), 0);
+        lms_model_stats s;
+        assert_int_equal(lms_model_stats_get(m, &s), 0);
+        print_message("reserve %llu MB: %s, need %llu MB of %llu MB free\n",
+                      (unsigned long long)(p.device_reserve_bytes >> 20), k ? "mapped" : "resident",
+                      (unsigned long long)(s.device_need_bytes >> 20), (unsigned long long)(s.device_free_bytes >> 20));
+        assert_int_equal(lms_model_placement(m), k ? LMS_PLACE_MAPPED : LMS_PLACE_RESIDENT);
+        assert_true(k ? s.device_need_bytes > s.device_free_bytes : s.device_need_bytes <= s.device_free_bytes);
+        assert_true(s.device_need_bytes > s.tensor_bytes);
+        assert_int_equal(check_device_bytes(m), 0);
+        lms_model_close(m);
+    }
+    assert_int_equal(lms_store_close(st), 0);
+}
+
 int main(void)
 {
     int rc = lms_device_open(LMS_DEVICE_CUDA, 0, &g_dev);
@@ -275,6 +317,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(auto_placement_and_props),
+        cmocka_unit_test(auto_placement_weighs_free_memory_against_the_reserve),
         cmocka_unit_test(resident_registered_device_bytes_equal_host),
         cmocka_unit_test(resident_staging_ring_device_bytes_equal_host),
         cmocka_unit_test(resident_reserved_ring_device_bytes_equal_host),
