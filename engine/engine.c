@@ -54,21 +54,6 @@ static int model_file(void *ctx, const char *name, char **data, size_t *len)
     return rc;
 }
 
-/* "cpu", or "cuda:0 (NVIDIA H200)": what the metrics line names. */
-static void device_label(lms_device *dev, char *buf, size_t n)
-{
-    lms_device_props pr;
-    if (dev->kind == LMS_DEVICE_CPU) {
-        snprintf(buf, n, "cpu");
-        return;
-    }
-    memset(&pr, 0, sizeof pr);
-    if (dev->ops->props && dev->ops->props(dev, &pr) == 0 && pr.name[0])
-        snprintf(buf, n, "%s:%d (%s)", dev->ops->name, dev->ordinal, pr.name);
-    else
-        snprintf(buf, n, "%s:%d", dev->ops->name, dev->ordinal);
-}
-
 /* ---- creation ---------------------------------------------------------------------------------- */
 
 static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
@@ -214,7 +199,11 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->p.prefill_block, e->p.n_ctx, &e->kvv,
                               &e->fwd)))
         goto fail;
-    device_label(e->dev, e->device_name, sizeof e->device_name);
+    lms_device_info di;
+    if (lms_device_get_info(e->dev, &di) == 0)
+        snprintf(e->device_name, sizeof e->device_name, "%s", di.name);
+    else
+        snprintf(e->device_name, sizeof e->device_name, "%s", e->dev->ops->name);
 
     if (!(e->tokbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
         !(e->evalbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||

@@ -160,7 +160,7 @@ int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable
     lms_model_params mp = lms_model_default_params();
     if (o->device && strcmp(o->device, "cpu")) {
         if ((rc = lms_device_open_name(o->device, &cm->dev))) {
-            lms_cli_fail(cmd, rc, o->device);
+            lms_cli_fail(cmd, rc, NULL); /* the detail names the device */
             goto out_fail;
         }
         mp.device = cm->dev;

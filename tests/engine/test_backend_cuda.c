@@ -573,6 +573,8 @@ static const shape SHAPES[] = {
     {136, 2, 1, 64, 300, 500, LMS_DTYPE_F32, LMS_DTYPE_F32, true, false},
     {260, 4, 1, 256, 515, 999, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false}, /* K % 8 != 0: scalar GEMV */
     {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false}, /* SmolLM2's widths */
+    {64, 4, 2, 24, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, true, true},      /* the fixtures': head_dim 24, 16 */
+    {64, 4, 2, 16, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false},
 };
 
 static void ops_match_cpu(void **state)
