@@ -3,4 +3,5 @@
 #define LMS_TOOLS_BENCH_H
 int lms_bench_load(int argc, char **argv); /* tools/bench_load.c */
 int lms_bench_kv(int argc, char **argv);   /* tools/bench_kv.c */
+int lms_bench_engine(int argc, char **argv); /* tools/bench_engine.c */
 #endif

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# bench/bench_engine_gpu.sh - the CUDA engine's run on a GPU machine, in
+# phases (each a few minutes, so that a run fits the machine's time slots):
+#
+#   tests            the CUDA tests: every forward operation against the CPU
+#                    backend (engine_test_backend_cuda), the engine through its
+#                    public API against transformers' references and across
+#                    devices (engine_test_engine_cuda), the loader's CUDA test
+#   make8b           a Llama-3-8B-shaped bf16 model with random weights
+#                    (bench/bench_load_hf.py make), imported as llama8b
+#   bench8b          `lmstore bench engine llama8b --device cuda`: decode at 128
+#                    and 4096 tokens of context, prefill of 2048; the HBM read
+#                    bandwidth (torch sum) and bf16 matrix rate next to it
+#   peers8b          transformers on the same weights: decode (eager and static
+#                    cache compiled), prefill 2048; greedy ids against lmstore's
+#   smollm2 GGUF     the default model from its GGUF: greedy ids of lmstore on
+#                    cuda against transformers bf16 on the same GPU
+#
+# Every measurement is one JSON line in $OUT/results.jsonl; logs in $OUT.
+# Usage, from the repository root, with a CUDA build's binaries in $LMS_BIN_DIR
+# (lmstore and the test programs) and their libraries on LD_LIBRARY_PATH:
+#   OUT=/tmp/out bench/bench_engine_gpu.sh PHASE... [WORKDIR]
+set -u
+BIN=${LMS_BIN_DIR:-build}
+OUT=${OUT:-/tmp/lms-bench-engine}
+W=${LMS_WORK:-/tmp/lms-engine-work}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" "$W"
+LOG=$OUT/bench.log
+RES=$OUT/results.jsonl
+LMS="$BIN/lmstore"
+ST="$W/store"
+HF="$W/llama3-8b-shape"
+export PYTHONUNBUFFERED=1 LMS_SRC_DIR=$PWD LMS_BIN=$PWD/$LMS
+
+say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+jl() { tee -a "$RES"; }
+
+tests() {
+    say "CUDA tests"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$LOG"
+    for t in engine_test_backend_cuda engine_test_engine_cuda loader_test_loader_cuda; do
+        LMS_TMP=$W/t-$t timeout 400 "$BIN/$t" >"$OUT/$t.log" 2>&1
+        rc=$?
+        echo "{\"what\": \"test\", \"test\": \"$t\", \"exit\": $rc}" | jl
+        grep -E "MISMATCH|mismatches|rel diff|ppl|diverges|FAIL|PASSED|ERROR|->|device free|error" "$OUT/$t.log" | head -60
+    done
+}
+
+make8b() {
+    say "Llama-3-8B-shaped model"
+    [ -f "$HF/config.json" ] || timeout 500 $PY bench/bench_load_hf.py make "$HF" | jl
+    rm -rf "$ST"
+    timeout 400 "$LMS" import "$HF" --store "$ST" --name llama8b 2>&1 | tail -1 | tee -a "$LOG"
+}
+
+bench8b() {
+    say "lmstore bench engine (H200, llama8b)"
+    $PY bench/bench_engine_hf.py hbm 16 | jl
+    $PY bench/bench_engine_hf.py matmul | jl
+    for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 5"; do
+        timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
+    done
+    LMSTORE_CUDA_PDL=0 timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 128 \
+        --json 2>>"$LOG" | sed 's/^{/{"variant": "no PDL", /' | jl
+    LMSTORE_CUDA_GRAPH=0 timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 128 \
+        --json 2>>"$LOG" | sed 's/^{/{"variant": "no graph", /' | jl
+}
+
+peers8b() {
+    say "transformers on the same weights"
+    timeout 400 $PY bench/bench_engine_hf.py decode "$HF" 128 2>>"$LOG" | jl
+    timeout 200 $PY bench/bench_engine_hf.py prefill "$HF" 2048 2>>"$LOG" | jl
+    timeout 200 $PY bench/bench_engine_hf.py greedy "$HF" "$OUT/greedy_llama8b.json" 2>>"$LOG" | jl
+    $PY bench/compare_greedy.py "$OUT/greedy_llama8b.json" "$LMS" "$ST" llama8b cuda | jl
+}
+
+smollm2() {
+    local gguf=$1 d=$W/smollm2
+    say "SmolLM2-135M-Instruct"
+    if [ ! -f "$d/model.safetensors" ]; then
+        $PY tools/gguf_to_hf.py "$gguf" "$d" >>"$LOG" 2>&1 || { echo "conversion failed" | tee -a "$LOG"; return; }
+    fi
+    "$LMS" info smollm2 --store "$ST" >/dev/null 2>&1 || "$LMS" import "$d" --store "$ST" --name smollm2 | tail -1
+    timeout 200 $PY bench/bench_engine_hf.py greedy "$d" "$OUT/greedy_smollm2.json" tests/fixtures/smollm2/reference.json \
+        2>>"$LOG" | jl
+    $PY bench/compare_greedy.py "$OUT/greedy_smollm2.json" "$LMS" "$ST" smollm2 cuda | jl
+    $PY bench/compare_greedy.py "$OUT/greedy_smollm2.json" "$LMS" "$ST" smollm2 cpu | sed 's/^{/{"note": "cpu", /' | jl
+    timeout 120 "$LMS" bench engine smollm2 --store "$ST" --device cuda --prompt 128 --gen 128 --json 2>>"$LOG" | jl
+}
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    tests) tests ;;
+    make8b) make8b ;;
+    bench8b) bench8b ;;
+    peers8b) peers8b ;;
+    smollm2) smollm2 "$2"; shift ;;
+    *) echo "unknown phase $1" >&2; exit 2 ;;
+    esac
+    shift
+done
