@@ -61,7 +61,7 @@ struct lms__bk {
     int32_t *did, *hid; /* argmax */
     float *part;        /* split-attention partials */
     int *counters;
-    int splits;
+    int splits, chunk;
     lms_cu_kv kvg;
     const lms__step *st;
     int mode;
@@ -224,7 +224,9 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         cudaMemset(b->buf[i], 0, B * b->width[i] * 4);
     }
     size_t V = hp->n_vocab, hd = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
-    b->splits = (int)LMS_MIN(64u, LMS_MAX(1u, (2u * (uint32_t)b->sms + hp->n_kv_heads - 1) / hp->n_kv_heads));
+    /* split decoding: splits of chunk positions (64, more for contexts past 16k) cover n_ctx */
+    b->chunk = (int)LMS_MAX(64u, (cfg->n_ctx + 255) / 256);
+    b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
     size_t nstep = LMS_CU_STEP_TOKENS + B + b->max_pages;
     ALLOC(b->xin, B * b->maxw * 4);
     ALLOC(b->dvec, LMS_MAX(b->w->vec_len, 1) * 4);
@@ -448,7 +450,7 @@ static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float sc
     const lms__hparams *hp = b->hp;
     lms_cu_attn a = {b->buf[LMS__B_Q], b->buf[LMS__B_ATT], (int)hp->n_heads, (int)hp->n_kv_heads, (int)hp->head_dim,
                      (int)layer, (int)window, scale, softcap, b->kvg, b->dstep, (int)b->B, b->part, b->counters,
-                     b->splits};
+                     b->splits, b->chunk};
     CU_TRY(b, lms_cu_attn_launch(&a, (int)b->st->nb, b->stream), "attention");
 }
 

@@ -182,51 +182,71 @@ __device__ void transform_row(float *dst, const float *x, const float *x2, const
 
 /* ---- GEMV ---------------------------------------------------------------------------- */
 
-#define GEMV_THREADS 256
+#define GEMV_THREADS 512
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_R 2 /* rows per warp at a time */
-#define GEMV_U 4 /* 16-byte loads per row in flight per lane */
+#define GEMV_R 2 /* rows a warp computes at once */
+#define GEMV_U 4 /* 16-byte loads per row and lane in one step */
 
-/* acc[r][b] += the 16-byte chunk c of row r (wv[r][u]) . x[b] chunk c, for b < nb. */
-template <typename E, int NB>
-__device__ __forceinline__ void gemv_chunk(const uint4 (&wv)[GEMV_R][GEMV_U], int u, const float *xs, int K, int c,
-                                           int nb, float (&acc)[GEMV_R][NB])
+/* Rows of the concatenated jobs: job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total). */
+struct gemv_rows {
+    int s1, s2, total;
+    __device__ gemv_rows(const lms_cu_gemv &a)
+        : s1(a.rows[0]), s2(a.rows[0] + (a.n_jobs > 1 ? a.rows[1] : 0)),
+          total(a.rows[0] + (a.n_jobs > 1 ? a.rows[1] : 0) + (a.n_jobs > 2 ? a.rows[2] : 0))
+    {
+    }
+    __device__ int job(int row, int n_jobs) const { return (n_jobs > 1 && row >= s1) + (n_jobs > 2 && row >= s2); }
+    __device__ int local(int row, int j) const { return row - (j == 0 ? 0 : j == 1 ? s1 : s2); }
+};
+
+/* The GEMV_R x GEMV_U weight loads of step s of a warp: row group s / rounds
+ * (rows r0 + R*(s/rounds) ..), chunks of round s % rounds. Out-of-range rows
+ * and chunks load zeros. */
+template <typename E>
+__device__ __forceinline__ void gemv_load(const lms_cu_gemv &a, const gemv_rows &gr, int r0, int r_end, int rounds,
+                                          int nch, int s, int lane, uint4 (&w)[GEMV_R][GEMV_U])
 {
-    constexpr int per = E::per16;
-    float wf[GEMV_R][8];
+    const int g = s / rounds, u0 = (s % rounds) * 32 * GEMV_U + lane;
+    const size_t row_bytes = (size_t)a.K * sizeof(typename E::t);
 #pragma unroll
-    for (int r = 0; r < GEMV_R; r++) E::unpack(wv[r][u], wf[r]);
+    for (int r = 0; r < GEMV_R; r++) {
+        int row = r0 + g * GEMV_R + r;
+        int j = gr.job(row, a.n_jobs);
+        const uint8_t *base = (const uint8_t *)a.w[j] + (size_t)gr.local(row, j) * row_bytes;
 #pragma unroll
-    for (int b = 0; b < NB; b++) {
-        if (NB > 1 && b >= nb)
-            break;
-        const float *xv = xs + (size_t)b * K + (size_t)c * per;
-        float xf[8];
-        float4 x0 = *(const float4 *)xv;
-        xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
-        if (per == 8) {
-            float4 x1 = *(const float4 *)(xv + 4);
-            xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+        for (int u = 0; u < GEMV_U; u++) {
+            int c = u0 + 32 * u;
+            w[r][u] = (row < r_end && c < nch) ? ld_stream(base + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
         }
-#pragma unroll
-        for (int r = 0; r < GEMV_R; r++)
-#pragma unroll
-            for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
     }
 }
 
 /*
- * NB rows of x (1, or up to 8), in shared memory after the transform
- * ([NB][K] floats). VEC: rows are 16-byte aligned and K is a multiple of
- * the elements per 16 bytes; otherwise a scalar loop.
+ * Vector path: rows are 16-byte aligned and K a multiple of the elements in
+ * 16 bytes. Each warp owns a contiguous range of rows (the grid's warps split
+ * the rows evenly) and walks it in steps of GEMV_R rows x GEMV_U x 32 chunks,
+ * with the next step's loads in flight while the current one is summed. The
+ * first step's loads are issued before griddepcontrol.wait: the weights do
+ * not depend on the previous kernel, so they stream while it drains.
  */
-template <int T, int NB, bool VEC>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const lms_cu_gemv a)
+template <int T, int NB>
+__global__ void __launch_bounds__(GEMV_THREADS, 1) gemv_vec_kernel(const lms_cu_gemv a)
 {
     typedef elem<T> E;
-    extern __shared__ float xs[];
+    constexpr int per = E::per16;
+    extern __shared__ float xs[]; /* [nb][K]: the transformed inputs */
     __shared__ float red[32];
-    const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    griddep_launch();
+    const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nch = K / per;
+    const gemv_rows gr(a);
+    const long long W = (long long)gridDim.x * GEMV_WARPS, wid = (long long)blockIdx.x * GEMV_WARPS + warp;
+    const int r0 = (int)(gr.total * wid / W), r_end = (int)(gr.total * (wid + 1) / W);
+    const int rounds = (nch + 32 * GEMV_U - 1) / (32 * GEMV_U);
+    const int nsteps = (r_end - r0 + GEMV_R - 1) / GEMV_R * rounds;
+    uint4 cur[GEMV_R][GEMV_U], nxt[GEMV_R][GEMV_U];
+    if (nsteps > 0)
+        gemv_load<E>(a, gr, r0, r_end, rounds, nch, 0, lane, cur);
+
     griddep_wait();
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
     for (int b = 0; b < nb; b++) {
@@ -234,75 +254,119 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const lms_cu_gemv a)
         transform_row(xs + (size_t)b * K, a.x + xo, a.x2 ? a.x2 + xo : nullptr, a.norm, a.pro, a.eps, K, red);
     }
     __syncthreads();
-    griddep_launch();
 
-    /* rows of the jobs, one after another: job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total) */
-    const int s1 = a.rows[0], s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0), total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
-    const int groups = (total + GEMV_R - 1) / GEMV_R;
-    const size_t row_bytes = (size_t)K * sizeof(typename E::t);
-    for (int gi = blockIdx.x * GEMV_WARPS + warp; gi < groups; gi += gridDim.x * GEMV_WARPS) {
-        const uint8_t *wr[GEMV_R];
-        int job[GEMV_R], lrow[GEMV_R];
+    float acc[GEMV_R][NB];
 #pragma unroll
-        for (int r = 0; r < GEMV_R; r++) {
-            int row = gi * GEMV_R + r, j = (a.n_jobs > 1 && row >= s1) + (a.n_jobs > 2 && row >= s2);
-            job[r] = row < total ? j : -1;
-            lrow[r] = row - (j == 0 ? 0 : j == 1 ? s1 : s2);
-            /* a row past the end reads row 0 (valid memory) and is not written */
-            wr[r] = (const uint8_t *)a.w[j] + (size_t)(row < total ? lrow[r] : 0) * row_bytes;
+    for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+    for (int s = 0; s < nsteps; s++) {
+        if (s + 1 < nsteps)
+            gemv_load<E>(a, gr, r0, r_end, rounds, nch, s + 1, lane, nxt);
+        const int cbase = (s % rounds) * 32 * GEMV_U + lane;
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            const int c = cbase + 32 * u;
+            if (c >= nch)
+                break;
+            float wf[GEMV_R][8];
+#pragma unroll
+            for (int r = 0; r < GEMV_R; r++) E::unpack(cur[r][u], wf[r]);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (NB > 1 && b >= nb)
+                    break;
+                const float *xv = xs + (size_t)b * K + (size_t)c * per;
+                float xf[8];
+                float4 x0 = *(const float4 *)xv;
+                xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+                if (per == 8) {
+                    float4 x1 = *(const float4 *)(xv + 4);
+                    xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+                }
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+                    for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
+            }
         }
-        float acc[GEMV_R][NB];
+        if (s % rounds == rounds - 1) { /* the row group is complete */
+            const int g = s / rounds;
+#pragma unroll
+            for (int r = 0; r < GEMV_R; r++) {
+                const int row = r0 + g * GEMV_R + r, j = gr.job(row, a.n_jobs), lr = gr.local(row, j);
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    float v = warp_sum(acc[r][b]);
+                    acc[r][b] = 0.f;
+                    if (lane == 0 && row < r_end && (NB == 1 || b < nb)) {
+                        if (a.bias[j])
+                            v += a.bias[j][lr];
+                        float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+                        *y = a.acc[j] ? *y + v : v;
+                    }
+                }
+            }
+        }
 #pragma unroll
         for (int r = 0; r < GEMV_R; r++)
 #pragma unroll
-            for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+            for (int u = 0; u < GEMV_U; u++) cur[r][u] = nxt[r][u];
+    }
+}
 
-        if (VEC) {
-            const int per = E::per16, nch = K / per;
-            int c0 = lane;
-            /* whole rounds: GEMV_U x GEMV_R loads issued before the first use */
-            for (; c0 + 32 * (GEMV_U - 1) < nch; c0 += 32 * GEMV_U) {
-                uint4 wv[GEMV_R][GEMV_U];
+/* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes): one row per warp at a time. */
+template <int T, int NB>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_kernel(const lms_cu_gemv a)
+{
+    typedef elem<T> E;
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    griddep_launch();
+    griddep_wait();
+    const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
+    for (int b = 0; b < nb; b++) {
+        size_t xo = (size_t)(a.row0 + b) * a.ldx;
+        transform_row(xs + (size_t)b * K, a.x + xo, a.x2 ? a.x2 + xo : nullptr, a.norm, a.pro, a.eps, K, red);
+    }
+    __syncthreads();
+    const gemv_rows gr(a);
+    const size_t row_bytes = (size_t)K * sizeof(typename E::t);
+    for (int row = blockIdx.x * GEMV_WARPS + warp; row < gr.total; row += gridDim.x * GEMV_WARPS) {
+        const int j = gr.job(row, a.n_jobs), lr = gr.local(row, j);
+        const uint8_t *wr = (const uint8_t *)a.w[j] + (size_t)lr * row_bytes;
+        float acc[NB];
 #pragma unroll
-                for (int u = 0; u < GEMV_U; u++)
+        for (int b = 0; b < NB; b++) acc[b] = 0.f;
+        for (int k = lane; k < K; k += 32) {
+            float wv = E::get(wr, k);
 #pragma unroll
-                    for (int r = 0; r < GEMV_R; r++) wv[r][u] = ld_stream(wr[r] + (size_t)(c0 + 32 * u) * 16);
-#pragma unroll
-                for (int u = 0; u < GEMV_U; u++) gemv_chunk<E, NB>(wv, u, xs, K, c0 + 32 * u, nb, acc);
-            }
-            for (; c0 < nch; c0 += 32) { /* the tail, one chunk at a time */
-                uint4 wv[GEMV_R][GEMV_U];
-#pragma unroll
-                for (int r = 0; r < GEMV_R; r++) wv[r][0] = ld_stream(wr[r] + (size_t)c0 * 16);
-                gemv_chunk<E, NB>(wv, 0, xs, K, c0, nb, acc);
-            }
-        } else {
-            for (int k = lane; k < K; k += 32) {
-#pragma unroll
-                for (int r = 0; r < GEMV_R; r++) {
-                    float wv = E::get(wr[r], k);
-#pragma unroll
-                    for (int b = 0; b < NB; b++)
-                        if (NB == 1 || b < nb)
-                            acc[r][b] = fmaf(wv, xs[(size_t)b * K + k], acc[r][b]);
-                }
-            }
+            for (int b = 0; b < NB; b++)
+                if (NB == 1 || b < nb)
+                    acc[b] = fmaf(wv, xs[(size_t)b * K + k], acc[b]);
         }
 #pragma unroll
-        for (int r = 0; r < GEMV_R; r++) {
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                float v = warp_sum(acc[r][b]);
-                if (lane == 0 && job[r] >= 0 && (NB == 1 || b < nb)) {
-                    int j = job[r];
-                    if (a.bias[j])
-                        v += a.bias[j][lrow[r]];
-                    float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lrow[r];
-                    *y = a.acc[j] ? *y + v : v;
-                }
+        for (int b = 0; b < NB; b++) {
+            float v = warp_sum(acc[b]);
+            if (lane == 0 && (NB == 1 || b < nb)) {
+                if (a.bias[j])
+                    v += a.bias[j][lr];
+                float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+                *y = a.acc[j] ? *y + v : v;
             }
         }
     }
+}
+
+/* Blocks of a kernel that fit on an SM at once with `smem` dynamic bytes. */
+template <typename K>
+int resident_blocks(K kernel, size_t smem)
+{
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMV_THREADS, smem) != cudaSuccess || n < 1)
+        n = 1;
+    return n;
 }
 
 template <int T, int NB>
@@ -313,15 +377,14 @@ int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
     size_t smem = (size_t)(NB == 1 ? 1 : a->nb_max) * a->K * sizeof(float);
     int total = 0;
     for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
-    int groups = (total + GEMV_R - 1) / GEMV_R;
-    int per_sm = (int)(200 * 1024 / (smem + 2048));
-    per_sm = per_sm < 1 ? 1 : per_sm > 8 ? 8 : per_sm;
-    int blocks = (groups + GEMV_WARPS - 1) / GEMV_WARPS;
-    if (blocks > per_sm * sms)
-        blocks = per_sm * sms;
-    if (vec)
-        return launch(gemv_kernel<T, NB, true>, dim3(blocks), dim3(GEMV_THREADS), smem, stream, *a);
-    return launch(gemv_kernel<T, NB, false>, dim3(blocks), dim3(GEMV_THREADS), smem, stream, *a);
+    /* one wave: every block resident at once, each warp a share of the rows */
+    int need = (total + GEMV_R * GEMV_WARPS - 1) / (GEMV_R * GEMV_WARPS);
+    if (vec) {
+        int blocks = resident_blocks(gemv_vec_kernel<T, NB>, smem) * sms;
+        return launch(gemv_vec_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), smem, stream, *a);
+    }
+    int blocks = resident_blocks(gemv_scalar_kernel<T, NB>, smem) * sms;
+    return launch(gemv_scalar_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), smem, stream, *a);
 }
 
 /* ---- prologue, embed, norm_add, bias, softcap, argmax --------------------------------------- */
@@ -516,24 +579,34 @@ __global__ void rope_kernel(const lms_cu_rope a)
 /* ---- attention: decoding ------------------------------------------------------------------------ */
 
 #define ATT_GMAX 16 /* query heads per kv head */
-#define ATT_SUB 64  /* positions scored per round */
+#define ATT_SUB 64  /* positions staged in shared memory at once */
+
+/* Dynamic shared memory of the decoding kernel. */
+__host__ __device__ inline size_t attn_decode_smem(int G, int hd, int64_t token_bytes)
+{
+    return (size_t)G * hd * 4 + 2 * ATT_SUB * (size_t)token_bytes + (size_t)ATT_GMAX * ATT_SUB * 4;
+}
 
 /*
- * Block (h, s, b): kv head h, split s, token b. HD > 0: head_dim HD with HD
- * threads; HD == 0: head_dim a.hd (<= 256) at run time, blockDim.x = a.hd
- * rounded up to a warp.
+ * Block (h, s, b): kv head h, split s, token b. A split is `chunk` positions
+ * of the attended range [lo, P); blocks of splits past the range exit at
+ * once. The split's K and V rows are staged in shared memory ATT_SUB at a
+ * time (16-byte loads, all issued before any is used), scored by the G query
+ * heads of the kv head (warps over positions, lanes over dimensions), and
+ * summed with an online softmax. The last block of (h, b) to finish merges
+ * the splits' partial sums. HD > 0: head_dim HD with HD threads; HD == 0:
+ * a.hd (<= 256) with a.hd rounded up to a warp.
  */
 template <int KT, int HD>
 __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu_attn a)
 {
     typedef elem<KT> E;
-    constexpr int HDM = HD ? HD : 256;
-    __shared__ float qs[ATT_GMAX][HDM];
-    __shared__ float sc[ATT_GMAX][ATT_SUB];
+    extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
     __shared__ int sm_last;
+    griddep_launch();
     griddep_wait();
-    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, S = gridDim.y;
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z;
     const int nb = a.step[LMS_CU_STEP_NB];
     if (b >= nb)
         return;
@@ -541,27 +614,54 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int P = a.step[LMS_CU_STEP_POS0] + b + 1;
     const int lo = a.window > 0 && P > a.window ? P - a.window : 0;
-    const int len = P - lo, C = (len + S - 1) / S, t0 = lo + s * C, t1 = min(P, t0 + C);
+    const int chunk = gridDim.y == 1 ? P - lo : a.chunk;
+    const int S = (P - lo + chunk - 1) / chunk; /* splits with positions */
+    if (s >= S)
+        return;
+    const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
     const lms_cu_kv *kv = &a.kv;
+    const int tb = (int)kv->token_bytes;
     const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
     const size_t qd = (size_t)a.n_heads * hd;
-    const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+    const uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+    float *qs = (float *)smem;                                   /* [G][hd] */
+    uint8_t *ks = smem + (size_t)G * hd * 4;                     /* [ATT_SUB][tb] */
+    uint8_t *vs = ks + (size_t)ATT_SUB * tb;                     /* [ATT_SUB][tb] */
+    float *sc = (float *)(vs + (size_t)ATT_SUB * tb);            /* [ATT_GMAX][ATT_SUB] */
 
-    for (int i = tid; i < G * hd; i += blockDim.x) qs[i / hd][i % hd] = a.q[b * qd + (size_t)(h * G) * hd + i] * a.scale;
+    for (int i = tid; i < G * hd; i += blockDim.x) qs[i] = a.q[b * qd + (size_t)(h * G) * hd + i] * a.scale;
     if (tid < ATT_GMAX)
         sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
     float acc[ATT_GMAX];
 #pragma unroll
     for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
-    __syncthreads();
 
-    constexpr int EL = (HDM + 31) / 32; /* elements of a K row per lane */
+    constexpr int EL = HD ? HD / 32 : 8; /* elements of a row per lane (HD == 0: hd <= 256) */
     for (int sub = t0; sub < t1; sub += ATT_SUB) {
         const int n = min(ATT_SUB, t1 - sub);
+        __syncthreads(); /* the previous round's readers are done (and qs is written) */
+        if (tb % 16 == 0) {
+            const int cpr = tb / 16;
+            for (int i = tid; i < n * cpr; i += blockDim.x) {
+                int t = i / cpr, c = i % cpr, pos = sub + t;
+                const uint8_t *row = kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+                                     (size_t)(pos % kv->page_tokens) * tb + (size_t)c * 16;
+                *(uint4 *)(ks + (size_t)t * tb + c * 16) = *(const uint4 *)row;
+                *(uint4 *)(vs + (size_t)t * tb + c * 16) = *(const uint4 *)(row + kv->v_offset);
+            }
+        } else {
+            const int cpr = tb / 4;
+            for (int i = tid; i < n * cpr; i += blockDim.x) {
+                int t = i / cpr, c = i % cpr, pos = sub + t;
+                const uint8_t *row = kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+                                     (size_t)(pos % kv->page_tokens) * tb + (size_t)c * 4;
+                *(uint32_t *)(ks + (size_t)t * tb + c * 4) = *(const uint32_t *)row;
+                *(uint32_t *)(vs + (size_t)t * tb + c * 4) = *(const uint32_t *)(row + kv->v_offset);
+            }
+        }
+        __syncthreads();
         for (int t = warp; t < n; t += nw) {
-            int pos = sub + t;
-            const uint8_t *krow = lbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
-                                  (size_t)(pos % kv->page_tokens) * kv->token_bytes;
+            const uint8_t *krow = ks + (size_t)t * tb;
             float kf[EL];
 #pragma unroll
             for (int e = 0; e < EL; e++) {
@@ -577,24 +677,24 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
                 for (int e = 0; e < EL; e++) {
                     int d = HD ? lane * EL + e : lane + 32 * e;
                     if (d < hd)
-                        dsum = fmaf(kf[e], qs[g][d], dsum);
+                        dsum = fmaf(kf[e], qs[g * hd + d], dsum);
                 }
                 dsum = warp_sum(dsum);
                 if (a.softcap > 0.f)
                     dsum = a.softcap * tanhf(dsum / a.softcap);
                 if (lane == 0)
-                    sc[g][t] = dsum;
+                    sc[g * ATT_SUB + t] = dsum;
             }
         }
         __syncthreads();
         for (int g = warp; g < G; g += nw) {
             float mx = -INFINITY;
-            for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[g][t]);
+            for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[g * ATT_SUB + t]);
             mx = warp_max(mx);
             float mold = sm_m[g], mnew = fmaxf(mold, mx), sum = 0;
             for (int t = lane; t < n; t += 32) {
-                float p = expf(sc[g][t] - mnew);
-                sc[g][t] = p;
+                float p = expf(sc[g * ATT_SUB + t] - mnew);
+                sc[g * ATT_SUB + t] = p;
                 sum += p;
             }
             sum = warp_sum(sum);
@@ -606,22 +706,19 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
             }
         }
         __syncthreads();
+        if (tid < hd) {
 #pragma unroll
-        for (int g = 0; g < ATT_GMAX; g++)
-            if (g < G)
-                acc[g] *= sm_alpha[g];
-        if (tid < hd)
+            for (int g = 0; g < ATT_GMAX; g++)
+                if (g < G)
+                    acc[g] *= sm_alpha[g];
             for (int t = 0; t < n; t++) {
-                int pos = sub + t;
-                const uint8_t *vrow = lbase + kv->v_offset + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
-                                      (size_t)(pos % kv->page_tokens) * kv->token_bytes;
-                float vv = E::get(vrow, tid);
+                float vv = E::get(vs + (size_t)t * tb, tid);
 #pragma unroll
                 for (int g = 0; g < ATT_GMAX; g++)
                     if (g < G)
-                        acc[g] = fmaf(sc[g][t], vv, acc[g]);
+                        acc[g] = fmaf(sc[g * ATT_SUB + t], vv, acc[g]);
             }
-        __syncthreads();
+        }
     }
 
     float *out = a.out + b * qd + (size_t)(h * G) * hd;
@@ -635,7 +732,8 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     }
     /* partials: [b][h][s][g] = (m, l, acc[hd]) */
     const size_t stride = hd + 2;
-    float *part = a.part + (((size_t)b * a.n_kv + h) * S + s) * G * stride;
+    const int SM = gridDim.y;
+    float *part = a.part + (((size_t)b * a.n_kv + h) * SM + s) * G * stride;
     if (tid < hd)
 #pragma unroll
         for (int g = 0; g < ATT_GMAX; g++)
@@ -653,7 +751,7 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     if (!sm_last)
         return;
     __threadfence();
-    const float *p0 = a.part + ((size_t)b * a.n_kv + h) * S * G * stride;
+    const float *p0 = a.part + ((size_t)b * a.n_kv + h) * SM * G * stride;
     if (tid < hd)
         for (int g = 0; g < G; g++) {
             float M = -INFINITY;
@@ -860,12 +958,13 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
 {
     int threads = HD ? HD : ((a->hd + 31) / 32) * 32;
     dim3 dec(a->n_kv, nb_max <= 8 ? a->splits : 1, nb_max);
+    size_t smem = attn_decode_smem(a->n_heads / a->n_kv, a->hd, a->kv.token_bytes);
     if constexpr (KT == LMS_CU_F32 || HD == 0) {
-        return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), 0, stream, *a);
+        return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if (nb_max <= 8)
-            return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), 0, stream, *a);
+            return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128), 0,
                       stream, *a);
     }
@@ -979,13 +1078,22 @@ extern "C" int lms_cu_kernels_init(void)
     int limit = 200 * 1024;
     cudaError_t e = cudaSuccess;
 #define LMS_CU_SMEM(T)                                                                                                 \
-    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);   \
-    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);  \
-    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);   \
-    if (!e) e = cudaFuncSetAttribute(gemv_kernel<T, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    if (!e) e = cudaFuncSetAttribute(gemv_vec_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);     \
+    if (!e) e = cudaFuncSetAttribute(gemv_scalar_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);  \
+    if (!e) e = cudaFuncSetAttribute(gemv_vec_kernel<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);     \
+    if (!e) e = cudaFuncSetAttribute(gemv_scalar_kernel<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
     LMS_CU_SMEM(LMS_CU_F32)
     LMS_CU_SMEM(LMS_CU_F16)
     LMS_CU_SMEM(LMS_CU_BF16)
 #undef LMS_CU_SMEM
+#define LMS_CU_ASMEM(KT)                                                                                               \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    LMS_CU_ASMEM(LMS_CU_F32)
+    LMS_CU_ASMEM(LMS_CU_F16)
+    LMS_CU_ASMEM(LMS_CU_BF16)
+#undef LMS_CU_ASMEM
     return (int)e;
 }

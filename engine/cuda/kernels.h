@@ -102,7 +102,8 @@ typedef struct lms_cu_attn {
     /* split decoding (nb <= 8): partials of splits x (m, l, acc[hd]) and counters */
     float *part;      /* [8][n_kv][splits][G][hd + 2] */
     int *counters;    /* [8][n_kv], zero between launches */
-    int splits;
+    int splits;       /* blocks per kv head and token */
+    int chunk;        /* positions per split: splits x chunk >= the context */
 } lms_cu_attn;
 /* nb_max <= 8: flash-decoding over `splits` blocks per kv head and token;
  * larger: the tensor-core prefill kernel (16-bit K/V) or, for F32 K/V, the
