@@ -41,6 +41,7 @@
 #include "kvcache/kv_codec.h"
 #include "kvcache/kv_internal.h"
 #include "store/kv_records.h"
+#include "store/names.h"
 #include "store/store_internal.h"
 
 lms_kv_save_params lms_kv_default_save_params(void)
@@ -56,16 +57,6 @@ lms_kv_resume_params lms_kv_default_resume_params(void)
     lms_kv_resume_params p;
     memset(&p, 0, sizeof p);
     return p;
-}
-
-static int check_name(const char *name)
-{
-    if (!name || !*name)
-        return lms__err(LMS_EINVAL, "KV session: empty name");
-    size_t n = strlen(name);
-    if (n > LMS__SESSION_NAME_MAX || !lms__utf8_valid(name, n))
-        return lms__err(LMS_EINVAL, "KV session name is longer than %d bytes or not UTF-8", LMS__SESSION_NAME_MAX);
-    return 0;
 }
 
 /* Raw bytes of a page with n valid tokens: n * (page_bytes / P). */
@@ -333,7 +324,7 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
         memset(stats, 0, sizeof *stats);
     if (!kv || !seq || !store)
         return lms__err(LMS_EINVAL, "KV save: cache, sequence and store are required");
-    if ((rc = check_name(name)))
+    if ((rc = lms__name_check(LMS__NAME_SESSION, name)))
         return rc;
     if (seq->committed == 0)
         return lms__err(LMS_EINVAL, "KV save '%s': the sequence has no committed token", name);
@@ -702,7 +693,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         memset(stats, 0, sizeof *stats);
     if (!kv || !store || !out)
         return lms__err(LMS_EINVAL, "KV resume: cache, store and output are required");
-    if ((rc = check_name(name)))
+    if ((rc = lms__name_check(LMS__NAME_SESSION, name)))
         return rc;
     c.kv = kv;
     c.name = name;

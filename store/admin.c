@@ -16,6 +16,7 @@
 #include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/kv_records.h"
+#include "store/names.h"
 
 void lms__admin_hex16(const void *key, char out[33])
 {
@@ -382,22 +383,6 @@ bool lms__read_barrier_wait(lms_store *s, double seconds)
     return ok;
 }
 
-int lms__admin_check_name(const char *name)
-{
-    size_t n = name ? strlen(name) : 0;
-    if (n == 0)
-        return lms__err(LMS_EINVAL, "a model name must not be empty");
-    if (n > LMS__MODEL_NAME_MAX)
-        return lms__err(LMS_EINVAL, "model name '%.40s...' is %zu bytes, more than %d", name, n,
-                        LMS__MODEL_NAME_MAX);
-    if (!lms__utf8_valid(name, n))
-        return lms__err(LMS_EINVAL, "model name is not valid UTF-8");
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-            return lms__err(LMS_EINVAL, "model name '%s' contains a control character", name);
-    return 0;
-}
-
 /* ---- rm ------------------------------------------------------------------------------------------- */
 
 typedef struct rm_ctx {
@@ -612,7 +597,7 @@ static int copy_or_move(lms_store *s, const char *src, const char *dst, bool mov
 {
     if (!s || !src || !dst)
         return lms__err(LMS_EINVAL, "%s: no store or model name", move ? "mv" : "cp");
-    int rc = lms__admin_check_name(dst);
+    int rc = lms__name_check(LMS__NAME_MODEL, dst);
     if (rc)
         return rc;
     if (!strcmp(src, dst))

@@ -100,10 +100,6 @@ void lms__read_barrier_leave(int fd);
 /* gc's side: true when every reader inside the barrier left within `seconds`. */
 bool lms__read_barrier_wait(lms_store *s, double seconds);
 
-/* A model name users may give: 1..LMS__MODEL_NAME_MAX bytes of valid UTF-8,
- * no NUL, no control characters, no '/'. */
-int lms__admin_check_name(const char *name);
-
 /* 32 hex digits of a 16-byte key, byte by byte (as `lmstore info` prints
  * blob hashes and page keys), NUL-terminated. */
 void lms__admin_hex16(const void *key, char out[33]);
