@@ -95,6 +95,43 @@ void lms__kv_unref(lms_kv *kv, uint32_t page);
 /* A free sequence slot, or NULL with LMS_ENOSPACE detail. */
 lms_kv_seq *lms__kv_seq_take(lms_kv *kv);
 
+/* ---- pages for persistence: kv_persist.c reads and builds sequences only
+ * through these, so every write to the bookkeeping above stays in kv_arena.c */
+
+/* Page i of the first n_tokens (<= committed) positions of a sequence, as
+ * a save stores it. */
+typedef struct lms__kv_save_page {
+    uint32_t page;      /* arena page */
+    uint32_t n_tokens;  /* valid positions: P, or fewer in the last page */
+    lms_hash128 key;    /* a full page's key; for a partial last page the
+                         * chained key of its n_tokens tokens */
+} lms__kv_save_page;
+/* Fill out[ceil(n_tokens / P)]. Reads only. */
+void lms__kv_save_pages(const lms_kv *kv, const lms_kv_seq *seq, uint32_t n_tokens, lms__kv_save_page *out);
+
+/*
+ * Where the n pages of a session being resumed go. cached[i] != KV_NONE:
+ * page i is attached from the prefix cache. Every other page gets target[i]:
+ * a free page (from the top of the free stack down) or, when those run out,
+ * the oldest cached page that no cached[] names (evict[i] = true).
+ * *evictable = cached pages that may be evicted for it. mark: n_pages bytes
+ * of zeros, scratch (the arena does not allocate after creation).
+ * LMS_ENOSPACE (no detail) when free + evictable pages are too few. Reads
+ * only: the plan holds until the cache next changes.
+ */
+int lms__kv_resume_plan(const lms_kv *kv, const uint32_t *cached, uint32_t n, uint8_t *mark, uint32_t *target,
+                        bool *evict, uint32_t *evictable);
+/*
+ * Build the resumed sequence from a plan of lms__kv_resume_plan whose target
+ * pages hold their bytes now: attach the cached pages (refs + 1), take the
+ * targets out of the free stack / LRU and prefix index, give them refs 1,
+ * their tokens (tokens[n_tokens]) and, for full pages, their keys (keys[i]),
+ * published unless the index has that key. Needs a free sequence slot;
+ * cannot fail.
+ */
+lms_kv_seq *lms__kv_seq_attach(lms_kv *kv, uint32_t n, const uint32_t *cached, const uint32_t *target,
+                               const bool *evict, const lms_hash128 *keys, const int32_t *tokens, uint32_t n_tokens);
+
 static inline uint8_t *lms__kv_page_ptr(const lms_kv *kv, uint32_t page)
 {
     return kv->arena + (size_t)page * kv->page_bytes;
