@@ -291,6 +291,9 @@ uint32_t lms__kv_ht_find(const lms_kv *kv, lms_hash128 key)
 
 void lms__kv_ht_insert(lms_kv *kv, uint32_t page)
 {
+    /* invariant (3): only a keyed page enters, once, under a key not yet there */
+    assert((kv->flags[page] & KV_KEYED) && !(kv->flags[page] & KV_PUBLISHED));
+    assert(lms__kv_ht_find(kv, kv->keys[page]) == KV_NONE);
     uint32_t i = ht_home(kv, kv->keys[page]);
     while (kv->ht[i])
         i = (i + 1) & kv->ht_mask;
@@ -328,6 +331,7 @@ static void ht_remove(lms_kv *kv, uint32_t page)
 
 static void lru_push_tail(lms_kv *kv, uint32_t p)
 {
+    assert(kv->refs[p] == 0 && (kv->flags[p] & KV_PUBLISHED)); /* invariant (1): the LRU holds cached pages */
     kv->lru_prev[p] = kv->lru_tail;
     kv->lru_next[p] = KV_NONE;
     if (kv->lru_tail != KV_NONE)
@@ -358,6 +362,7 @@ uint32_t lms__kv_take_page(lms_kv *kv)
     uint32_t p;
     if (kv->n_free) {
         p = kv->free_stack[--kv->n_free];
+        assert(kv->flags[p] == 0); /* a free page is neither keyed nor published */
     } else if (kv->lru_head != KV_NONE) {
         p = kv->lru_head;
         lru_unlink(kv, p);
@@ -382,12 +387,17 @@ void lms__kv_evict(lms_kv *kv, uint32_t page)
 
 void lms__kv_return_free(lms_kv *kv, uint32_t page)
 {
+    assert(kv->refs[page] == 0 && !(kv->flags[page] & KV_PUBLISHED) && kv->n_free < kv->n_pages);
     kv->flags[page] = 0;
     kv->free_stack[kv->n_free++] = page;
 }
 
 void lms__kv_ref(lms_kv *kv, uint32_t page)
 {
+    /* a page with no reference is either cached (published, in the LRU) or
+     * free, and a free page is taken, never referenced */
+    assert(kv->refs[page] > 0 || (kv->flags[page] & KV_PUBLISHED));
+    assert(kv->refs[page] < UINT32_MAX);
     if (kv->refs[page] == 0 && (kv->flags[page] & KV_PUBLISHED))
         lru_unlink(kv, page);
     kv->refs[page]++;
@@ -395,12 +405,13 @@ void lms__kv_ref(lms_kv *kv, uint32_t page)
 
 void lms__kv_unref(lms_kv *kv, uint32_t page)
 {
-    assert(kv->refs[page] > 0);
+    assert(kv->refs[page] > 0); /* never below zero */
     if (--kv->refs[page])
         return;
     if (kv->flags[page] & KV_PUBLISHED) {
         lru_push_tail(kv, page);
     } else {
+        assert(kv->n_free < kv->n_pages);
         kv->flags[page] = 0;
         kv->free_stack[kv->n_free++] = page;
     }

@@ -13,7 +13,10 @@
  *   LRU list    pages with refs 0 and published (cached), oldest at lru_head
  *   ht          open-addressing (linear probing) table key -> page + 1
  *
- * Invariants (checked by lms__kv_check in tests):
+ * Invariants (checked whole by lms__kv_check in tests; asserted page by
+ * page in kv_arena.c where they are kept: refs never below zero or past
+ * UINT32_MAX, a free page unflagged, an LRU page unreferenced and
+ * published, a published page keyed and its key in ht once):
  *  (1) every page is in exactly one of: free stack, LRU, used (refs > 0);
  *  (2) refs[p] equals the number of live sequences whose block table holds p;
  *  (3) a page is in ht iff it is PUBLISHED, and ht holds distinct keys;

@@ -285,13 +285,18 @@ int lms__admin_lock(lms_store *s, int *fd)
         }
     }
     *fd = f;
+    atomic_fetch_add(&s->append_locks, 1);
     return 0;
 }
 
-void lms__admin_unlock(int fd)
+void lms__admin_unlock(lms_store *s, int fd)
 {
-    if (fd >= 0)
-        close(fd); /* releases the flock */
+    if (fd < 0)
+        return;
+    int was = atomic_fetch_sub(&s->append_locks, 1);
+    assert(was > 0);
+    (void)was;
+    close(fd); /* releases the flock */
 }
 
 typedef struct readers_ctx {
@@ -609,7 +614,7 @@ static int copy_or_move(lms_store *s, const char *src, const char *dst, bool mov
         return rc;
     cp_ctx c = {src, dst, move};
     rc = lms__txn_write(s, cp_txn, &c);
-    lms__admin_unlock(lock);
+    lms__admin_unlock(s, lock);
     return rc;
 }
 

@@ -71,7 +71,7 @@ int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_pro
  * to lms__admin_unlock. Never call while this process has an append
  * session open (flock would wait on ourselves). */
 int lms__admin_lock(lms_store *s, int *fd);
-void lms__admin_unlock(int fd);
+void lms__admin_unlock(lms_store *s, int fd); /* fd -1 (not locked) ok */
 
 /* Wait until no LMDB reader still reads a snapshot older than the last
  * committed transaction (so none can reach bytes that commit unlinked from

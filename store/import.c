@@ -595,7 +595,7 @@ static int decide(imp *m, size_t from, size_t to, uint64_t *bytes_new)
                               t->st->name);
                 break;
             }
-            int eq = src_equal(m, t, NULL, m->map.base + r.offset);
+            int eq = src_equal(m, t, NULL, lms__segmap_at(&m->map, r.offset, r.size));
             if (eq < 0) {
                 rc = eq;
                 break;

@@ -222,7 +222,7 @@ static int blob_same_bytes(lms_store *s, const lms__blob_rec *b, const uint8_t *
     if (rc)
         return rc;
     if (b->offset <= m.size && len <= m.size - b->offset)
-        *same = memcmp(m.base + b->offset, data, len) == 0;
+        *same = memcmp(lms__segmap_at(&m, b->offset, len), data, len) == 0;
     lms__segment_unmap(&m);
     return 0;
 }
@@ -345,7 +345,7 @@ static int commit_txn(lms_store *s, MDB_txn *txn, void *arg)
 int lms__kv_write_commit(lms__kv_writer *w, const lms__session_rec *rec, const lms__kv_page_put *pages,
                          bool no_replace)
 {
-    assert(!w->committed);
+    assert(!w->committed && lms__append_locked(w->s)); /* design note 1 */
     commit_ctx c = {w, rec, pages, no_replace};
     int rc = lms__txn_write(w->s, commit_txn, &c);
     if (!rc)
