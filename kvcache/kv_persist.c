@@ -95,13 +95,54 @@ static void keep_detail(char *dst, size_t n, int rc)
     snprintf(dst, n, "%s", d && *d ? d : lms_strerror(rc));
 }
 
-/* Worker threads for n pages of work: params' count (0 = online CPUs), at most n, at least 1. */
-static int worker_count(int asked, uint32_t n)
+/* The workers of a save or a resume: a pool, and per worker a codec
+ * context (its scratch one raw page) and up to KV_WBUFS buffers. */
+#define KV_WBUFS 3
+typedef struct kv_workers {
+    lms_pool *pool;
+    int n;
+    lms__kv_codec_ctx *codec;
+    uint8_t **buf[KV_WBUFS]; /* buf[k][worker], sizes[k] bytes (none when 0) */
+} kv_workers;
+
+/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
+static int workers_create(kv_workers *w, int asked, uint32_t jobs, size_t scratch, const size_t sizes[KV_WBUFS])
 {
     int threads = asked > 0 ? asked : lms__cpu_count();
-    if (threads > (int)n)
-        threads = n ? (int)n : 1;
-    return threads;
+    if (threads > (int)jobs)
+        threads = jobs ? (int)jobs : 1;
+    int rc = lms__pool_create(threads, &w->pool);
+    if (rc)
+        return rc;
+    w->n = lms__pool_threads(w->pool);
+    if (!(w->codec = lms__calloc((size_t)w->n, sizeof *w->codec)))
+        return LMS_ENOMEM;
+    for (int k = 0; k < KV_WBUFS; k++)
+        if (!(w->buf[k] = lms__calloc((size_t)w->n, sizeof *w->buf[k])))
+            return LMS_ENOMEM;
+    for (int i = 0; i < w->n; i++) {
+        if (!(w->codec[i].scratch = lms__malloc(scratch)))
+            return LMS_ENOMEM;
+        for (int k = 0; k < KV_WBUFS; k++)
+            if (sizes[k] && !(w->buf[k][i] = lms__malloc(sizes[k])))
+                return LMS_ENOMEM;
+    }
+    return 0;
+}
+
+static void workers_free(kv_workers *w)
+{
+    lms__pool_destroy(w->pool);
+    for (int i = 0; i < w->n; i++) {
+        if (w->codec)
+            lms__kv_codec_ctx_free(&w->codec[i]);
+        for (int k = 0; k < KV_WBUFS; k++)
+            if (w->buf[k])
+                lms__free(w->buf[k][i]);
+    }
+    lms__free(w->codec);
+    for (int k = 0; k < KV_WBUFS; k++)
+        lms__free(w->buf[k]);
 }
 
 /* ======================================================================================
@@ -125,10 +166,7 @@ typedef struct save_ctx {
     int32_t *tokens;          /* n_tokens, little-endian (the record's form) */
     uint8_t *keys;            /* n_pages x 16 */
     lms__kv_writer *w;        /* holds the store's append lock */
-    lms_pool *pool;
-    int threads;
-    lms__kv_codec_ctx *codec; /* per worker */
-    uint8_t **rawbuf;         /* per worker: 2 x page_bytes (packed page, device page image) */
+    kv_workers wk;            /* buf[0]: 2 x page_bytes per worker (packed page, device page image) */
     uint8_t **slot;           /* per batch slot: encode bound of a page */
     lms__kv_blob_query *query; /* per batch slot */
     uint32_t n_slots;
@@ -147,7 +185,7 @@ static bool save_encodes(const save_ctx *c, uint32_t i)
 static int save_raw(save_ctx *c, const lms__kv_save_page *sp, int worker, const uint8_t **raw)
 {
     lms_kv *kv = c->kv;
-    uint8_t *buf = c->rawbuf[worker];
+    uint8_t *buf = c->wk.buf[0][worker];
     if (host_arena(kv)) {
         const uint8_t *pg = lms__kv_page_ptr(kv, sp->page);
         if (sp->n_tokens == kv->P) {
@@ -158,7 +196,7 @@ static int save_raw(save_ctx *c, const lms__kv_save_page *sp, int worker, const 
         *raw = buf;
         return 0;
     }
-    /* the staging half of rawbuf holds the device page image */
+    /* the second half of the buffer holds the device page image */
     uint8_t *img = buf + kv->page_bytes;
     int rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_page_ptr(kv, sp->page), kv->page_bytes, NULL);
     if (rc)
@@ -193,7 +231,7 @@ static void save_encode_one(void *arg, size_t bi, int worker)
         sp->data = raw;
         rec->codec = LMS__KV_CODEC_RAW;
     } else if (!rc) {
-        rc = lms__kv_encode(&c->codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, out, cap, &len);
+        rc = lms__kv_encode(&c->wk.codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, out, cap, &len);
         /* Keep raw when a codec does not pay for itself. */
         if (!rc && len >= n) {
             memcpy(out, raw, n);
@@ -291,20 +329,13 @@ static int save_lookup(save_ctx *c, lms_store *store)
 static int save_buffers(save_ctx *c)
 {
     lms_kv *kv = c->kv;
-    c->threads = worker_count(c->params.threads, c->to_write);
-    int rc = lms__pool_create(c->threads, &c->pool);
+    const size_t sizes[KV_WBUFS] = {2 * kv->page_bytes, 0, 0};
+    int rc = workers_create(&c->wk, c->params.threads, c->to_write, kv->page_bytes, sizes);
     if (rc)
         return rc;
-    c->threads = lms__pool_threads(c->pool);
-    c->n_slots = (uint32_t)(4 * c->threads);
-    if (!(c->codec = lms__calloc((size_t)c->threads, sizeof *c->codec)) ||
-        !(c->rawbuf = lms__calloc((size_t)c->threads, sizeof *c->rawbuf)) ||
-        !(c->slot = lms__calloc(c->n_slots, sizeof *c->slot)) ||
-        !(c->query = lms__calloc(c->n_slots, sizeof *c->query)))
+    c->n_slots = (uint32_t)(4 * c->wk.n);
+    if (!(c->slot = lms__calloc(c->n_slots, sizeof *c->slot)) || !(c->query = lms__calloc(c->n_slots, sizeof *c->query)))
         return LMS_ENOMEM;
-    for (int w = 0; w < c->threads; w++)
-        if (!(c->rawbuf[w] = lms__malloc(2 * kv->page_bytes)) || !(c->codec[w].scratch = lms__malloc(kv->page_bytes)))
-            return LMS_ENOMEM;
     for (uint32_t k = 0; k < c->n_slots; k++)
         if (!(c->slot[k] = lms__malloc(lms__kv_encode_bound(kv->page_bytes))))
             return LMS_ENOMEM;
@@ -354,7 +385,7 @@ static int save_batches(save_ctx *c)
     for (c->batch0 = 0; c->batch0 < c->n_pages; c->batch0 += c->n_slots) {
         uint32_t b0 = c->batch0, bn = LMS_MIN(c->n_slots, c->n_pages - b0);
         double t1 = lms__now();
-        lms__pool_run(c->pool, bn, save_encode_one, c);
+        lms__pool_run(c->wk.pool, bn, save_encode_one, c);
         c->t_enc += lms__now() - t1;
         if ((rc = save_worker_error(c, b0, bn)) || (rc = save_dedup(c, b0, bn)))
             return rc;
@@ -367,7 +398,7 @@ static int save_batches(save_ctx *c)
         if (b0 == 0)
             lms__crashpoint("kv-save:before-write");
         t1 = lms__now();
-        lms__pool_run(c->pool, bn, save_write_one, c);
+        lms__pool_run(c->wk.pool, bn, save_write_one, c);
         c->t_wr += lms__now() - t1;
         if ((rc = save_worker_error(c, b0, bn)))
             return rc;
@@ -402,7 +433,7 @@ static int save_commit(save_ctx *c)
     if ((rc = lms__kv_write_commit(c->w, &r, c->puts, c->params.no_replace)))
         return rc;
     lms__debug("KV save '%s': %u pages (%u new): encode %.1f ms (%d threads), write %.1f ms, fsync %.1f ms, commit %.1f ms",
-               c->name, c->n_pages, c->to_write, c->t_enc * 1e3, c->threads, c->t_wr * 1e3,
+               c->name, c->n_pages, c->to_write, c->t_enc * 1e3, c->wk.n, c->t_wr * 1e3,
                (t_sync1 - t_sync0) * 1e3, (lms__now() - t_sync1) * 1e3);
     lms__crashpoint("kv-save:after-commit");
     lms__kv_write_end(c->w);
@@ -431,15 +462,7 @@ static void save_stats(const save_ctx *c, double t0, lms_kv_io_stats *stats)
 static void save_free(save_ctx *c)
 {
     lms__kv_write_end(c->w); /* not committed: rolls back what was appended */
-    lms__pool_destroy(c->pool);
-    for (int w = 0; w < c->threads; w++) {
-        if (c->codec)
-            lms__kv_codec_ctx_free(&c->codec[w]);
-        if (c->rawbuf)
-            lms__free(c->rawbuf[w]);
-    }
-    lms__free(c->codec);
-    lms__free(c->rawbuf);
+    workers_free(&c->wk);
     if (c->slot)
         for (uint32_t k = 0; k < c->n_slots; k++)
             lms__free(c->slot[k]);
@@ -519,13 +542,10 @@ typedef struct res_ctx {
     uint8_t *mark;        /* n_pages of the arena: scratch of the plan */
     uint8_t *staging;     /* n_staged host pages */
     size_t max_stored;
-    lms_pool *pool;
-    int threads;
-    lms__kv_codec_ctx *codec;
-    uint8_t **unpack; /* per worker: raw page for partial pages */
-    uint8_t **inbuf;  /* per worker: stored bytes of one page */
-    uint8_t **image;  /* per worker: a page image for device arenas */
+    kv_workers wk;        /* per worker: buf[RES_UNPACK] a raw partial page, buf[RES_IN] the
+                           * stored bytes of one page, buf[RES_IMAGE] a page image (device arenas) */
 } res_ctx;
+enum { RES_UNPACK, RES_IN, RES_IMAGE };
 
 /* Read page i's stored bytes and decode them into out (n raw bytes); *h = their checksum. */
 static int res_read(res_ctx *c, const res_page *rp, int worker, uint8_t *out, size_t n, uint64_t *h)
@@ -535,21 +555,21 @@ static int res_read(res_ctx *c, const res_page *rp, int worker, uint8_t *out, si
     int rc;
     if (rp->loc.rec.codec == LMS__KV_CODEC_RAW) {
         /* Read and hash in 256 KiB pieces: each is hashed while in cache. */
-        rc = lms__kv_hash_begin(&c->codec[worker]);
+        rc = lms__kv_hash_begin(&c->wk.codec[worker]);
         for (size_t o = 0; !rc && o < n; o += 256 * 1024) {
             size_t len = LMS_MIN(n - o, (size_t)256 * 1024);
             rc = lms__kv_read_bytes(c->rd, rp->seg, out + o, len, rp->loc.offset + o);
             if (!rc)
-                lms__kv_hash_update(&c->codec[worker], out + o, len);
+                lms__kv_hash_update(&c->wk.codec[worker], out + o, len);
         }
         if (!rc)
-            *h = lms__kv_hash_end(&c->codec[worker]);
+            *h = lms__kv_hash_end(&c->wk.codec[worker]);
         return rc;
     }
-    uint8_t *in = c->inbuf[worker];
+    uint8_t *in = c->wk.buf[RES_IN][worker];
     rc = lms__kv_read_bytes(c->rd, rp->seg, in, rp->loc.size, rp->loc.offset);
     if (!rc)
-        rc = lms__kv_decode(&c->codec[worker], rp->loc.rec.codec, in, rp->loc.size, out, n, rp->loc.rec.elem_size, h);
+        rc = lms__kv_decode(&c->wk.codec[worker], rp->loc.rec.codec, in, rp->loc.size, out, n, rp->loc.rec.elem_size, h);
     return rc;
 }
 
@@ -560,11 +580,11 @@ static void res_decode_one(void *arg, size_t i, int worker)
     lms_kv *kv = c->kv;
     if (c->cached[i] != KV_NONE)
         return;
-    uint8_t *dst = rp->via_host ? c->image[worker] : rp->dst;
+    uint8_t *dst = rp->via_host ? c->wk.buf[RES_IMAGE][worker] : rp->dst;
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
     bool full = rp->n_tokens == kv->P;
-    uint8_t *out = full ? dst : c->unpack[worker];
+    uint8_t *out = full ? dst : c->wk.buf[RES_UNPACK][worker];
     uint64_t h = 0;
     int rc = res_read(c, rp, worker, out, (size_t)rp->loc.rec.raw_size, &h);
     if (rc) {
@@ -748,22 +768,12 @@ static int res_plan(res_ctx *c)
 static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
 {
     lms_kv *kv = c->kv;
-    bool direct = host_arena(kv);
-    c->threads = worker_count(params ? params->threads : 0, c->to_read);
-    int rc = lms__pool_create(c->threads, &c->pool);
+    const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = kv->page_bytes, [RES_IN] = c->max_stored,
+                                    [RES_IMAGE] = host_arena(kv) ? 0 : kv->page_bytes};
+    int rc = workers_create(&c->wk, params ? params->threads : 0, c->to_read, kv->page_bytes, sizes);
     if (rc)
         return rc;
-    c->threads = lms__pool_threads(c->pool);
-    if (!(c->codec = lms__calloc((size_t)c->threads, sizeof *c->codec)) ||
-        !(c->unpack = lms__calloc((size_t)c->threads, sizeof *c->unpack)) ||
-        !(c->inbuf = lms__calloc((size_t)c->threads, sizeof *c->inbuf)) ||
-        !(c->image = lms__calloc((size_t)c->threads, sizeof *c->image)))
-        return LMS_ENOMEM;
-    for (int w = 0; w < c->threads; w++)
-        if (!(c->codec[w].scratch = lms__malloc(kv->page_bytes)) || !(c->unpack[w] = lms__malloc(kv->page_bytes)) ||
-            !(c->inbuf[w] = lms__malloc(c->max_stored)) || (!direct && !(c->image[w] = lms__malloc(kv->page_bytes))))
-            return LMS_ENOMEM;
-    lms__pool_run(c->pool, c->n_pages, res_decode_one, c);
+    lms__pool_run(c->wk.pool, c->n_pages, res_decode_one, c);
     for (uint32_t i = 0; i < c->n_pages; i++) {
         const res_page *rp = &c->pages[i];
         if (rp->rc == LMS_ECORRUPT)
@@ -819,21 +829,7 @@ static void res_stats(const res_ctx *c, double t0, lms_kv_io_stats *stats)
 
 static void res_free(res_ctx *c)
 {
-    lms__pool_destroy(c->pool);
-    for (int w = 0; w < c->threads; w++) {
-        if (c->codec)
-            lms__kv_codec_ctx_free(&c->codec[w]);
-        if (c->unpack)
-            lms__free(c->unpack[w]);
-        if (c->inbuf)
-            lms__free(c->inbuf[w]);
-        if (c->image)
-            lms__free(c->image[w]);
-    }
-    lms__free(c->codec);
-    lms__free(c->unpack);
-    lms__free(c->inbuf);
-    lms__free(c->image);
+    workers_free(&c->wk);
     lms__kv_read_end(c->rd); /* unmaps the segments */
     lms__free(c->pages);
     lms__free(c->tokens);
@@ -885,7 +881,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         lms__warn("KV resume '%s': could not update its last-used time: %s", name, lms_last_error());
     lms__debug("KV resume '%s': %u pages (%u read): prepare %.1f ms, decode %.1f ms (%d threads), build %.1f ms, "
                "last-used %.1f ms",
-               name, c.n_pages, c.to_read, (t_prep - t0) * 1e3, (t_decoded - t_prep) * 1e3, c.threads,
+               name, c.n_pages, c.to_read, (t_prep - t0) * 1e3, (t_decoded - t_prep) * 1e3, c.wk.n,
                (t_built - t_decoded) * 1e3, (lms__now() - t_built) * 1e3);
     if (stats)
         res_stats(&c, t0, stats);

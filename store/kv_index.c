@@ -25,18 +25,16 @@ struct lms__kv_reader {
 
 int lms__kv_read_begin(lms_store *s, lms__kv_reader **out)
 {
-    *out = NULL;
-    lms__kv_reader *r = lms__calloc(1, sizeof *r);
+    lms__kv_reader *r = *out = lms__calloc(1, sizeof *r);
     if (!r)
         return LMS_ENOMEM;
     r->s = s;
-    int rc = lms__txn_read(s, &r->txn);
+    int rc = lms__txn_read(s, &r->txn); /* NULL on failure */
     if (rc) {
-        lms__free(r);
-        return rc;
+        lms__kv_read_end(r);
+        *out = NULL;
     }
-    *out = r;
-    return 0;
+    return rc;
 }
 
 void lms__kv_read_release(lms__kv_reader *r)
@@ -171,19 +169,16 @@ struct lms__kv_writer {
 
 int lms__kv_write_begin(lms_store *s, const char *name, lms__kv_writer **out)
 {
-    *out = NULL;
-    lms__kv_writer *w = lms__calloc(1, sizeof *w);
+    lms__kv_writer *w = *out = lms__calloc(1, sizeof *w);
     if (!w)
         return LMS_ENOMEM;
-    w->s = s;
-    w->name = name;
-    int rc = lms__append_begin(s, &w->app);
+    *w = (lms__kv_writer){.s = s, .name = name};
+    int rc = lms__append_begin(s, &w->app); /* NULL on failure */
     if (rc) {
-        lms__free(w);
-        return rc;
+        lms__kv_write_end(w);
+        *out = NULL;
     }
-    *out = w;
-    return 0;
+    return rc;
 }
 
 void lms__kv_write_end(lms__kv_writer *w)
@@ -194,21 +189,36 @@ void lms__kv_write_end(lms__kv_writer *w)
     lms__free(w);
 }
 
-int lms__kv_write_lookup(lms__kv_writer *w, const uint8_t *keys, uint32_t n, bool *stored)
+/* fn(w, txn, ctx, i) for i < n in one read snapshot, up to the first error. */
+typedef int (*snapshot_fn)(lms__kv_writer *w, MDB_txn *txn, void *ctx, uint32_t i);
+static int each_in_snapshot(lms__kv_writer *w, uint32_t n, snapshot_fn fn, void *ctx)
 {
     MDB_txn *txn;
     int rc = lms__txn_read(w->s, &txn);
-    if (rc)
-        return rc;
-    for (uint32_t i = 0; i < n && !rc; i++) {
-        MDB_val v;
-        rc = lms__db_get(w->s, txn, LMS__DB_KVPAGES, keys + 16 * (size_t)i, 16, &v);
-        stored[i] = rc == 0;
-        if (rc == LMS_ENOENT)
-            rc = 0;
-    }
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = fn(w, txn, ctx, i);
     lms__txn_end(w->s, txn);
     return rc;
+}
+
+typedef struct lookup_ctx {
+    const uint8_t *keys;
+    bool *stored;
+} lookup_ctx;
+
+static int lookup_one(lms__kv_writer *w, MDB_txn *txn, void *arg, uint32_t i)
+{
+    lookup_ctx *c = arg;
+    MDB_val v;
+    int rc = lms__db_get(w->s, txn, LMS__DB_KVPAGES, c->keys + 16 * (size_t)i, 16, &v);
+    c->stored[i] = rc == 0;
+    return rc == LMS_ENOENT ? 0 : rc;
+}
+
+int lms__kv_write_lookup(lms__kv_writer *w, const uint8_t *keys, uint32_t n, bool *stored)
+{
+    lookup_ctx c = {keys, stored};
+    return each_in_snapshot(w, n, lookup_one, &c);
 }
 
 /* Does the stored blob `b` hold exactly `data`? (dedup by hash AND bytes) */
@@ -227,28 +237,25 @@ static int blob_same_bytes(lms_store *s, const lms__blob_rec *b, const uint8_t *
     return 0;
 }
 
+static int find_blob_one(lms__kv_writer *w, MDB_txn *txn, void *arg, uint32_t i)
+{
+    lms__kv_blob_query *q = (lms__kv_blob_query *)arg + i;
+    lms__blob_rec b;
+    q->exists = false;
+    int rc = lms__blob_get(w->s, txn, q->hash, &b);
+    if (rc)
+        return rc == LMS_ENOENT ? 0 : rc;
+    if ((rc = blob_same_bytes(w->s, &b, q->data, q->len, &q->exists)))
+        return rc;
+    if (!q->exists)
+        return lms__err(LMS_EEXIST, "KV save '%s': page %u's bytes collide with a different blob of the same hash",
+                        w->name, q->page);
+    return 0;
+}
+
 int lms__kv_write_find_blobs(lms__kv_writer *w, lms__kv_blob_query *q, uint32_t n)
 {
-    MDB_txn *txn;
-    int rc = lms__txn_read(w->s, &txn);
-    if (rc)
-        return rc;
-    for (uint32_t i = 0; i < n && !rc; i++) {
-        lms__blob_rec b;
-        q[i].exists = false;
-        rc = lms__blob_get(w->s, txn, q[i].hash, &b);
-        if (rc == LMS_ENOENT) {
-            rc = 0;
-            continue;
-        }
-        if (rc || (rc = blob_same_bytes(w->s, &b, q[i].data, q[i].len, &q[i].exists)))
-            break;
-        if (!q[i].exists)
-            rc = lms__err(LMS_EEXIST, "KV save '%s': page %u's bytes collide with a different blob of the same hash",
-                          w->name, q[i].page);
-    }
-    lms__txn_end(w->s, txn);
-    return rc;
+    return each_in_snapshot(w, n, find_blob_one, q);
 }
 
 int lms__kv_write_reserve(lms__kv_writer *w, uint64_t size, uint32_t *segment, uint64_t *offset)
