@@ -1,6 +1,9 @@
 /*
  * kvcache/kv_internal.h - the cache's internal state, shared by the arena and
- * sequence code (kv_arena.c) and persistence (kv_persist.c). Not public.
+ * sequence code (kv_arena.c) and persistence (kv_persist.c, kv_sessions.c).
+ * Not public. Only kv_arena.c writes the bookkeeping below; persistence
+ * reads the geometry and goes through the functions at the end of this
+ * header (lms__kv_save_pages, lms__kv_resume_plan, lms__kv_seq_attach).
  *
  * Page bookkeeping, all arrays of n_pages allocated at creation:
  *   refs[p]     sequences referencing page p (a sequence holds at most one
