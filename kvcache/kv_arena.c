@@ -291,6 +291,9 @@ uint32_t lms__kv_ht_find(const lms_kv *kv, lms_hash128 key)
 
 void lms__kv_ht_insert(lms_kv *kv, uint32_t page)
 {
+    /* invariant (3): only a keyed page enters, once, under a key not yet there */
+    assert((kv->flags[page] & KV_KEYED) && !(kv->flags[page] & KV_PUBLISHED));
+    assert(lms__kv_ht_find(kv, kv->keys[page]) == KV_NONE);
     uint32_t i = ht_home(kv, kv->keys[page]);
     while (kv->ht[i])
         i = (i + 1) & kv->ht_mask;
@@ -328,6 +331,7 @@ static void ht_remove(lms_kv *kv, uint32_t page)
 
 static void lru_push_tail(lms_kv *kv, uint32_t p)
 {
+    assert(kv->refs[p] == 0 && (kv->flags[p] & KV_PUBLISHED)); /* invariant (1): the LRU holds cached pages */
     kv->lru_prev[p] = kv->lru_tail;
     kv->lru_next[p] = KV_NONE;
     if (kv->lru_tail != KV_NONE)
@@ -358,6 +362,7 @@ uint32_t lms__kv_take_page(lms_kv *kv)
     uint32_t p;
     if (kv->n_free) {
         p = kv->free_stack[--kv->n_free];
+        assert(kv->flags[p] == 0); /* a free page is neither keyed nor published */
     } else if (kv->lru_head != KV_NONE) {
         p = kv->lru_head;
         lru_unlink(kv, p);
@@ -382,12 +387,17 @@ void lms__kv_evict(lms_kv *kv, uint32_t page)
 
 void lms__kv_return_free(lms_kv *kv, uint32_t page)
 {
+    assert(kv->refs[page] == 0 && !(kv->flags[page] & KV_PUBLISHED) && kv->n_free < kv->n_pages);
     kv->flags[page] = 0;
     kv->free_stack[kv->n_free++] = page;
 }
 
 void lms__kv_ref(lms_kv *kv, uint32_t page)
 {
+    /* a page with no reference is either cached (published, in the LRU) or
+     * free, and a free page is taken, never referenced */
+    assert(kv->refs[page] > 0 || (kv->flags[page] & KV_PUBLISHED));
+    assert(kv->refs[page] < UINT32_MAX);
     if (kv->refs[page] == 0 && (kv->flags[page] & KV_PUBLISHED))
         lru_unlink(kv, page);
     kv->refs[page]++;
@@ -395,12 +405,13 @@ void lms__kv_ref(lms_kv *kv, uint32_t page)
 
 void lms__kv_unref(lms_kv *kv, uint32_t page)
 {
-    assert(kv->refs[page] > 0);
+    assert(kv->refs[page] > 0); /* never below zero */
     if (--kv->refs[page])
         return;
     if (kv->flags[page] & KV_PUBLISHED) {
         lru_push_tail(kv, page);
     } else {
+        assert(kv->n_free < kv->n_pages);
         kv->flags[page] = 0;
         kv->free_stack[kv->n_free++] = page;
     }
@@ -615,6 +626,118 @@ int lms_kv_lookup(lms_kv *kv, const int32_t *tokens, uint32_t n, lms_kv_seq **ou
     if (n_reused)
         *n_reused = s->len;
     return 0;
+}
+
+/* ---- pages for persistence (kvcache/kv_persist.c) ------------------------------------ */
+
+void lms__kv_save_pages(const lms_kv *kv, const lms_kv_seq *seq, uint32_t n_tokens, lms__kv_save_page *out)
+{
+    assert(n_tokens > 0 && n_tokens <= seq->committed);
+    lms_hash128 parent = {0, 0};
+    for (uint32_t i = 0; i * kv->P < n_tokens; i++) {
+        lms__kv_save_page *sp = &out[i];
+        sp->page = seq->table[i];
+        sp->n_tokens = LMS_MIN(kv->P, n_tokens - i * kv->P);
+        if (sp->n_tokens == kv->P) {
+            assert(kv->flags[sp->page] & KV_KEYED); /* invariant (5): committed full pages are keyed */
+            sp->key = kv->keys[sp->page];
+        } else {
+            sp->key = lms__kv_page_key(kv, parent, kv->tokens + (size_t)sp->page * kv->P, sp->n_tokens);
+        }
+        parent = sp->key;
+    }
+}
+
+int lms__kv_resume_plan(const lms_kv *kv, const uint32_t *cached, uint32_t n, uint8_t *mark, uint32_t *target,
+                        bool *evict, uint32_t *evictable)
+{
+    uint32_t to_read = 0, reuse_from_lru = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (cached[i] == KV_NONE) {
+            to_read++;
+            continue;
+        }
+        uint32_t p = cached[i];
+        if (kv->refs[p] == 0 && !mark[p])
+            reuse_from_lru++;
+        mark[p] = 1;
+    }
+    *evictable = kv->n_cached - reuse_from_lru;
+    if ((uint64_t)to_read > (uint64_t)kv->n_free + *evictable)
+        return LMS_ENOSPACE;
+    /* free pages from the top of the stack first (lms__kv_seq_attach takes
+     * exactly those), then the oldest cached pages this session does not reuse */
+    uint32_t n_from_free = LMS_MIN(to_read, kv->n_free), fi = 0, lru = kv->lru_head;
+    for (uint32_t i = 0; i < n; i++) {
+        if (cached[i] != KV_NONE)
+            continue;
+        if (fi < n_from_free) {
+            target[i] = kv->free_stack[kv->n_free - 1 - fi++];
+            evict[i] = false;
+        } else {
+            while (mark[lru])
+                lru = kv->lru_next[lru];
+            assert(lru != KV_NONE && kv->refs[lru] == 0 && (kv->flags[lru] & KV_PUBLISHED));
+            target[i] = lru;
+            lru = kv->lru_next[lru];
+            evict[i] = true;
+        }
+    }
+    return 0;
+}
+
+lms_kv_seq *lms__kv_seq_attach(lms_kv *kv, uint32_t n, const uint32_t *cached, const uint32_t *target,
+                               const bool *evict, const lms_hash128 *keys, const int32_t *tokens, uint32_t n_tokens)
+{
+    assert(n == pages_for(kv, n_tokens) && n <= kv->max_seq_pages);
+    lms_kv_seq *seq = lms__kv_seq_take(kv);
+    assert(seq); /* the caller checked for a free slot before anything else */
+    /* Pages reused from the prefix cache (leave the LRU if cached). */
+    uint32_t n_from_free = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (cached[i] != KV_NONE) {
+            lms__kv_ref(kv, cached[i]);
+            seq->table[i] = cached[i];
+        } else if (!evict[i]) {
+            n_from_free++;
+        }
+    }
+    /* Targets leave their lists: free ones are the top n_from_free entries
+     * of the free stack (lms__kv_resume_plan chose them so); cached ones are
+     * evicted (unlinked, unpublished) before any new key enters the index. */
+    assert(n_from_free <= kv->n_free);
+    for (uint32_t i = 0; i < n; i++) {
+        if (cached[i] != KV_NONE)
+            continue;
+        uint32_t p = target[i];
+        assert(kv->refs[p] == 0);
+        if (evict[i]) {
+            lms__kv_evict(kv, p);
+        } else {
+            bool on_top = false;
+            for (uint32_t k = kv->n_free - n_from_free; k < kv->n_free && !on_top; k++)
+                on_top = kv->free_stack[k] == p;
+            assert(on_top && !kv->flags[p]);
+        }
+    }
+    kv->n_free -= n_from_free;
+    for (uint32_t i = 0; i < n; i++) {
+        if (cached[i] != KV_NONE)
+            continue;
+        uint32_t p = target[i], pt = LMS_MIN(kv->P, n_tokens - i * kv->P);
+        seq->table[i] = p;
+        kv->flags[p] = 0;
+        kv->refs[p] = 1;
+        memcpy(kv->tokens + (size_t)p * kv->P, tokens + (size_t)i * kv->P, pt * sizeof(int32_t));
+        if (pt == kv->P) {
+            kv->keys[p] = keys[i];
+            kv->flags[p] = KV_KEYED;
+            if (lms__kv_ht_find(kv, keys[i]) == KV_NONE)
+                lms__kv_ht_insert(kv, p);
+        }
+    }
+    seq->len = seq->committed = n_tokens;
+    return seq;
 }
 
 /* ---- self-check for tests ------------------------------------------------------------ */

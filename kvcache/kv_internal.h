@@ -1,6 +1,9 @@
 /*
  * kvcache/kv_internal.h - the cache's internal state, shared by the arena and
- * sequence code (kv_arena.c) and persistence (kv_persist.c). Not public.
+ * sequence code (kv_arena.c) and persistence (kv_persist.c, kv_sessions.c).
+ * Not public. Only kv_arena.c writes the bookkeeping below; persistence
+ * reads the geometry and goes through the functions at the end of this
+ * header (lms__kv_save_pages, lms__kv_resume_plan, lms__kv_seq_attach).
  *
  * Page bookkeeping, all arrays of n_pages allocated at creation:
  *   refs[p]     sequences referencing page p (a sequence holds at most one
@@ -13,7 +16,10 @@
  *   LRU list    pages with refs 0 and published (cached), oldest at lru_head
  *   ht          open-addressing (linear probing) table key -> page + 1
  *
- * Invariants (checked by lms__kv_check in tests):
+ * Invariants (checked whole by lms__kv_check in tests; asserted page by
+ * page in kv_arena.c where they are kept: refs never below zero or past
+ * UINT32_MAX, a free page unflagged, an LRU page unreferenced and
+ * published, a published page keyed and its key in ht once):
  *  (1) every page is in exactly one of: free stack, LRU, used (refs > 0);
  *  (2) refs[p] equals the number of live sequences whose block table holds p;
  *  (3) a page is in ht iff it is PUBLISHED, and ht holds distinct keys;
@@ -94,6 +100,43 @@ void lms__kv_ref(lms_kv *kv, uint32_t page);
 void lms__kv_unref(lms_kv *kv, uint32_t page);
 /* A free sequence slot, or NULL with LMS_ENOSPACE detail. */
 lms_kv_seq *lms__kv_seq_take(lms_kv *kv);
+
+/* ---- pages for persistence: kv_persist.c reads and builds sequences only
+ * through these, so every write to the bookkeeping above stays in kv_arena.c */
+
+/* Page i of the first n_tokens (<= committed) positions of a sequence, as
+ * a save stores it. */
+typedef struct lms__kv_save_page {
+    uint32_t page;      /* arena page */
+    uint32_t n_tokens;  /* valid positions: P, or fewer in the last page */
+    lms_hash128 key;    /* a full page's key; for a partial last page the
+                         * chained key of its n_tokens tokens */
+} lms__kv_save_page;
+/* Fill out[ceil(n_tokens / P)]. Reads only. */
+void lms__kv_save_pages(const lms_kv *kv, const lms_kv_seq *seq, uint32_t n_tokens, lms__kv_save_page *out);
+
+/*
+ * Where the n pages of a session being resumed go. cached[i] != KV_NONE:
+ * page i is attached from the prefix cache. Every other page gets target[i]:
+ * a free page (from the top of the free stack down) or, when those run out,
+ * the oldest cached page that no cached[] names (evict[i] = true).
+ * *evictable = cached pages that may be evicted for it. mark: n_pages bytes
+ * of zeros, scratch (the arena does not allocate after creation).
+ * LMS_ENOSPACE (no detail) when free + evictable pages are too few. Reads
+ * only: the plan holds until the cache next changes.
+ */
+int lms__kv_resume_plan(const lms_kv *kv, const uint32_t *cached, uint32_t n, uint8_t *mark, uint32_t *target,
+                        bool *evict, uint32_t *evictable);
+/*
+ * Build the resumed sequence from a plan of lms__kv_resume_plan whose target
+ * pages hold their bytes now: attach the cached pages (refs + 1), take the
+ * targets out of the free stack / LRU and prefix index, give them refs 1,
+ * their tokens (tokens[n_tokens]) and, for full pages, their keys (keys[i]),
+ * published unless the index has that key. Needs a free sequence slot;
+ * cannot fail.
+ */
+lms_kv_seq *lms__kv_seq_attach(lms_kv *kv, uint32_t n, const uint32_t *cached, const uint32_t *target,
+                               const bool *evict, const lms_hash128 *keys, const int32_t *tokens, uint32_t n_tokens);
 
 static inline uint8_t *lms__kv_page_ptr(const lms_kv *kv, uint32_t page)
 {

@@ -9,10 +9,21 @@
  * page key names the K/V of one exact prefix of one model and layout: two
  * sessions sharing a prefix share its stored pages.
  *
+ * The split: this file owns the page bytes (packing, codecs, checksums,
+ * device copies) and the order of the steps; the store's KV index
+ * (store/kv_index.h) owns every record, lock, transaction and segment file;
+ * the arena (kv_arena.c: lms__kv_save_pages, lms__kv_resume_plan,
+ * lms__kv_seq_attach) owns every change to the cache's bookkeeping.
+ *
+ *   save:   save_prepare -> save_lookup (append lock) -> save_buffers ->
+ *           save_batches { encode | dedup + reserve | write } -> save_commit
+ *   resume: res_open -> res_keys -> res_locate (snapshot, segments mapped)
+ *           -> res_plan -> res_decode -> res_copy_staged -> res_build
+ *
  * Design notes:
  *  (1) save: pages the store lacks are encoded (thread pool), appended and
- *      fsync'd through the store's appender (holding its append lock, so gc
- *      cannot delete a page record we decided to reuse), then the blob,
+ *      fsync'd through the index's writer (holding the store's append lock,
+ *      so gc cannot delete a page record we decided to reuse), then the blob,
  *      kvpages and session records commit in ONE write transaction. A crash
  *      before that commit leaves only unreferenced segment bytes (gc's);
  *      after it, the whole session. The cache is only read.
@@ -23,9 +34,9 @@
  *      by that worker (device arenas): a free page's bytes belong to nobody.
  *      Pages whose target is a cached page to evict are decoded into a host
  *      staging buffer and copied only once every page checked out. Then
- *      pages are taken from the free stack / LRU and the sequence built,
- *      steps that cannot fail. The one exception: a failed device copy into
- *      an evicted page drops the pages so written from the prefix cache (a
+ *      lms__kv_seq_attach takes the pages and builds the sequence, a step
+ *      that cannot fail. The one exception: a failed device copy into an
+ *      evicted page drops the pages so written from the prefix cache (a
  *      device error), so a cached page never holds other bytes than its key.
  *  (3) Pages of the session already in the prefix cache (same key) are
  *      attached instead of read.
@@ -33,15 +44,14 @@
  *      tokens: [layer][K,V][head][n_tokens][head_dim]; for a full page that
  *      is exactly the arena page (one contiguous run).
  */
-#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/crashpoint.h"
 #include "kvcache/kv_codec.h"
 #include "kvcache/kv_internal.h"
-#include "store/kv_records.h"
-#include "store/store_internal.h"
+#include "store/kv_index.h"
+#include "store/names.h"
 
 lms_kv_save_params lms_kv_default_save_params(void)
 {
@@ -56,16 +66,6 @@ lms_kv_resume_params lms_kv_default_resume_params(void)
     lms_kv_resume_params p;
     memset(&p, 0, sizeof p);
     return p;
-}
-
-static int check_name(const char *name)
-{
-    if (!name || !*name)
-        return lms__err(LMS_EINVAL, "KV session: empty name");
-    size_t n = strlen(name);
-    if (n > LMS__SESSION_NAME_MAX || !lms__utf8_valid(name, n))
-        return lms__err(LMS_EINVAL, "KV session name is longer than %d bytes or not UTF-8", LMS__SESSION_NAME_MAX);
-    return 0;
 }
 
 /* Raw bytes of a page with n valid tokens: n * (page_bytes / P). */
@@ -88,43 +88,6 @@ static void unpack_page(const lms_kv *kv, const uint8_t *src, uint32_t n, uint8_
 
 static bool host_arena(const lms_kv *kv) { return kv->dev->kind == LMS_DEVICE_CPU; }
 
-/* ======================================================================================
- * save
- * ==================================================================================== */
-
-typedef struct save_page {
-    lms_hash128 key;
-    uint32_t page;      /* arena page */
-    uint32_t n_tokens;
-    bool stored;        /* the store already has this key */
-    bool dup;           /* same key as an earlier page of this save */
-    bool blob_exists;   /* identical stored bytes already a blob */
-    lms__kvpage_rec rec;
-    const uint8_t *data; /* encoded bytes (stored_size): a batch slot or the arena page; valid during its batch */
-    uint32_t segment;
-    uint64_t offset;
-    int rc;
-    char err[200]; /* the failing worker's detail */
-} save_page;
-
-typedef struct save_ctx {
-    lms_kv *kv;
-    lms_store *store;
-    const char *name;
-    lms_kv_save_params params;
-    save_page *pages;
-    uint32_t n_pages, n_tokens;
-    int32_t *tokens;
-    uint8_t *keys;  /* n_pages x 16 */
-    lms__kv_codec_ctx *codec; /* per worker */
-    uint8_t **rawbuf;         /* per worker: 2 x page_bytes (packed page, device page image) */
-    uint8_t **slot;           /* per batch slot: encode bound of a page */
-    uint32_t batch0;          /* first page of the batch being encoded / written */
-    lms__appender *app;
-    uint64_t created;
-    int rc;
-} save_ctx;
-
 /* Keep a worker's error detail with its page: lms_last_error() is per thread. */
 static void keep_detail(char *dst, size_t n, int rc)
 {
@@ -132,185 +95,384 @@ static void keep_detail(char *dst, size_t n, int rc)
     snprintf(dst, n, "%s", d && *d ? d : lms_strerror(rc));
 }
 
-static void save_encode_one(void *arg, size_t bi, int worker)
+/* The workers of a save or a resume: a pool, and per worker a codec
+ * context (its scratch one raw page) and up to KV_WBUFS buffers. */
+#define KV_WBUFS 3
+typedef struct kv_workers {
+    lms_pool *pool;
+    int n;
+    lms__kv_codec_ctx *codec;
+    uint8_t **buf[KV_WBUFS]; /* buf[k][worker], sizes[k] bytes (none when 0) */
+} kv_workers;
+
+/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
+static int workers_create(kv_workers *w, int asked, uint32_t jobs, size_t scratch, const size_t sizes[KV_WBUFS])
 {
-    save_ctx *c = arg;
-    save_page *sp = &c->pages[c->batch0 + bi];
+    int threads = asked > 0 ? asked : lms__cpu_count();
+    if (threads > (int)jobs)
+        threads = jobs ? (int)jobs : 1;
+    int rc = lms__pool_create(threads, &w->pool);
+    if (rc)
+        return rc;
+    w->n = lms__pool_threads(w->pool);
+    if (!(w->codec = lms__calloc((size_t)w->n, sizeof *w->codec)))
+        return LMS_ENOMEM;
+    for (int k = 0; k < KV_WBUFS; k++)
+        if (!(w->buf[k] = lms__calloc((size_t)w->n, sizeof *w->buf[k])))
+            return LMS_ENOMEM;
+    for (int i = 0; i < w->n; i++) {
+        if (!(w->codec[i].scratch = lms__malloc(scratch)))
+            return LMS_ENOMEM;
+        for (int k = 0; k < KV_WBUFS; k++)
+            if (sizes[k] && !(w->buf[k][i] = lms__malloc(sizes[k])))
+                return LMS_ENOMEM;
+    }
+    return 0;
+}
+
+static void workers_free(kv_workers *w)
+{
+    lms__pool_destroy(w->pool);
+    for (int i = 0; i < w->n; i++) {
+        if (w->codec)
+            lms__kv_codec_ctx_free(&w->codec[i]);
+        for (int k = 0; k < KV_WBUFS; k++)
+            if (w->buf[k])
+                lms__free(w->buf[k][i]);
+    }
+    lms__free(w->codec);
+    for (int k = 0; k < KV_WBUFS; k++)
+        lms__free(w->buf[k]);
+}
+
+/* ======================================================================================
+ * save
+ * ==================================================================================== */
+
+typedef struct save_page {
+    const uint8_t *data;  /* encoded bytes (stored_size): a batch slot or the arena page; valid during its batch */
+    int rc;
+    char err[200];        /* the failing worker's detail */
+} save_page;
+
+typedef struct save_ctx {
+    lms_kv *kv;
+    const char *name;
+    lms_kv_save_params params;
+    save_page *pages;
+    lms__kv_save_page *at;    /* [n_pages]: arena page, valid tokens and key of each page */
+    lms__kv_page_put *puts;   /* [n_pages]: what the commit does with each page (and its record) */
+    uint32_t n_pages, n_tokens, to_write;
+    int32_t *tokens;          /* n_tokens, little-endian (the record's form) */
+    uint8_t *keys;            /* n_pages x 16 */
+    lms__kv_writer *w;        /* holds the store's append lock */
+    kv_workers wk;            /* buf[0]: 2 x page_bytes per worker (packed page, device page image) */
+    uint8_t **slot;           /* per batch slot: encode bound of a page */
+    lms__kv_blob_query *query; /* per batch slot */
+    uint32_t n_slots;
+    uint32_t batch0;          /* first page of the batch being encoded / written */
+    uint64_t created;
+    double t_enc, t_wr;
+} save_ctx;
+
+/* A page this save writes (the others are stored already or repeat a key). */
+static bool save_encodes(const save_ctx *c, uint32_t i)
+{
+    return c->puts[i].put != LMS__KV_PUT_SKIP && c->puts[i].put != LMS__KV_PUT_STORED;
+}
+
+/* The page's raw form (design note 4) into the worker's buffer, or the arena page itself. */
+static int save_raw(save_ctx *c, const lms__kv_save_page *sp, int worker, const uint8_t **raw)
+{
     lms_kv *kv = c->kv;
-    if (sp->stored || sp->dup)
-        return;
-    size_t n = raw_size(kv, sp->n_tokens);
-    const uint8_t *raw;
-    uint8_t *buf = c->rawbuf[worker];
-    int rc = 0;
+    uint8_t *buf = c->wk.buf[0][worker];
     if (host_arena(kv)) {
         const uint8_t *pg = lms__kv_page_ptr(kv, sp->page);
         if (sp->n_tokens == kv->P) {
-            raw = pg;
-        } else {
-            pack_page(kv, pg, sp->n_tokens, buf);
-            raw = buf;
+            *raw = pg;
+            return 0;
         }
-    } else {
-        /* the staging half of rawbuf holds the device page image */
-        uint8_t *img = buf + kv->page_bytes;
-        rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_page_ptr(kv, sp->page), kv->page_bytes, NULL);
-        if (rc) {
-            keep_detail(sp->err, sizeof sp->err, rc);
-            sp->rc = rc;
-            return;
-        }
-        pack_page(kv, img, sp->n_tokens, buf);
-        raw = buf;
+        pack_page(kv, pg, sp->n_tokens, buf);
+        *raw = buf;
+        return 0;
     }
-    size_t cap = lms__kv_encode_bound(n), len = n;
+    /* the second half of the buffer holds the device page image */
+    uint8_t *img = buf + kv->page_bytes;
+    int rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_page_ptr(kv, sp->page), kv->page_bytes, NULL);
+    if (rc)
+        return rc;
+    pack_page(kv, img, sp->n_tokens, buf);
+    *raw = buf;
+    return 0;
+}
+
+static void save_encode_one(void *arg, size_t bi, int worker)
+{
+    save_ctx *c = arg;
+    uint32_t i = c->batch0 + (uint32_t)bi;
+    save_page *sp = &c->pages[i];
+    const lms__kv_save_page *at = &c->at[i];
+    lms__kvpage_rec *rec = &c->puts[i].rec;
+    lms_kv *kv = c->kv;
+    if (!save_encodes(c, i))
+        return;
+    size_t n = raw_size(kv, at->n_tokens), cap = lms__kv_encode_bound(n), len = n;
+    const uint8_t *raw;
     uint8_t *out = c->slot[bi];
-    if (c->params.codec == LMS_KV_CODEC_RAW) {
+    int rc = save_raw(c, at, worker, &raw);
+    if (!rc && c->params.codec == LMS_KV_CODEC_RAW) {
         /* A full host page is written straight from the arena; a packed or
          * device-copied page lives in this worker's buffer, which its next
          * page reuses, so it moves to the page's batch slot. */
-        if (raw != lms__kv_page_ptr(kv, sp->page)) {
+        if (raw != lms__kv_page_ptr(kv, at->page)) {
             memcpy(out, raw, n);
             raw = out;
         }
         sp->data = raw;
-        sp->rec.codec = LMS__KV_CODEC_RAW;
-    } else {
-        rc = lms__kv_encode(&c->codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, out, cap, &len);
-        if (rc) {
-            keep_detail(sp->err, sizeof sp->err, rc);
-            sp->rc = rc;
-            return;
-        }
+        rec->codec = LMS__KV_CODEC_RAW;
+    } else if (!rc) {
+        rc = lms__kv_encode(&c->wk.codec[worker], c->params.codec, c->params.level, raw, n, kv->elem, out, cap, &len);
         /* Keep raw when a codec does not pay for itself. */
-        if (len >= n) {
+        if (!rc && len >= n) {
             memcpy(out, raw, n);
             len = n;
-            sp->rec.codec = LMS__KV_CODEC_RAW;
-        } else {
-            sp->rec.codec = (uint16_t)c->params.codec;
         }
+        rec->codec = len < n ? (uint16_t)c->params.codec : LMS__KV_CODEC_RAW;
         sp->data = out;
     }
-    sp->rec.elem_size = (uint16_t)kv->elem;
-    sp->rec.n_tokens = sp->n_tokens;
-    sp->rec.raw_size = n;
-    sp->rec.raw_hash = lms__hash64(raw, n, 0);
-    sp->rec.stored_size = len;
-    lms__hash128_put(sp->rec.blob, lms__hash128(sp->data, len));
+    if (rc) {
+        keep_detail(sp->err, sizeof sp->err, rc);
+        sp->rc = rc;
+        return;
+    }
+    rec->elem_size = (uint16_t)kv->elem;
+    rec->n_tokens = at->n_tokens;
+    rec->raw_size = n;
+    rec->raw_hash = lms__hash64(raw, n, 0);
+    rec->stored_size = len;
+    lms__hash128_put(rec->blob, lms__hash128(sp->data, len));
 }
 
 static void save_write_one(void *arg, size_t bi, int worker)
 {
     save_ctx *c = arg;
-    save_page *sp = &c->pages[c->batch0 + bi];
+    uint32_t i = c->batch0 + (uint32_t)bi;
+    save_page *sp = &c->pages[i];
+    const lms__kv_page_put *p = &c->puts[i];
     (void)worker;
-    if (sp->stored || sp->dup || sp->blob_exists)
+    if (p->put != LMS__KV_PUT_NEW)
         return;
-    sp->rc = lms__append_write(c->app, sp->segment, sp->offset, sp->data, sp->rec.stored_size);
+    sp->rc = lms__kv_write_bytes(c->w, p->segment, p->offset, sp->data, p->rec.stored_size);
     if (sp->rc)
         keep_detail(sp->err, sizeof sp->err, sp->rc);
 }
 
-/* Does the stored blob `b` hold exactly `data`? (dedup by hash AND bytes) */
-static int blob_same_bytes(lms_store *s, const lms__blob_rec *b, const uint8_t *data, size_t len, bool *same)
+/* The first worker error of pages [from, from + n), named. */
+static int save_worker_error(const save_ctx *c, uint32_t from, uint32_t n)
 {
-    *same = false;
-    if (b->kind != LMS__BLOB_KVPAGE || b->size != len)
-        return 0;
-    lms__segmap m;
-    int rc = lms__segment_map(s, b->segment, &m);
-    if (rc)
-        return rc;
-    if (b->offset <= m.size && len <= m.size - b->offset)
-        *same = memcmp(m.base + b->offset, data, len) == 0;
-    lms__segment_unmap(&m);
+    for (uint32_t i = from; i < from + n; i++)
+        if (c->pages[i].rc)
+            return lms__err(c->pages[i].rc, "KV save '%s': page %u: %s", c->name, i, c->pages[i].err);
     return 0;
 }
 
-/* Does the page this save wrote at (segment, offset) hold exactly `data`? */
-static int written_same_bytes(lms__appender *a, const save_page *o, const uint8_t *data, size_t len, bool *same)
+/* Tokens (little-endian), pages, keys, and which pages repeat an earlier key. */
+static int save_prepare(save_ctx *c, const lms_kv_seq *seq)
 {
-    int fd, rc;
-    const char *path;
-    *same = false;
-    if (o->rec.stored_size != len)
-        return 0;
-    if ((rc = lms__append_fd(a, o->segment, &fd, &path)))
-        return rc;
-    uint8_t *buf = lms__malloc(len);
-    if (!buf)
+    lms_kv *kv = c->kv;
+    c->n_tokens = seq->committed;
+    c->n_pages = (c->n_tokens + kv->P - 1) / kv->P;
+    if (!(c->pages = lms__calloc(c->n_pages, sizeof *c->pages)) || !(c->at = lms__calloc(c->n_pages, sizeof *c->at)) ||
+        !(c->puts = lms__calloc(c->n_pages, sizeof *c->puts)) || !(c->tokens = lms__malloc((size_t)c->n_tokens * 4)) ||
+        !(c->keys = lms__malloc((size_t)c->n_pages * 16)))
         return LMS_ENOMEM;
-    rc = lms__pread_all(fd, buf, len, o->offset, path);
-    if (!rc)
-        *same = memcmp(buf, data, len) == 0;
-    lms__free(buf);
+    lms_kv_seq_tokens(kv, seq, c->tokens, c->n_tokens);
+    for (uint32_t pos = 0; pos < c->n_tokens; pos++)
+        lms__put_u32((uint8_t *)&c->tokens[pos], (uint32_t)c->tokens[pos]);
+    lms__kv_save_pages(kv, seq, c->n_tokens, c->at);
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        lms__hash128_put(c->keys + 16 * (size_t)i, c->at[i].key);
+        c->puts[i].put = LMS__KV_PUT_NEW;
+        for (uint32_t j = 0; j < i && c->puts[i].put != LMS__KV_PUT_SKIP; j++)
+            if (lms__hash128_eq(c->at[j].key, c->at[i].key))
+                c->puts[i].put = LMS__KV_PUT_SKIP;
+    }
+    return 0;
+}
+
+/* The append lock first: from here on no gc deletes what we see. Then which
+ * pages the store has already. */
+static int save_lookup(save_ctx *c, lms_store *store)
+{
+    int rc = lms__kv_write_begin(store, c->name, &c->w);
+    if (rc)
+        return rc;
+    bool *stored = lms__calloc(c->n_pages, sizeof *stored);
+    if (!stored)
+        return LMS_ENOMEM;
+    if (!(rc = lms__kv_write_lookup(c->w, c->keys, c->n_pages, stored)))
+        for (uint32_t i = 0; i < c->n_pages; i++) {
+            if (c->puts[i].put == LMS__KV_PUT_SKIP)
+                continue;
+            if (stored[i])
+                c->puts[i].put = LMS__KV_PUT_STORED;
+            else
+                c->to_write++;
+        }
+    lms__free(stored);
     return rc;
 }
 
-static int save_txn(lms_store *s, MDB_txn *txn, void *arg)
+/* Pages go in batches through encode (threads) -> dedup and reserve (this
+ * thread) -> write (threads), reusing one set of buffers: memory stays
+ * bounded and warm whatever the session's size. */
+static int save_buffers(save_ctx *c)
 {
-    save_ctx *c = arg;
-    MDB_val v;
-    int rc;
-    /* the session */
-    rc = lms__db_get(s, txn, LMS__DB_SESSIONS, c->name, strlen(c->name), &v);
-    if (rc == 0 && c->params.no_replace)
-        return lms__err(LMS_EEXIST, "KV session '%s' already exists", c->name);
-    if (rc && rc != LMS_ENOENT)
+    lms_kv *kv = c->kv;
+    const size_t sizes[KV_WBUFS] = {2 * kv->page_bytes, 0, 0};
+    int rc = workers_create(&c->wk, c->params.threads, c->to_write, kv->page_bytes, sizes);
+    if (rc)
         return rc;
-    for (uint32_t i = 0; i < c->n_pages; i++) {
-        save_page *sp = &c->pages[i];
-        uint8_t key[16];
-        lms__hash128_put(key, sp->key);
-        if (sp->dup)
-            continue;
-        rc = lms__db_get(s, txn, LMS__DB_KVPAGES, key, 16, &v);
-        if (sp->stored) {
-            if (rc == LMS_ENOENT)
-                return lms__err(LMS_EBUSY, "KV save '%s': page %u's record vanished during the save", c->name, i);
-            if (rc)
+    c->n_slots = (uint32_t)(4 * c->wk.n);
+    if (!(c->slot = lms__calloc(c->n_slots, sizeof *c->slot)) || !(c->query = lms__calloc(c->n_slots, sizeof *c->query)))
+        return LMS_ENOMEM;
+    for (uint32_t k = 0; k < c->n_slots; k++)
+        if (!(c->slot[k] = lms__malloc(lms__kv_encode_bound(kv->page_bytes))))
+            return LMS_ENOMEM;
+    return 0;
+}
+
+/* Identical stored bytes already a blob (pages of zeros, say), in the store
+ * or earlier in this save: reference that blob instead of writing them. */
+static int save_dedup(save_ctx *c, uint32_t b0, uint32_t bn)
+{
+    uint32_t nq = 0;
+    for (uint32_t i = b0; i < b0 + bn; i++)
+        if (c->puts[i].put == LMS__KV_PUT_NEW)
+            c->query[nq++] = (lms__kv_blob_query){c->puts[i].rec.blob, c->pages[i].data, c->puts[i].rec.stored_size, i, false};
+    int rc = lms__kv_write_find_blobs(c->w, c->query, nq);
+    if (rc)
+        return rc;
+    for (uint32_t q = 0; q < nq; q++) {
+        uint32_t i = c->query[q].page;
+        lms__kv_page_put *sp = &c->puts[i];
+        if (c->query[q].exists)
+            sp->put = LMS__KV_PUT_SHARE;
+        for (uint32_t j = 0; j < i && sp->put == LMS__KV_PUT_NEW; j++) {
+            const lms__kv_page_put *o = &c->puts[j];
+            if (o->put != LMS__KV_PUT_NEW || memcmp(o->rec.blob, sp->rec.blob, 16))
+                continue;
+            bool same;
+            if (j >= b0) {
+                same = o->rec.stored_size == sp->rec.stored_size &&
+                       !memcmp(c->pages[j].data, c->pages[i].data, sp->rec.stored_size);
+            } else if (o->rec.stored_size != sp->rec.stored_size) {
+                same = false;
+            } else if ((rc = lms__kv_write_same(c->w, o->segment, o->offset, c->pages[i].data, sp->rec.stored_size,
+                                                &same))) {
                 return rc;
-            continue;
+            }
+            if (same)
+                sp->put = LMS__KV_PUT_SHARE; /* o's blob record is put first, in the same transaction */
         }
-        if (rc == 0)
-            continue; /* appeared meanwhile: our bytes become garbage for gc */
-        if (rc != LMS_ENOENT)
+    }
+    return 0;
+}
+
+static int save_batches(save_ctx *c)
+{
+    int rc;
+    for (c->batch0 = 0; c->batch0 < c->n_pages; c->batch0 += c->n_slots) {
+        uint32_t b0 = c->batch0, bn = LMS_MIN(c->n_slots, c->n_pages - b0);
+        double t1 = lms__now();
+        lms__pool_run(c->wk.pool, bn, save_encode_one, c);
+        c->t_enc += lms__now() - t1;
+        if ((rc = save_worker_error(c, b0, bn)) || (rc = save_dedup(c, b0, bn)))
             return rc;
-        if (sp->blob_exists) {
-            rc = lms__blob_ref(s, txn, sp->rec.blob, 1, NULL);
-        } else {
-            lms__blob_rec b = {.kind = LMS__BLOB_KVPAGE, .segment = sp->segment, .offset = sp->offset,
-                               .size = sp->rec.stored_size, .refs = 1};
-            rc = lms__blob_put(s, txn, sp->rec.blob, &b);
+        for (uint32_t i = b0; i < b0 + bn; i++) {
+            lms__kv_page_put *p = &c->puts[i];
+            if (p->put == LMS__KV_PUT_NEW &&
+                (rc = lms__kv_write_reserve(c->w, p->rec.stored_size, &p->segment, &p->offset)))
+                return rc;
         }
-        if (rc)
-            return rc;
-        uint8_t rec[LMS__KVPAGE_REC_SIZE];
-        lms__kvpage_rec_encode(&sp->rec, rec);
-        if ((rc = lms__db_put(s, txn, LMS__DB_KVPAGES, key, 16, rec, sizeof rec, 0)))
+        if (b0 == 0)
+            lms__crashpoint("kv-save:before-write");
+        t1 = lms__now();
+        lms__pool_run(c->wk.pool, bn, save_write_one, c);
+        c->t_wr += lms__now() - t1;
+        if ((rc = save_worker_error(c, b0, bn)))
             return rc;
     }
+    return 0;
+}
+
+/* fsync, then the records in one transaction (design note 1). */
+static int save_commit(save_ctx *c)
+{
+    lms_kv *kv = c->kv;
+    lms__crashpoint("kv-save:before-sync");
+    double t_sync0 = lms__now();
+    int rc = lms__kv_write_sync(c->w);
+    if (rc)
+        return rc;
+    double t_sync1 = lms__now();
+    lms__crashpoint("kv-save:before-commit");
     lms__session_rec r;
     memset(&r, 0, sizeof r);
-    memcpy(r.model_id, c->kv->model_id, LMS_MODEL_ID_LEN);
-    r.n_layers = c->kv->layout.n_layers;
-    r.n_kv_heads = c->kv->layout.n_kv_heads;
-    r.head_dim = c->kv->layout.head_dim;
-    r.dtype = (uint32_t)c->kv->layout.dtype;
-    r.page_tokens = c->kv->P;
+    memcpy(r.model_id, kv->model_id, LMS_MODEL_ID_LEN);
+    r.n_layers = kv->layout.n_layers;
+    r.n_kv_heads = kv->layout.n_kv_heads;
+    r.head_dim = kv->layout.head_dim;
+    r.dtype = (uint32_t)kv->layout.dtype;
+    r.page_tokens = kv->P;
     r.n_tokens = c->n_tokens;
     r.n_pages = c->n_pages;
     r.created = r.last_used = c->created;
     r.tokens = (const uint8_t *)c->tokens;
     r.page_keys = c->keys;
-    size_t len = lms__session_rec_size(r.n_tokens, r.n_pages);
-    MDB_val k = {strlen(c->name), (void *)c->name}, val = {len, NULL};
-    int mrc = mdb_put(txn, s->dbi[LMS__DB_SESSIONS], &k, &val, MDB_RESERVE);
-    if (mrc)
-        return lms__mdb_err(mrc, "%s: write session '%s'", s->index_path, c->name);
-    lms__session_rec_encode(&r, val.mv_data);
+    if ((rc = lms__kv_write_commit(c->w, &r, c->puts, c->params.no_replace)))
+        return rc;
+    lms__debug("KV save '%s': %u pages (%u new): encode %.1f ms (%d threads), write %.1f ms, fsync %.1f ms, commit %.1f ms",
+               c->name, c->n_pages, c->to_write, c->t_enc * 1e3, c->wk.n, c->t_wr * 1e3,
+               (t_sync1 - t_sync0) * 1e3, (lms__now() - t_sync1) * 1e3);
+    lms__crashpoint("kv-save:after-commit");
+    lms__kv_write_end(c->w);
+    c->w = NULL;
     return 0;
+}
+
+static void save_stats(const save_ctx *c, double t0, lms_kv_io_stats *stats)
+{
+    stats->tokens = c->n_tokens;
+    stats->pages = c->n_pages;
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        const lms__kv_page_put *p = &c->puts[i];
+        stats->raw_bytes += raw_size(c->kv, c->at[i].n_tokens);
+        if (p->put == LMS__KV_PUT_SKIP || p->put == LMS__KV_PUT_STORED) {
+            stats->pages_reused++;
+        } else {
+            stats->pages_written++;
+            if (p->put == LMS__KV_PUT_NEW)
+                stats->stored_bytes += p->rec.stored_size;
+        }
+    }
+    stats->seconds = lms__now() - t0;
+}
+
+static void save_free(save_ctx *c)
+{
+    lms__kv_write_end(c->w); /* not committed: rolls back what was appended */
+    workers_free(&c->wk);
+    if (c->slot)
+        for (uint32_t k = 0; k < c->n_slots; k++)
+            lms__free(c->slot[k]);
+    lms__free(c->slot);
+    lms__free(c->query);
+    lms__free(c->pages);
+    lms__free(c->at);
+    lms__free(c->puts);
+    lms__free(c->tokens);
+    lms__free(c->keys);
 }
 
 int lms_kv_save(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const char *name)
@@ -323,225 +485,30 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
 {
     double t0 = lms__now();
     save_ctx c;
-    lms_pool *pool = NULL;
-    int rc, threads = 0;
-    uint32_t n_slots = 0;
-    MDB_txn *txn = NULL;
+    int rc;
 
     memset(&c, 0, sizeof c);
     if (stats)
         memset(stats, 0, sizeof *stats);
     if (!kv || !seq || !store)
         return lms__err(LMS_EINVAL, "KV save: cache, sequence and store are required");
-    if ((rc = check_name(name)))
+    if ((rc = lms__name_check(LMS__NAME_SESSION, name)))
         return rc;
     if (seq->committed == 0)
         return lms__err(LMS_EINVAL, "KV save '%s': the sequence has no committed token", name);
     c.kv = kv;
-    c.store = store;
     c.name = name;
     c.params = params ? *params : lms_kv_default_save_params();
     if (c.params.codec > LMS_KV_CODEC_SHUFFLE_ZSTD)
         return lms__err(LMS_EINVAL, "KV save '%s': unknown codec %d", name, (int)c.params.codec);
     if (c.params.level == 0)
         c.params.level = 1;
-    c.n_tokens = seq->committed;
-    c.n_pages = (c.n_tokens + kv->P - 1) / kv->P;
     c.created = lms__unix_time();
 
-    rc = LMS_ENOMEM;
-    if (!(c.pages = lms__calloc(c.n_pages, sizeof *c.pages)) ||
-        !(c.tokens = lms__malloc((size_t)c.n_tokens * 4)) || !(c.keys = lms__malloc((size_t)c.n_pages * 16)))
-        goto out;
-    /* tokens as little-endian int32 (the record's form) */
-    for (uint32_t pos = 0; pos < c.n_tokens; pos++) {
-        int32_t t = kv->tokens[(size_t)seq->table[pos / kv->P] * kv->P + pos % kv->P];
-        lms__put_u32((uint8_t *)&c.tokens[pos], (uint32_t)t);
-    }
-    lms_hash128 parent = {0, 0};
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        save_page *sp = &c.pages[i];
-        sp->page = seq->table[i];
-        sp->n_tokens = LMS_MIN(kv->P, c.n_tokens - i * kv->P);
-        if (sp->n_tokens == kv->P) {
-            assert(kv->flags[sp->page] & KV_KEYED);
-            sp->key = kv->keys[sp->page];
-        } else {
-            sp->key = lms__kv_page_key(kv, parent, kv->tokens + (size_t)sp->page * kv->P, sp->n_tokens);
-        }
-        parent = sp->key;
-        lms__hash128_put(c.keys + 16 * (size_t)i, sp->key);
-        for (uint32_t j = 0; j < i && !sp->dup; j++)
-            sp->dup = lms__hash128_eq(c.pages[j].key, sp->key);
-    }
-
-    /* The append lock first: from here on no gc deletes what we see. */
-    if ((rc = lms__append_begin(store, &c.app)))
-        goto out;
-    if ((rc = lms__txn_read(store, &txn)))
-        goto out;
-    uint32_t to_write = 0;
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        save_page *sp = &c.pages[i];
-        MDB_val v;
-        uint8_t key[16];
-        if (sp->dup)
-            continue;
-        lms__hash128_put(key, sp->key);
-        rc = lms__db_get(store, txn, LMS__DB_KVPAGES, key, 16, &v);
-        if (rc == 0)
-            sp->stored = true;
-        else if (rc != LMS_ENOENT)
-            goto out;
-        else
-            to_write++;
-    }
-    lms__txn_end(store, txn);
-    txn = NULL;
-
-    threads = c.params.threads > 0 ? c.params.threads : lms__cpu_count();
-    if (threads > (int)to_write)
-        threads = to_write ? (int)to_write : 1;
-    if ((rc = lms__pool_create(threads, &pool)))
-        goto out;
-    threads = lms__pool_threads(pool);
-    /* Pages go in batches through encode (threads) -> dedup and reserve
-     * (this thread) -> write (threads), reusing one set of buffers: memory
-     * stays bounded and warm whatever the session's size. */
-    n_slots = (uint32_t)(4 * threads);
-    rc = LMS_ENOMEM;
-    if (!(c.codec = lms__calloc((size_t)threads, sizeof *c.codec)) ||
-        !(c.rawbuf = lms__calloc((size_t)threads, sizeof *c.rawbuf)) ||
-        !(c.slot = lms__calloc(n_slots, sizeof *c.slot)))
-        goto out;
-    for (int w = 0; w < threads; w++)
-        if (!(c.rawbuf[w] = lms__malloc(2 * kv->page_bytes)) || !(c.codec[w].scratch = lms__malloc(kv->page_bytes)))
-            goto out;
-    for (uint32_t k = 0; k < n_slots; k++)
-        if (!(c.slot[k] = lms__malloc(lms__kv_encode_bound(kv->page_bytes))))
-            goto out;
-    double t_enc = 0, t_wr = 0;
-    for (c.batch0 = 0; c.batch0 < c.n_pages; c.batch0 += n_slots) {
-        uint32_t bn = LMS_MIN(n_slots, c.n_pages - c.batch0);
-        double t1 = lms__now();
-        lms__pool_run(pool, bn, save_encode_one, &c);
-        t_enc += lms__now() - t1;
-        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++)
-            if ((rc = c.pages[i].rc)) {
-                lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
-                goto out;
-            }
-        /* Identical stored bytes already a blob (pages of zeros, say), in the
-         * store or earlier in this save: reference that blob instead. */
-        if ((rc = lms__txn_read(store, &txn)))
-            goto out;
-        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++) {
-            save_page *sp = &c.pages[i];
-            if (sp->stored || sp->dup)
-                continue;
-            lms__blob_rec b;
-            rc = lms__blob_get(store, txn, sp->rec.blob, &b);
-            if (rc == 0) {
-                bool same;
-                if ((rc = blob_same_bytes(store, &b, sp->data, sp->rec.stored_size, &same)))
-                    goto out;
-                if (!same) {
-                    rc = lms__err(LMS_EEXIST,
-                                  "KV save '%s': page %u's bytes collide with a different blob of the same hash", name, i);
-                    goto out;
-                }
-                sp->blob_exists = true;
-            } else if (rc != LMS_ENOENT) {
-                goto out;
-            }
-            for (uint32_t j = 0; j < i && !sp->blob_exists; j++) {
-                save_page *o = &c.pages[j];
-                if (o->stored || o->dup || o->blob_exists || memcmp(o->rec.blob, sp->rec.blob, 16))
-                    continue;
-                bool same;
-                if (j >= c.batch0) {
-                    same = o->rec.stored_size == sp->rec.stored_size && !memcmp(o->data, sp->data, sp->rec.stored_size);
-                } else if ((rc = written_same_bytes(c.app, o, sp->data, sp->rec.stored_size, &same))) {
-                    goto out;
-                }
-                if (same)
-                    sp->blob_exists = true; /* o's blob record is put first, in the same transaction */
-            }
-        }
-        lms__txn_end(store, txn);
-        txn = NULL;
-        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++) {
-            save_page *sp = &c.pages[i];
-            if (sp->stored || sp->dup || sp->blob_exists)
-                continue;
-            if ((rc = lms__append_reserve(c.app, sp->rec.stored_size, &sp->segment, &sp->offset)))
-                goto out;
-        }
-        if (c.batch0 == 0)
-            lms__crashpoint("kv-save:before-write");
-        t1 = lms__now();
-        lms__pool_run(pool, bn, save_write_one, &c);
-        t_wr += lms__now() - t1;
-        for (uint32_t i = c.batch0; i < c.batch0 + bn; i++)
-            if ((rc = c.pages[i].rc)) {
-                lms__err(rc, "KV save '%s': page %u: %s", name, i, c.pages[i].err);
-                goto out;
-            }
-    }
-    lms__crashpoint("kv-save:before-sync");
-    double t_sync0 = lms__now();
-    (void)t_sync0;
-    if ((rc = lms__append_sync(c.app)))
-        goto out;
-    double t_sync1 = lms__now();
-    lms__crashpoint("kv-save:before-commit");
-    if ((rc = lms__txn_write(store, save_txn, &c)))
-        goto out;
-    lms__debug("KV save '%s': %u pages (%u new): encode %.1f ms (%d threads), write %.1f ms, fsync %.1f ms, commit %.1f ms",
-               name, c.n_pages, to_write, t_enc * 1e3, threads, t_wr * 1e3, (t_sync1 - t_sync0) * 1e3,
-               (lms__now() - t_sync1) * 1e3);
-    lms__crashpoint("kv-save:after-commit");
-    lms__append_end(c.app, true);
-    c.app = NULL;
-
-    if (stats) {
-        stats->tokens = c.n_tokens;
-        stats->pages = c.n_pages;
-        for (uint32_t i = 0; i < c.n_pages; i++) {
-            save_page *sp = &c.pages[i];
-            stats->raw_bytes += raw_size(kv, sp->n_tokens);
-            if (sp->stored || sp->dup) {
-                stats->pages_reused++;
-            } else {
-                stats->pages_written++;
-                if (!sp->blob_exists)
-                    stats->stored_bytes += sp->rec.stored_size;
-            }
-        }
-        stats->seconds = lms__now() - t0;
-    }
-    rc = 0;
-out:
-    if (txn)
-        lms__txn_end(store, txn);
-    if (c.app)
-        lms__append_end(c.app, false);
-    lms__pool_destroy(pool);
-    for (int w = 0; w < threads; w++) {
-        if (c.codec)
-            lms__kv_codec_ctx_free(&c.codec[w]);
-        if (c.rawbuf)
-            lms__free(c.rawbuf[w]);
-    }
-    lms__free(c.codec);
-    lms__free(c.rawbuf);
-    if (c.slot)
-        for (uint32_t k = 0; k < n_slots; k++)
-            lms__free(c.slot[k]);
-    lms__free(c.slot);
-    lms__free(c.pages);
-    lms__free(c.tokens);
-    lms__free(c.keys);
+    if (!(rc = save_prepare(&c, seq)) && !(rc = save_lookup(&c, store)) && !(rc = save_buffers(&c)) &&
+        !(rc = save_batches(&c)) && !(rc = save_commit(&c)) && stats)
+        save_stats(&c, t0, stats);
+    save_free(&c);
     return rc;
 }
 
@@ -550,16 +517,11 @@ out:
  * ==================================================================================== */
 
 typedef struct res_page {
-    lms_hash128 key;
     uint32_t n_tokens;
-    uint32_t cached;       /* page already in the prefix cache, or KV_NONE */
-    uint32_t target;       /* arena page it goes to */
-    bool staged;           /* target is a cached page to evict: decoded into staging, copied at commit */
     bool via_host;         /* device arena, free target: decoded in the worker's page image, copied there */
     uint8_t *dst;          /* where the decoded page goes (arena page or staging slot; NULL when via_host) */
-    lms__kvpage_rec rec;
-    lms__blob_rec blob;
-    int seg;               /* index into maps */
+    lms__kv_page_loc loc;  /* its page record and blob */
+    int seg;               /* the reader's mapping of the blob's segment */
     int rc;
     char err[200];         /* the failing worker's detail (thread-local there) */
 } res_page;
@@ -567,51 +529,64 @@ typedef struct res_page {
 typedef struct res_ctx {
     lms_kv *kv;
     const char *name;
+    lms__kv_reader *rd;   /* the index snapshot, then the segments it mapped */
+    lms__session_rec r;   /* the session record (the reader's copy) */
+    int32_t *tokens;      /* r.n_tokens */
+    uint32_t n_pages, to_read, n_staged;
     res_page *pages;
-    uint32_t n_pages;
-    lms__segmap *maps;
-    int n_maps;
-    lms__kv_codec_ctx *codec;
-    uint8_t **unpack; /* per worker: raw page for partial pages */
-    uint8_t **inbuf;  /* per worker: stored bytes of one page */
-    uint8_t **image;  /* per worker: a page image for device arenas */
+    /* the plan (kv_arena.c), per page */
+    lms_hash128 *keys;
+    uint32_t *cached;     /* page already in the prefix cache, or KV_NONE */
+    uint32_t *target;     /* arena page it goes to */
+    bool *evict;          /* target is a cached page to evict: decoded into staging, copied at commit */
+    uint8_t *mark;        /* n_pages of the arena: scratch of the plan */
+    uint8_t *staging;     /* n_staged host pages */
+    size_t max_stored;
+    kv_workers wk;        /* per worker: buf[RES_UNPACK] a raw partial page, buf[RES_IN] the
+                           * stored bytes of one page, buf[RES_IMAGE] a page image (device arenas) */
 } res_ctx;
+enum { RES_UNPACK, RES_IN, RES_IMAGE };
+
+/* Read page i's stored bytes and decode them into out (n raw bytes); *h = their checksum. */
+static int res_read(res_ctx *c, const res_page *rp, int worker, uint8_t *out, size_t n, uint64_t *h)
+{
+    /* pread from the page cache rather than faulting the mapping in page
+     * by page; a raw page reads straight into its destination. */
+    int rc;
+    if (rp->loc.rec.codec == LMS__KV_CODEC_RAW) {
+        /* Read and hash in 256 KiB pieces: each is hashed while in cache. */
+        rc = lms__kv_hash_begin(&c->wk.codec[worker]);
+        for (size_t o = 0; !rc && o < n; o += 256 * 1024) {
+            size_t len = LMS_MIN(n - o, (size_t)256 * 1024);
+            rc = lms__kv_read_bytes(c->rd, rp->seg, out + o, len, rp->loc.offset + o);
+            if (!rc)
+                lms__kv_hash_update(&c->wk.codec[worker], out + o, len);
+        }
+        if (!rc)
+            *h = lms__kv_hash_end(&c->wk.codec[worker]);
+        return rc;
+    }
+    uint8_t *in = c->wk.buf[RES_IN][worker];
+    rc = lms__kv_read_bytes(c->rd, rp->seg, in, rp->loc.size, rp->loc.offset);
+    if (!rc)
+        rc = lms__kv_decode(&c->wk.codec[worker], rp->loc.rec.codec, in, rp->loc.size, out, n, rp->loc.rec.elem_size, h);
+    return rc;
+}
 
 static void res_decode_one(void *arg, size_t i, int worker)
 {
     res_ctx *c = arg;
     res_page *rp = &c->pages[i];
     lms_kv *kv = c->kv;
-    if (rp->cached != KV_NONE)
+    if (c->cached[i] != KV_NONE)
         return;
-    const lms__segmap *m = &c->maps[rp->seg];
-    size_t n = (size_t)rp->rec.raw_size;
-    uint8_t *dst = rp->via_host ? c->image[worker] : rp->dst;
+    uint8_t *dst = rp->via_host ? c->wk.buf[RES_IMAGE][worker] : rp->dst;
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
     bool full = rp->n_tokens == kv->P;
-    uint8_t *out = full ? dst : c->unpack[worker];
-    int rc;
-    /* pread from the page cache rather than faulting the mapping in page
-     * by page; a raw page reads straight into its destination. */
+    uint8_t *out = full ? dst : c->wk.buf[RES_UNPACK][worker];
     uint64_t h = 0;
-    if (rp->rec.codec == LMS__KV_CODEC_RAW) {
-        /* Read and hash in 256 KiB pieces: each is hashed while in cache. */
-        rc = lms__kv_hash_begin(&c->codec[worker]);
-        for (size_t o = 0; !rc && o < n; o += 256 * 1024) {
-            size_t len = LMS_MIN(n - o, (size_t)256 * 1024);
-            rc = lms__pread_all(m->fd, out + o, len, rp->blob.offset + o, m->path);
-            if (!rc)
-                lms__kv_hash_update(&c->codec[worker], out + o, len);
-        }
-        if (!rc)
-            h = lms__kv_hash_end(&c->codec[worker]);
-    } else {
-        uint8_t *in = c->inbuf[worker];
-        rc = lms__pread_all(m->fd, in, rp->blob.size, rp->blob.offset, m->path);
-        if (!rc)
-            rc = lms__kv_decode(&c->codec[worker], rp->rec.codec, in, rp->blob.size, out, n, rp->rec.elem_size, &h);
-    }
+    int rc = res_read(c, rp, worker, out, (size_t)rp->loc.rec.raw_size, &h);
     if (rc) {
         if (rc != LMS_ECORRUPT)
             keep_detail(rp->err, sizeof rp->err, rc);
@@ -619,7 +594,7 @@ static void res_decode_one(void *arg, size_t i, int worker)
         return;
     }
     /* The checksum of the decoded bytes covers the stored bytes and the codec. */
-    if (h != rp->rec.raw_hash) {
+    if (h != rp->loc.rec.raw_hash) {
         rp->rc = LMS_ECORRUPT;
         return;
     }
@@ -629,7 +604,7 @@ static void res_decode_one(void *arg, size_t i, int worker)
      * worker (overlapping with the others' decoding): a free page's bytes
      * belong to nobody, so a later failure leaves nothing to undo. */
     if (rp->via_host) {
-        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, rp->target), dst, kv->page_bytes, NULL);
+        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, c->target[i]), dst, kv->page_bytes, NULL);
         if (rc) {
             keep_detail(rp->err, sizeof rp->err, rc);
             rp->rc = rc;
@@ -643,38 +618,227 @@ static bool same_layout_as(const lms_kv *kv, const lms__session_rec *r)
            r->head_dim == kv->layout.head_dim && r->dtype == (uint32_t)kv->layout.dtype && r->page_tokens == kv->P;
 }
 
-static int touch_txn(lms_store *s, MDB_txn *txn, void *arg)
-{
-    const char *name = arg;
-    MDB_val v;
-    int rc = lms__db_get(s, txn, LMS__DB_SESSIONS, name, strlen(name), &v);
-    if (rc)
-        return rc;
-    lms__session_rec r;
-    if (lms__session_rec_decode(v.mv_data, v.mv_size, name, &r))
-        return 0;
-    MDB_val k = {strlen(name), (void *)name}, nv = {v.mv_size, NULL};
-    size_t len = v.mv_size;
-    uint8_t *copy = lms__malloc(len);
-    if (!copy)
-        return LMS_ENOMEM;
-    memcpy(copy, v.mv_data, len);
-    int mrc = mdb_put(txn, s->dbi[LMS__DB_SESSIONS], &k, &nv, MDB_RESERVE);
-    if (mrc) {
-        lms__free(copy);
-        return lms__mdb_err(mrc, "write session '%s'", name);
-    }
-    memcpy(nv.mv_data, copy, len);
-    lms__free(copy);
-    lms__session_rec_touch(nv.mv_data, len, lms__unix_time());
-    return 0;
-}
-
 static void layout_str(char *buf, size_t n, uint32_t layers, uint32_t heads, uint32_t hd, uint32_t dtype, uint32_t pt)
 {
     const char *dn = lms_kv_elem_size((lms_dtype)dtype) ? lms_dtype_name((lms_dtype)dtype) : NULL;
     snprintf(buf, n, "%u layers x %u kv heads x head dim %u, %s, %u tokens/page", layers, heads, hd,
              dn ? dn : "?", pt);
+}
+
+/* 1. The record, in one snapshot that stays open while segments are mapped:
+ *    model, layout and size checks; the token ids. */
+static int res_open(res_ctx *c, lms_store *store)
+{
+    lms_kv *kv = c->kv;
+    const char *name = c->name;
+    lms__session_rec *r = &c->r;
+    int rc;
+    if ((rc = lms__kv_read_begin(store, &c->rd)) || (rc = lms__kv_read_session(c->rd, name, r)))
+        return rc;
+    if (memcmp(r->model_id, kv->model_id, LMS_MODEL_ID_LEN)) {
+        char a[33], b[33];
+        lms__hash128_hex(lms__hash128_get(r->model_id), a);
+        lms__hash128_hex(lms__hash128_get(kv->model_id), b);
+        return lms__err(LMS_EMISMATCH, "KV session '%s' was saved with other model (id %s); this cache is for model %s",
+                        name, a, b);
+    }
+    if (!same_layout_as(kv, r)) {
+        char a[160], b[160];
+        layout_str(a, sizeof a, r->n_layers, r->n_kv_heads, r->head_dim, r->dtype, r->page_tokens);
+        layout_str(b, sizeof b, kv->layout.n_layers, kv->layout.n_kv_heads, kv->layout.head_dim,
+                   (uint32_t)kv->layout.dtype, kv->P);
+        return lms__err(LMS_EMISMATCH, "KV session '%s' has other layout (%s) than this cache (%s)", name, a, b);
+    }
+    if (r->n_tokens > kv->max_seq_tokens)
+        return lms__err(LMS_ENOSPACE, "KV resume '%s': %u tokens, more than the %u a sequence may hold", name,
+                        r->n_tokens, kv->max_seq_tokens);
+    c->n_pages = r->n_pages;
+    if (!(c->pages = lms__calloc(c->n_pages, sizeof *c->pages)) ||
+        !(c->tokens = lms__malloc((size_t)r->n_tokens * 4)) || !(c->keys = lms__calloc(c->n_pages, sizeof *c->keys)) ||
+        !(c->cached = lms__calloc(c->n_pages, sizeof *c->cached)) ||
+        !(c->target = lms__calloc(c->n_pages, sizeof *c->target)) ||
+        !(c->evict = lms__calloc(c->n_pages, sizeof *c->evict)))
+        return LMS_ENOMEM;
+    for (uint32_t i = 0; i < r->n_tokens; i++)
+        c->tokens[i] = (int32_t)lms__get_u32(r->tokens + 4 * (size_t)i);
+    return 0;
+}
+
+/* 2. Keys: recompute from the tokens; they must match the record. Full
+ *    pages already in the prefix cache are attached, not read. */
+static int res_keys(res_ctx *c)
+{
+    lms_kv *kv = c->kv;
+    lms_hash128 parent = {0, 0};
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        res_page *rp = &c->pages[i];
+        rp->n_tokens = LMS_MIN(kv->P, c->r.n_tokens - i * kv->P);
+        c->keys[i] = lms__kv_page_key(kv, parent, c->tokens + (size_t)i * kv->P, rp->n_tokens);
+        if (!lms__hash128_eq(c->keys[i], lms__hash128_get(lms__session_page_key(&c->r, i))))
+            return lms__err(LMS_ECORRUPT, "KV session '%s': page %u's key does not match its tokens", c->name, i);
+        parent = c->keys[i];
+        c->cached[i] = rp->n_tokens == kv->P ? lms__kv_ht_find(kv, c->keys[i]) : KV_NONE;
+        if (c->cached[i] == KV_NONE)
+            c->to_read++;
+    }
+    return 0;
+}
+
+/* Page i's record and blob agree with each other and with the cache's
+ * layout; its segment is mapped and holds the blob's range. */
+static int res_locate_one(res_ctx *c, uint32_t i)
+{
+    lms_kv *kv = c->kv;
+    const char *name = c->name;
+    res_page *rp = &c->pages[i];
+    lms__kv_page_loc *loc = &rp->loc;
+    int rc = lms__kv_read_page(c->rd, lms__session_page_key(&c->r, i), loc);
+    if (rc == LMS_ENOENT)
+        return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: its page record is missing", name, i);
+    if (rc)
+        return lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
+    if (loc->rec.n_tokens != rp->n_tokens || loc->rec.raw_size != raw_size(kv, rp->n_tokens) ||
+        loc->rec.elem_size != kv->elem)
+        return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: record sizes do not match the layout", name, i);
+    if (!loc->has_blob)
+        return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: its blob record is missing", name, i);
+    if (!loc->blob_ok || loc->size > lms__kv_encode_bound(kv->page_bytes))
+        return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: blob record disagrees with the page record",
+                        name, i);
+    uint64_t seg_size;
+    const char *path;
+    if ((rc = lms__kv_read_map(c->rd, loc->segment, &rp->seg, &seg_size, &path))) {
+        rc = rc == LMS_ECORRUPT ? LMS_EFORMAT : rc;
+        return lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
+    }
+    if (loc->size > c->max_stored)
+        c->max_stored = (size_t)loc->size;
+    if (loc->offset > seg_size || loc->size > seg_size - loc->offset)
+        return lms__err(LMS_EFORMAT,
+                        "KV session '%s': page %u: truncated KV segment %s: the page needs bytes [%llu, %llu) but "
+                        "the file has %llu",
+                        name, i, path, (unsigned long long)loc->offset, (unsigned long long)(loc->offset + loc->size),
+                        (unsigned long long)seg_size);
+    return 0;
+}
+
+/* 3. Page and blob records, segment ranges; then the snapshot ends (the
+ *    segments stay mapped and share-locked: gc leaves them alone). */
+static int res_locate(res_ctx *c)
+{
+    c->max_stored = 1;
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        int rc;
+        if (c->cached[i] == KV_NONE && (rc = res_locate_one(c, i)))
+            return rc;
+    }
+    lms__kv_read_release(c->rd);
+    return 0;
+}
+
+/* 4. Targets: free pages (top of the stack first), then the oldest cached
+ *    pages that this session does not itself reuse; where each decodes to. */
+static int res_plan(res_ctx *c)
+{
+    lms_kv *kv = c->kv;
+    uint32_t evictable;
+    if (!(c->mark = lms__calloc(kv->n_pages, 1)))
+        return LMS_ENOMEM;
+    if (lms__kv_resume_plan(kv, c->cached, c->n_pages, c->mark, c->target, c->evict, &evictable))
+        return lms__err(LMS_ENOSPACE, "KV resume '%s': %u pages to load, %u free and %u evictable cached pages",
+                        c->name, c->to_read, kv->n_free, evictable);
+    bool direct = host_arena(kv);
+    for (uint32_t i = 0; i < c->n_pages; i++)
+        if (c->cached[i] == KV_NONE) {
+            c->pages[i].via_host = !direct && !c->evict[i];
+            c->n_staged += c->evict[i];
+        }
+    if (c->n_staged && !(c->staging = lms__malloc((size_t)c->n_staged * kv->page_bytes)))
+        return LMS_ENOMEM;
+    for (uint32_t i = 0, s = 0; i < c->n_pages; i++) {
+        res_page *rp = &c->pages[i];
+        if (c->cached[i] != KV_NONE || rp->via_host)
+            continue;
+        rp->dst = c->evict[i] ? c->staging + (size_t)(s++) * kv->page_bytes : lms__kv_page_ptr(kv, c->target[i]);
+    }
+    return 0;
+}
+
+/* 5. Verify and decode (threads). */
+static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
+{
+    lms_kv *kv = c->kv;
+    const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = kv->page_bytes, [RES_IN] = c->max_stored,
+                                    [RES_IMAGE] = host_arena(kv) ? 0 : kv->page_bytes};
+    int rc = workers_create(&c->wk, params ? params->threads : 0, c->to_read, kv->page_bytes, sizes);
+    if (rc)
+        return rc;
+    lms__pool_run(c->wk.pool, c->n_pages, res_decode_one, c);
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        const res_page *rp = &c->pages[i];
+        if (rp->rc == LMS_ECORRUPT)
+            return lms__err(LMS_ECORRUPT,
+                            "KV session '%s': corrupt page %u (segment %u, offset %llu): checksum mismatch or undecodable",
+                            c->name, i, rp->loc.segment, (unsigned long long)rp->loc.offset);
+        if (rp->rc)
+            return lms__err(rp->rc, "KV session '%s': page %u: %s", c->name, i, rp->err);
+    }
+    return 0;
+}
+
+/* 6. The only fallible step left: the device copy into evicted cached pages
+ *    (non-host arenas). A page whose copy was attempted is dropped from the
+ *    prefix index on failure, so a cached page never holds bytes other than
+ *    its key says. */
+static int res_copy_staged(res_ctx *c)
+{
+    lms_kv *kv = c->kv;
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        if (c->cached[i] != KV_NONE || !c->evict[i])
+            continue;
+        int rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, c->target[i]), c->pages[i].dst, kv->page_bytes,
+                                        NULL);
+        if (rc) {
+            lms__err_prefix(rc, "KV resume '%s': page %u to the device: ", c->name, i);
+            for (uint32_t j = 0; j <= i; j++)
+                if (c->cached[j] == KV_NONE && c->evict[j]) {
+                    lms__kv_evict(kv, c->target[j]);
+                    lms__kv_return_free(kv, c->target[j]);
+                }
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void res_stats(const res_ctx *c, double t0, lms_kv_io_stats *stats)
+{
+    stats->tokens = c->r.n_tokens;
+    stats->pages = c->n_pages;
+    for (uint32_t i = 0; i < c->n_pages; i++) {
+        stats->raw_bytes += raw_size(c->kv, c->pages[i].n_tokens);
+        if (c->cached[i] != KV_NONE) {
+            stats->pages_reused++;
+        } else {
+            stats->pages_written++;
+            stats->stored_bytes += c->pages[i].loc.size;
+        }
+    }
+    stats->seconds = lms__now() - t0;
+}
+
+static void res_free(res_ctx *c)
+{
+    workers_free(&c->wk);
+    lms__kv_read_end(c->rd); /* unmaps the segments */
+    lms__free(c->pages);
+    lms__free(c->tokens);
+    lms__free(c->keys);
+    lms__free(c->cached);
+    lms__free(c->target);
+    lms__free(c->evict);
+    lms__free(c->staging);
+    lms__free(c->mark);
 }
 
 int lms_kv_resume(lms_kv *kv, lms_store *store, const char *name, lms_kv_seq **out)
@@ -685,15 +849,9 @@ int lms_kv_resume(lms_kv *kv, lms_store *store, const char *name, lms_kv_seq **o
 int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_kv_resume_params *params,
                      lms_kv_seq **out, lms_kv_io_stats *stats)
 {
-    double t0 = lms__now();
+    double t0 = lms__now(), t_prep, t_decoded;
     res_ctx c;
-    MDB_txn *txn = NULL;
-    lms_pool *pool = NULL;
-    uint8_t *staging = NULL, *mark = NULL;
-    int32_t *tokens = NULL;
-    int rc, threads = 0;
-    lms__session_rec r;
-    uint8_t *rec_copy = NULL;
+    int rc;
 
     memset(&c, 0, sizeof c);
     if (out)
@@ -702,328 +860,33 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         memset(stats, 0, sizeof *stats);
     if (!kv || !store || !out)
         return lms__err(LMS_EINVAL, "KV resume: cache, store and output are required");
-    if ((rc = check_name(name)))
+    if ((rc = lms__name_check(LMS__NAME_SESSION, name)))
         return rc;
     c.kv = kv;
     c.name = name;
     if (!kv->n_seq_free)
         return lms__err(LMS_ENOSPACE, "KV resume '%s': all %u sequence slots are in use", name, kv->max_seqs);
 
-    /* ---- 1. the record, in one snapshot that stays open while segments are mapped */
-    if ((rc = lms__txn_read(store, &txn)))
+    if ((rc = res_open(&c, store)) || (rc = res_keys(&c)) || (rc = res_locate(&c)) || (rc = res_plan(&c)))
         goto out;
-    MDB_val v;
-    rc = lms__db_get(store, txn, LMS__DB_SESSIONS, name, strlen(name), &v);
-    if (rc == LMS_ENOENT) {
-        rc = lms__err(LMS_ENOENT, "KV session '%s' not found in %s", name, lms_store_path(store));
+    t_prep = lms__now();
+    if ((rc = res_decode(&c, params)) || (rc = res_copy_staged(&c)))
         goto out;
-    }
-    if (rc)
-        goto out;
-    rc = LMS_ENOMEM;
-    if (!(rec_copy = lms__malloc(v.mv_size)))
-        goto out;
-    memcpy(rec_copy, v.mv_data, v.mv_size);
-    if ((rc = lms__session_rec_decode(rec_copy, v.mv_size, name, &r)))
-        goto out;
-    if (memcmp(r.model_id, kv->model_id, LMS_MODEL_ID_LEN)) {
-        char a[33], b[33];
-        lms__hash128_hex(lms__hash128_get(r.model_id), a);
-        lms__hash128_hex(lms__hash128_get(kv->model_id), b);
-        rc = lms__err(LMS_EMISMATCH, "KV session '%s' was saved with other model (id %s); this cache is for model %s",
-                      name, a, b);
-        goto out;
-    }
-    if (!same_layout_as(kv, &r)) {
-        char a[160], b[160];
-        layout_str(a, sizeof a, r.n_layers, r.n_kv_heads, r.head_dim, r.dtype, r.page_tokens);
-        layout_str(b, sizeof b, kv->layout.n_layers, kv->layout.n_kv_heads, kv->layout.head_dim,
-                   (uint32_t)kv->layout.dtype, kv->P);
-        rc = lms__err(LMS_EMISMATCH, "KV session '%s' has other layout (%s) than this cache (%s)", name, a, b);
-        goto out;
-    }
-    if (r.n_tokens > kv->max_seq_tokens) {
-        rc = lms__err(LMS_ENOSPACE, "KV resume '%s': %u tokens, more than the %u a sequence may hold", name,
-                      r.n_tokens, kv->max_seq_tokens);
-        goto out;
-    }
-    c.n_pages = r.n_pages;
-    rc = LMS_ENOMEM;
-    if (!(c.pages = lms__calloc(c.n_pages, sizeof *c.pages)) || !(tokens = lms__malloc((size_t)r.n_tokens * 4)) ||
-        !(c.maps = lms__calloc(c.n_pages, sizeof *c.maps)))
-        goto out;
-    for (uint32_t i = 0; i < r.n_tokens; i++)
-        tokens[i] = (int32_t)lms__get_u32(r.tokens + 4 * (size_t)i);
-
-    /* ---- 2. keys: recompute from the tokens; they must match the record */
-    lms_hash128 parent = {0, 0};
-    uint32_t to_read = 0;
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        rp->n_tokens = LMS_MIN(kv->P, r.n_tokens - i * kv->P);
-        rp->key = lms__kv_page_key(kv, parent, tokens + (size_t)i * kv->P, rp->n_tokens);
-        if (!lms__hash128_eq(rp->key, lms__hash128_get(lms__session_page_key(&r, i)))) {
-            rc = lms__err(LMS_ECORRUPT, "KV session '%s': page %u's key does not match its tokens", name, i);
-            goto out;
-        }
-        parent = rp->key;
-        rp->cached = rp->n_tokens == kv->P ? lms__kv_ht_find(kv, rp->key) : KV_NONE;
-        if (rp->cached == KV_NONE)
-            to_read++;
-    }
-
-    /* ---- 3. page and blob records, segment ranges */
-    size_t max_stored = 1;
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached != KV_NONE)
-            continue;
-        uint8_t key[16];
-        lms__hash128_put(key, rp->key);
-        rc = lms__db_get(store, txn, LMS__DB_KVPAGES, key, 16, &v);
-        if (rc == LMS_ENOENT) {
-            rc = lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: its page record is missing", name, i);
-            goto out;
-        }
-        if (rc)
-            goto out;
-        if ((rc = lms__kvpage_rec_decode(v.mv_data, v.mv_size, &rp->rec))) {
-            lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
-            goto out;
-        }
-        if (rp->rec.n_tokens != rp->n_tokens || rp->rec.raw_size != raw_size(kv, rp->n_tokens) ||
-            rp->rec.elem_size != kv->elem) {
-            rc = lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: record sizes do not match the layout", name, i);
-            goto out;
-        }
-        rc = lms__blob_get(store, txn, rp->rec.blob, &rp->blob);
-        if (rc == LMS_ENOENT) {
-            rc = lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: its blob record is missing", name, i);
-            goto out;
-        }
-        if (rc) {
-            lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
-            goto out;
-        }
-        if (rp->blob.kind != LMS__BLOB_KVPAGE || rp->blob.size != rp->rec.stored_size ||
-            rp->blob.size > lms__kv_encode_bound(kv->page_bytes)) {
-            rc = lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: blob record disagrees with the page record",
-                          name, i);
-            goto out;
-        }
-        int m;
-        for (m = 0; m < c.n_maps && c.maps[m].id != rp->blob.segment; m++)
-            ;
-        if (m == c.n_maps) {
-            if ((rc = lms__segment_map(store, rp->blob.segment, &c.maps[m]))) {
-                lms__err_prefix(rc == LMS_ECORRUPT ? LMS_EFORMAT : rc, "KV session '%s': page %u: ", name, i);
-                rc = rc == LMS_ECORRUPT ? LMS_EFORMAT : rc;
-                goto out;
-            }
-            c.n_maps++;
-        }
-        rp->seg = m;
-        if (rp->blob.size > max_stored)
-            max_stored = (size_t)rp->blob.size;
-        if (rp->blob.offset > c.maps[m].size || rp->blob.size > c.maps[m].size - rp->blob.offset) {
-            rc = lms__err(LMS_EFORMAT,
-                          "KV session '%s': page %u: truncated KV segment %s: the page needs bytes [%llu, %llu) but "
-                          "the file has %llu",
-                          name, i, c.maps[m].path, (unsigned long long)rp->blob.offset,
-                          (unsigned long long)(rp->blob.offset + rp->blob.size), (unsigned long long)c.maps[m].size);
-            goto out;
-        }
-    }
-    lms__txn_end(store, txn); /* segments stay mapped and share-locked: gc leaves them alone */
-    txn = NULL;
-
-    /* ---- 4. choose targets: free pages (top of the stack first), then the
-     *         oldest cached pages that this session does not itself reuse */
-    uint32_t reuse_from_lru = 0;
-    rc = LMS_ENOMEM;
-    if (!(mark = lms__calloc(kv->n_pages, 1)))
-        goto out;
-    for (uint32_t i = 0; i < c.n_pages; i++)
-        if (c.pages[i].cached != KV_NONE) {
-            uint32_t p = c.pages[i].cached;
-            if (kv->refs[p] == 0 && !mark[p])
-                reuse_from_lru++;
-            mark[p] = 1;
-        }
-    if ((uint64_t)to_read > (uint64_t)kv->n_free + (kv->n_cached - reuse_from_lru)) {
-        rc = lms__err(LMS_ENOSPACE, "KV resume '%s': %u pages to load, %u free and %u evictable cached pages", name,
-                      to_read, kv->n_free, kv->n_cached - reuse_from_lru);
-        goto out;
-    }
-    uint32_t n_from_free = LMS_MIN(to_read, kv->n_free), n_staged = 0;
-    uint32_t fi = 0, lru = kv->lru_head;
-    bool direct = host_arena(kv);
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached != KV_NONE)
-            continue;
-        if (fi < n_from_free) {
-            rp->target = kv->free_stack[kv->n_free - 1 - fi];
-            fi++;
-            rp->via_host = !direct;
-        } else {
-            while (mark[lru])
-                lru = kv->lru_next[lru];
-            rp->target = lru;
-            lru = kv->lru_next[lru];
-            rp->staged = true;
-        }
-        if (rp->staged)
-            n_staged++;
-    }
-    if (n_staged) {
-        rc = LMS_ENOMEM;
-        if (!(staging = lms__malloc((size_t)n_staged * kv->page_bytes)))
-            goto out;
-    }
-    for (uint32_t i = 0, s = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached != KV_NONE || rp->via_host)
-            continue;
-        rp->dst = rp->staged ? staging + (size_t)(s++) * kv->page_bytes : lms__kv_page_ptr(kv, rp->target);
-    }
-
-    double t_prep = lms__now();
-    /* ---- 5. verify and decode (threads) */
-    threads = params && params->threads > 0 ? params->threads : lms__cpu_count();
-    if (threads > (int)to_read)
-        threads = to_read ? (int)to_read : 1;
-    if ((rc = lms__pool_create(threads, &pool)))
-        goto out;
-    threads = lms__pool_threads(pool);
-    rc = LMS_ENOMEM;
-    if (!(c.codec = lms__calloc((size_t)threads, sizeof *c.codec)) ||
-        !(c.unpack = lms__calloc((size_t)threads, sizeof *c.unpack)) ||
-        !(c.inbuf = lms__calloc((size_t)threads, sizeof *c.inbuf)) ||
-        !(c.image = lms__calloc((size_t)threads, sizeof *c.image)))
-        goto out;
-    for (int w = 0; w < threads; w++)
-        if (!(c.codec[w].scratch = lms__malloc(kv->page_bytes)) || !(c.unpack[w] = lms__malloc(kv->page_bytes)) ||
-            !(c.inbuf[w] = lms__malloc(max_stored)) || (!direct && !(c.image[w] = lms__malloc(kv->page_bytes))))
-            goto out;
-    lms__pool_run(pool, c.n_pages, res_decode_one, &c);
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        rc = c.pages[i].rc;
-        if (rc == LMS_ECORRUPT) {
-            rc = lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u (segment %u, offset %llu): checksum mismatch or undecodable",
-                          name, i, c.pages[i].blob.segment, (unsigned long long)c.pages[i].blob.offset);
-            goto out;
-        }
-        if (rc) {
-            lms__err(rc, "KV session '%s': page %u: %s", name, i, c.pages[i].err);
-            goto out;
-        }
-    }
-    /* ---- 6. commit to the cache. The only fallible step left is the device
-     *         copy into evicted cached pages (non-host arenas); a page whose
-     *         copy was attempted is dropped from the prefix index on failure,
-     *         so a cached page never holds bytes other than its key says. */
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached != KV_NONE || !rp->staged)
-            continue;
-        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, rp->target), rp->dst, kv->page_bytes, NULL);
-        if (rc) {
-            lms__err_prefix(rc, "KV resume '%s': page %u to the device: ", name, i);
-            for (uint32_t j = 0; j <= i; j++)
-                if (c.pages[j].cached == KV_NONE && c.pages[j].staged) {
-                    lms__kv_evict(kv, c.pages[j].target);
-                    lms__kv_return_free(kv, c.pages[j].target);
-                }
-            goto out;
-        }
-    }
-    double t_decoded = lms__now();
-    lms_kv_seq *seq = lms__kv_seq_take(kv);
-    assert(seq);
-    /* Pages reused from the prefix cache (leave the LRU if cached). */
-    for (uint32_t i = 0; i < c.n_pages; i++)
-        if (c.pages[i].cached != KV_NONE) {
-            lms__kv_ref(kv, c.pages[i].cached);
-            seq->table[i] = c.pages[i].cached;
-        }
-    /* Targets leave their lists: free ones are the top n_from_free entries
-     * of the free stack; cached ones are evicted (unlinked, unpublished)
-     * before any new key enters the index. */
-    kv->n_free -= n_from_free;
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached == KV_NONE && (kv->flags[rp->target] & KV_PUBLISHED))
-            lms__kv_evict(kv, rp->target);
-    }
-    for (uint32_t i = 0; i < c.n_pages; i++) {
-        res_page *rp = &c.pages[i];
-        if (rp->cached != KV_NONE)
-            continue;
-        uint32_t p = rp->target;
-        seq->table[i] = p;
-        kv->flags[p] = 0;
-        kv->refs[p] = 1;
-        memcpy(kv->tokens + (size_t)p * kv->P, tokens + (size_t)i * kv->P, rp->n_tokens * sizeof(int32_t));
-        if (rp->n_tokens == kv->P) {
-            kv->keys[p] = rp->key;
-            kv->flags[p] = KV_KEYED;
-            if (lms__kv_ht_find(kv, rp->key) == KV_NONE)
-                lms__kv_ht_insert(kv, p);
-        }
-    }
-    seq->len = seq->committed = r.n_tokens;
-    *out = seq;
+    t_decoded = lms__now();
+    /* 7. Build the sequence: cannot fail. */
+    *out = lms__kv_seq_attach(kv, c.n_pages, c.cached, c.target, c.evict, c.keys, c.tokens, c.r.n_tokens);
 
     double t_built = lms__now();
-    if (!store->rdonly && lms__txn_write(store, touch_txn, (void *)name))
+    if ((rc = lms__kv_touch(store, name)))
         lms__warn("KV resume '%s': could not update its last-used time: %s", name, lms_last_error());
     lms__debug("KV resume '%s': %u pages (%u read): prepare %.1f ms, decode %.1f ms (%d threads), build %.1f ms, "
                "last-used %.1f ms",
-               name, c.n_pages, to_read, (t_prep - t0) * 1e3, (t_decoded - t_prep) * 1e3, threads,
+               name, c.n_pages, c.to_read, (t_prep - t0) * 1e3, (t_decoded - t_prep) * 1e3, c.wk.n,
                (t_built - t_decoded) * 1e3, (lms__now() - t_built) * 1e3);
-    if (stats) {
-        stats->tokens = r.n_tokens;
-        stats->pages = c.n_pages;
-        for (uint32_t i = 0; i < c.n_pages; i++) {
-            res_page *rp = &c.pages[i];
-            stats->raw_bytes += raw_size(kv, rp->n_tokens);
-            if (rp->cached != KV_NONE) {
-                stats->pages_reused++;
-            } else {
-                stats->pages_written++;
-                stats->stored_bytes += rp->blob.size;
-            }
-        }
-        stats->seconds = lms__now() - t0;
-    }
+    if (stats)
+        res_stats(&c, t0, stats);
     rc = 0;
 out:
-    if (txn)
-        lms__txn_end(store, txn);
-    lms__pool_destroy(pool);
-    for (int w = 0; w < threads; w++) {
-        if (c.codec)
-            lms__kv_codec_ctx_free(&c.codec[w]);
-        if (c.unpack)
-            lms__free(c.unpack[w]);
-        if (c.inbuf)
-            lms__free(c.inbuf[w]);
-        if (c.image)
-            lms__free(c.image[w]);
-    }
-    lms__free(c.codec);
-    lms__free(c.unpack);
-    lms__free(c.inbuf);
-    lms__free(c.image);
-    if (c.maps)
-        for (int m = 0; m < c.n_maps; m++)
-            lms__segment_unmap(&c.maps[m]);
-    lms__free(c.maps);
-    lms__free(c.pages);
-    lms__free(tokens);
-    lms__free(staging);
-    lms__free(mark);
-    lms__free(rec_copy);
+    res_free(&c);
     return rc;
 }

@@ -1,25 +1,24 @@
 /*
  * kvcache/kv_sessions.c - listing, describing and removing saved KV sessions
- * (what `lmstore kv ls|info|rm` shows), read from one LMDB snapshot.
+ * (what `lmstore kv ls|info|rm` shows), read from one snapshot of the
+ * store's KV index (store/kv_index.h).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "kvcache/kv_internal.h"
-#include "store/kv_records.h"
-#include "store/store_internal.h"
+#include "store/kv_index.h"
 
-/* Fill info from a record; sums page sizes when the page records are there. */
-static int describe(lms_store *s, MDB_txn *txn, const char *name, const void *buf, size_t len,
-                    lms_kv_session_info *info, lms__session_rec *r, lms_kv_page_cb page_cb, void *ctx)
+/* Fill info from a decoded record (dec_rc: the decoder's result); sums page
+ * sizes when the page records are there. */
+static int describe(lms__kv_reader *rd, const char *name, int dec_rc, const lms__session_rec *r,
+                    lms_kv_session_info *info, lms_kv_page_cb page_cb, void *ctx)
 {
     memset(info, 0, sizeof *info);
     info->name = name;
-    int rc = lms__session_rec_decode(buf, len, name, r);
-    if (len >= 2)
-        info->version = lms__get_u16(buf);
-    if (rc)
-        return rc;
+    info->version = r->version;
+    if (dec_rc)
+        return dec_rc;
     memcpy(info->model_id, r->model_id, LMS_MODEL_ID_LEN);
     info->layout.n_layers = r->n_layers;
     info->layout.n_kv_heads = r->n_kv_heads;
@@ -37,22 +36,18 @@ static int describe(lms_store *s, MDB_txn *txn, const char *name, const void *bu
         memcpy(pi.key, lms__session_page_key(r, i), 16);
         pi.n_tokens = LMS_MIN(r->page_tokens, r->n_tokens - i * r->page_tokens);
         pi.segment = UINT32_MAX;
-        MDB_val v;
-        lms__kvpage_rec pr;
-        lms__blob_rec b;
-        rc = lms__db_get(s, txn, LMS__DB_KVPAGES, pi.key, 16, &v);
-        if (rc == 0 && lms__kvpage_rec_decode(v.mv_data, v.mv_size, &pr) == 0) {
-            pi.present = true;
-            pi.codec = (lms_kv_codec)pr.codec;
-            pi.raw_size = pr.raw_size;
-            pi.stored_size = pr.stored_size;
-            if (lms__blob_get(s, txn, pr.blob, &b) == 0) {
-                pi.segment = b.segment;
-                pi.offset = b.offset;
-            } else {
-                pi.present = false;
+        lms__kv_page_loc loc;
+        int rc = lms__kv_read_page(rd, pi.key, &loc);
+        if (rc == 0) {
+            pi.present = loc.has_blob;
+            pi.codec = (lms_kv_codec)loc.rec.codec;
+            pi.raw_size = loc.rec.raw_size;
+            pi.stored_size = loc.rec.stored_size;
+            if (loc.has_blob) {
+                pi.segment = loc.segment;
+                pi.offset = loc.offset;
             }
-        } else if (rc && rc != LMS_ENOENT) {
+        } else if (rc != LMS_ENOENT && rc != LMS_ECORRUPT && rc != LMS_EVERSION) {
             return rc;
         }
         if (!pi.present)
@@ -65,71 +60,52 @@ static int describe(lms_store *s, MDB_txn *txn, const char *name, const void *bu
     return 0;
 }
 
+typedef struct list_ctx {
+    lms_kv_session_cb cb;
+    void *ctx;
+} list_ctx;
+
+static int list_one(void *arg, lms__kv_reader *rd, const char *name, int dec_rc, const lms__session_rec *r)
+{
+    list_ctx *l = arg;
+    lms_kv_session_info info;
+    int rc = describe(rd, name, dec_rc, r, &info, NULL, NULL);
+    if (rc && rc != LMS_ECORRUPT && rc != LMS_EVERSION)
+        return rc;
+    return l->cb(l->ctx, &info);
+}
+
 int lms_kv_sessions(lms_store *store, lms_kv_session_cb cb, void *ctx)
 {
-    MDB_txn *txn;
-    MDB_cursor *cur = NULL;
-    int rc = lms__txn_read(store, &txn);
+    lms__kv_reader *rd;
+    int rc = lms__kv_read_begin(store, &rd);
     if (rc)
         return rc;
-    int mrc = mdb_cursor_open(txn, store->dbi[LMS__DB_SESSIONS], &cur);
-    if (mrc) {
-        rc = lms__mdb_err(mrc, "%s: sessions cursor", store->index_path);
-        goto out;
-    }
-    MDB_val k, v;
-    char name[LMS__SESSION_NAME_MAX + 1];
-    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        size_t n = LMS_MIN(k.mv_size, sizeof name - 1);
-        memcpy(name, k.mv_data, n);
-        name[n] = '\0';
-        lms_kv_session_info info;
-        lms__session_rec r;
-        rc = describe(store, txn, name, v.mv_data, v.mv_size, &info, &r, NULL, NULL);
-        if (rc && rc != LMS_ECORRUPT && rc != LMS_EVERSION)
-            goto out;
-        if ((rc = cb(ctx, &info)))
-            goto out;
-    }
-    rc = (mrc == MDB_NOTFOUND) ? 0 : lms__mdb_err(mrc, "%s: sessions cursor", store->index_path);
-out:
-    if (cur)
-        mdb_cursor_close(cur);
-    lms__txn_end(store, txn);
+    list_ctx l = {cb, ctx};
+    rc = lms__kv_read_sessions(rd, list_one, &l);
+    lms__kv_read_end(rd);
     return rc;
 }
 
 int lms_kv_session(lms_store *store, const char *name, lms_kv_session_cb cb, lms_kv_page_cb page_cb, void *ctx)
 {
-    MDB_txn *txn;
     if (!name || !*name)
         return lms__err(LMS_EINVAL, "KV session: empty name");
-    int rc = lms__txn_read(store, &txn);
+    lms__kv_reader *rd;
+    int rc = lms__kv_read_begin(store, &rd);
     if (rc)
         return rc;
-    MDB_val v;
-    rc = lms__db_get(store, txn, LMS__DB_SESSIONS, name, strlen(name), &v);
+    lms__session_rec r;
+    rc = lms__kv_read_session(rd, name, &r);
     if (rc == LMS_ENOENT)
-        rc = lms__err(LMS_ENOENT, "KV session '%s' not found in %s", name, lms_store_path(store));
-    if (rc)
         goto out;
     lms_kv_session_info info;
-    lms__session_rec r;
-    if ((rc = describe(store, txn, name, v.mv_data, v.mv_size, &info, &r, page_cb, ctx)))
+    if ((rc = describe(rd, name, rc, &r, &info, page_cb, ctx)))
         goto out;
     if (cb)
         rc = cb(ctx, &info);
 out:
-    lms__txn_end(store, txn);
-    return rc;
-}
-
-static int rm_txn(lms_store *s, MDB_txn *txn, void *arg)
-{
-    const char *name = arg;
-    int rc = lms__db_del(s, txn, LMS__DB_SESSIONS, name, strlen(name));
-    if (rc == LMS_ENOENT)
-        return lms__err(LMS_ENOENT, "KV session '%s' not found in %s", name, s->path);
+    lms__kv_read_end(rd);
     return rc;
 }
 
@@ -137,5 +113,5 @@ int lms_kv_session_rm(lms_store *store, const char *name)
 {
     if (!name || !*name)
         return lms__err(LMS_EINVAL, "KV session: empty name");
-    return lms__txn_write(store, rm_txn, (void *)name);
+    return lms__kv_remove(store, name);
 }

@@ -16,6 +16,7 @@
 #include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/kv_records.h"
+#include "store/names.h"
 
 void lms__admin_hex16(const void *key, char out[33])
 {
@@ -284,13 +285,18 @@ int lms__admin_lock(lms_store *s, int *fd)
         }
     }
     *fd = f;
+    atomic_fetch_add(&s->append_locks, 1);
     return 0;
 }
 
-void lms__admin_unlock(int fd)
+void lms__admin_unlock(lms_store *s, int fd)
 {
-    if (fd >= 0)
-        close(fd); /* releases the flock */
+    if (fd < 0)
+        return;
+    int was = atomic_fetch_sub(&s->append_locks, 1);
+    assert(was > 0);
+    (void)was;
+    close(fd); /* releases the flock */
 }
 
 typedef struct readers_ctx {
@@ -380,22 +386,6 @@ bool lms__read_barrier_wait(lms_store *s, double seconds)
         usleep(5000);
     close(f);
     return ok;
-}
-
-int lms__admin_check_name(const char *name)
-{
-    size_t n = name ? strlen(name) : 0;
-    if (n == 0)
-        return lms__err(LMS_EINVAL, "a model name must not be empty");
-    if (n > LMS__MODEL_NAME_MAX)
-        return lms__err(LMS_EINVAL, "model name '%.40s...' is %zu bytes, more than %d", name, n,
-                        LMS__MODEL_NAME_MAX);
-    if (!lms__utf8_valid(name, n))
-        return lms__err(LMS_EINVAL, "model name is not valid UTF-8");
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-            return lms__err(LMS_EINVAL, "model name '%s' contains a control character", name);
-    return 0;
 }
 
 /* ---- rm ------------------------------------------------------------------------------------------- */
@@ -612,7 +602,7 @@ static int copy_or_move(lms_store *s, const char *src, const char *dst, bool mov
 {
     if (!s || !src || !dst)
         return lms__err(LMS_EINVAL, "%s: no store or model name", move ? "mv" : "cp");
-    int rc = lms__admin_check_name(dst);
+    int rc = lms__name_check(LMS__NAME_MODEL, dst);
     if (rc)
         return rc;
     if (!strcmp(src, dst))
@@ -624,7 +614,7 @@ static int copy_or_move(lms_store *s, const char *src, const char *dst, bool mov
         return rc;
     cp_ctx c = {src, dst, move};
     rc = lms__txn_write(s, cp_txn, &c);
-    lms__admin_unlock(lock);
+    lms__admin_unlock(s, lock);
     return rc;
 }
 

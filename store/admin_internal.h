@@ -71,7 +71,7 @@ int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_pro
  * to lms__admin_unlock. Never call while this process has an append
  * session open (flock would wait on ourselves). */
 int lms__admin_lock(lms_store *s, int *fd);
-void lms__admin_unlock(int fd);
+void lms__admin_unlock(lms_store *s, int fd); /* fd -1 (not locked) ok */
 
 /* Wait until no LMDB reader still reads a snapshot older than the last
  * committed transaction (so none can reach bytes that commit unlinked from
@@ -99,10 +99,6 @@ void lms__read_barrier_enter(lms_store *s, int *fd);
 void lms__read_barrier_leave(int fd);
 /* gc's side: true when every reader inside the barrier left within `seconds`. */
 bool lms__read_barrier_wait(lms_store *s, double seconds);
-
-/* A model name users may give: 1..LMS__MODEL_NAME_MAX bytes of valid UTF-8,
- * no NUL, no control characters, no '/'. */
-int lms__admin_check_name(const char *name);
 
 /* 32 hex digits of a 16-byte key, byte by byte (as `lmstore info` prints
  * blob hashes and page keys), NUL-terminated. */

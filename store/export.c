@@ -247,7 +247,7 @@ static int write_shard(exp *e, uint32_t k, const char *name, lms_hasher *h, lms_
         if (t->shard != k)
             continue;
         lms__segent *g = lms__segset_find(&e->segs, t->br.segment);
-        const uint8_t *p = g->map.base + t->br.offset;
+        const uint8_t *p = lms__segmap_at(&g->map, t->br.offset, t->br.size); /* checked at open */
         lms__hasher_reset(h);
         for (uint64_t done = 0; done < t->tr.nbytes;) {
             size_t n = (size_t)LMS_MIN(t->tr.nbytes - done, (uint64_t)EXPORT_CHUNK);

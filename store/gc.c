@@ -193,6 +193,7 @@ static int drop_txn(lms_store *s, MDB_txn *txn, void *vctx)
             mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT);
             continue;
         }
+        assert(lms__append_locked(s)); /* invariant 3: no import or cp is reviving it */
         if ((mrc = mdb_cursor_del(cur, 0))) {
             rc = lms__mdb_err(mrc, "%s: delete from blobs", s->index_path);
             goto out;
@@ -555,7 +556,7 @@ out:
     lms__free(idx);
     lms__segset_free(&ss);
     lms__blobset_free(&bs);
-    lms__admin_unlock(lock);
+    lms__admin_unlock(s, lock);
     return rc;
 }
 
@@ -634,7 +635,7 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
         goto out;
     drop_ctx dc = {.dry = false};
     rc = lms__txn_write(s, drop_txn, &dc);
-    lms__admin_unlock(lock);
+    lms__admin_unlock(s, lock);
     if (rc)
         goto out;
     lms__crashpoint("gc:drop-after-commit");

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "common/crashpoint.h"
+#include "store/names.h"
 #include "store/safetensors.h"
 #include "store/store_internal.h"
 
@@ -594,7 +595,7 @@ static int decide(imp *m, size_t from, size_t to, uint64_t *bytes_new)
                               t->st->name);
                 break;
             }
-            int eq = src_equal(m, t, NULL, m->map.base + r.offset);
+            int eq = src_equal(m, t, NULL, lms__segmap_at(&m->map, r.offset, r.size));
             if (eq < 0) {
                 rc = eq;
                 break;
@@ -834,19 +835,6 @@ static char *default_name(const char *src, bool is_dir)
     return lms__strndup(b, bl);
 }
 
-static int check_name(const char *name)
-{
-    size_t n = strlen(name);
-    if (n == 0 || n > LMS__MODEL_NAME_MAX)
-        return lms__err(LMS_EINVAL, "model name must be 1 to %d bytes", LMS__MODEL_NAME_MAX);
-    if (!lms__utf8_valid(name, n))
-        return lms__err(LMS_EINVAL, "model name is not valid UTF-8");
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-            return lms__err(LMS_EINVAL, "model name contains a control character");
-    return 0;
-}
-
 int lms_import(lms_store *s, const char *src, const lms_import_params *params, lms_import_stats *stats)
 {
     double t0 = lms__now();
@@ -879,7 +867,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         }
         m.name = owned_name;
     }
-    if ((rc = check_name(m.name)))
+    if ((rc = lms__name_check(LMS__NAME_MODEL, m.name)))
         goto out;
     char abs[PATH_MAX];
     if (!realpath(src, abs)) {

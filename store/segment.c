@@ -206,6 +206,7 @@ typedef struct seg_state {
 struct lms__appender {
     lms_store *s;
     int lock_fd;
+    bool locked;    /* flock held: counted in s->append_locks */
     seg_state *segs;
     size_t n, cap;
     seg_state *cur; /* index into segs is stable: we store the position */
@@ -309,6 +310,8 @@ int lms__append_begin(lms_store *s, lms__appender **out)
             goto fail;
         }
     }
+    a->locked = true;
+    atomic_fetch_add(&s->append_locks, 1);
     uint32_t *ids;
     size_t n;
     rc = lms__segment_list(s, &ids, &n);
@@ -352,6 +355,7 @@ fail:
 int lms__append_reserve(lms__appender *a, uint64_t size, uint32_t *segment, uint64_t *offset)
 {
     lms_store *s = a->s;
+    assert(a->locked); /* invariant 3: appends under the append lock */
     uint64_t off = 0, end = 0;
     if (a->have_cur) {
         seg_state *g = &a->segs[a->cur_i];
@@ -400,6 +404,7 @@ int lms__append_fd(lms__appender *a, uint32_t segment, int *fd, const char **pat
 
 int lms__append_write(lms__appender *a, uint32_t segment, uint64_t offset, const void *buf, size_t len)
 {
+    assert(a->locked);
     seg_state *g = find_seg(a, segment);
     if (!g)
         return lms__err(LMS_EINVAL, "segment %u is not part of this append session", segment);
@@ -460,6 +465,11 @@ void lms__append_end(lms__appender *a, bool keep)
             (void)fsync(dfd);
             close(dfd);
         }
+    }
+    if (a->locked) {
+        int was = atomic_fetch_sub(&a->s->append_locks, 1);
+        assert(was > 0);
+        (void)was;
     }
     if (a->lock_fd >= 0)
         close(a->lock_fd); /* releases the flock */

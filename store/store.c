@@ -295,15 +295,24 @@ int lms__blob_get(lms_store *s, MDB_txn *txn, const uint8_t hash[16], lms__blob_
     return 0;
 }
 
-int lms__blob_put(lms_store *s, MDB_txn *txn, const uint8_t hash[16], const lms__blob_rec *r)
+static int blob_write(lms_store *s, MDB_txn *txn, const uint8_t hash[16], const lms__blob_rec *r)
 {
     uint8_t buf[LMS__BLOB_REC_SIZE];
     lms__blob_rec_encode(r, buf);
     return lms__db_put(s, txn, LMS__DB_BLOBS, hash, 16, buf, sizeof buf, 0);
 }
 
+int lms__blob_put(lms_store *s, MDB_txn *txn, const uint8_t hash[16], const lms__blob_rec *r)
+{
+    assert(lms__append_locked(s)); /* invariant 3: no gc deletes or moves blobs meanwhile */
+    return blob_write(s, txn, hash, r);
+}
+
 int lms__blob_ref(lms_store *s, MDB_txn *txn, const uint8_t hash[16], int64_t delta, uint64_t *refs_after)
 {
+    /* invariant 3: a reference is added only while gc cannot be deleting
+     * the blob; references are dropped by rm without the lock */
+    assert(delta <= 0 || lms__append_locked(s));
     lms__blob_rec r;
     int rc = lms__blob_get(s, txn, hash, &r);
     char hex[33];
@@ -318,10 +327,12 @@ int lms__blob_ref(lms_store *s, MDB_txn *txn, const uint8_t hash[16], int64_t de
         return lms__err(LMS_ECORRUPT, "%s: blob %s: reference count %llu would go below zero", s->index_path,
                         hex, (unsigned long long)r.refs);
     }
+    uint64_t before = r.refs;
     r.refs = (uint64_t)((int64_t)r.refs + delta);
+    assert(delta < 0 ? r.refs < before : r.refs >= before); /* never wraps, either way */
     if (refs_after)
         *refs_after = r.refs;
-    return lms__blob_put(s, txn, hash, &r);
+    return blob_write(s, txn, hash, &r);
 }
 
 /* ---- open / close ----------------------------------------------------------------- */

@@ -23,12 +23,17 @@
  *     STORE/lock) from before it looks blobs up until after its commit:
  *     lms__append_begin ... lms__txn_write ... lms__append_end. So dedup and
  *     gc never race. Writers that only drop references (rm) need no lock.
+ *     Asserted (lms__append_locked) where it is kept: lms__blob_put,
+ *     lms__blob_ref with delta > 0, the appender's reserve and write, gc's
+ *     deletion of blob records, the KV index's commit.
  * (4) Blob reference counts change in the same transaction as the records
  *     that hold the references. A blob record with 0 references is garbage
  *     that gc may delete (and an import may revive while it is there).
  * (5) Readers map segments and hold flock(LOCK_SH) on every segment file
  *     they map (lms__segment_map does this). gc takes LOCK_EX|LOCK_NB on a
- *     segment before unlinking it and skips it when that fails.
+ *     segment before unlinking it and skips it when that fails. Bytes of a
+ *     mapping are read through lms__segmap_at, which asserts the mapping
+ *     is live and the range checked.
  *
  * Append session states:
  *
@@ -41,6 +46,7 @@
 #ifndef LMS_STORE_INTERNAL_H
 #define LMS_STORE_INTERNAL_H
 
+#include <assert.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -98,7 +104,14 @@ struct lms_store {
      * (mdb_env_set_mapsize needs no live transaction in the process). */
     pthread_rwlock_t map_lock;
     atomic_int users;      /* open models etc.; lms_store_close fails with LMS_EBUSY while > 0 */
+    atomic_int append_locks; /* append sessions and admin locks of this handle holding STORE/lock */
 };
+
+/* True while this handle holds the append lock (an append session, or
+ * lms__admin_lock): the precondition of appending, of adding a reference to
+ * a blob and of writing or deleting blob records (invariant 3). For
+ * assertions, as SQLite's btree.c opens with sqlite3BtreeHoldsMutex(). */
+static inline bool lms__append_locked(lms_store *s) { return atomic_load(&s->append_locks) > 0; }
 
 /* Children (models, kv caches) call these so that lms_store_close can refuse
  * to close under them. */
@@ -229,8 +242,10 @@ int lms__meta_get_u64(lms_store *s, MDB_txn *txn, const char *key, uint64_t *v);
 /* ---- blobs and reference counts ------------------------------------------------- */
 
 int lms__blob_get(lms_store *s, MDB_txn *txn, const uint8_t hash[16], lms__blob_rec *out); /* LMS_ENOENT */
+/* Write a blob record (new, or repointed by gc): the append lock is held. */
 int lms__blob_put(lms_store *s, MDB_txn *txn, const uint8_t hash[16], const lms__blob_rec *r);
-/* refs += delta. LMS_ENOENT if the blob is absent; LMS_ECORRUPT if the count
+/* refs += delta (delta > 0 needs the append lock; dropping references does
+ * not). LMS_ENOENT if the blob is absent; LMS_ECORRUPT if a damaged count
  * would go below zero. The record stays (with 0 refs) for gc. */
 int lms__blob_ref(lms_store *s, MDB_txn *txn, const uint8_t hash[16], int64_t delta, uint64_t *refs_after);
 
@@ -258,6 +273,15 @@ typedef struct lms__segmap {
 } lms__segmap;
 int lms__segment_map(lms_store *s, uint32_t id, lms__segmap *m);
 void lms__segment_unmap(lms__segmap *m); /* safe on a zeroed struct or after a failed map */
+/* Bytes [offset, offset + len) of a mapping. The segment must be mapped (and
+ * so share-locked) and the caller must have checked the range against
+ * m->size: records are untrusted, this only asserts that it was done. */
+static inline const uint8_t *lms__segmap_at(const lms__segmap *m, uint64_t offset, uint64_t len)
+{
+    assert(m->base && m->fd >= 0);
+    assert(offset <= m->size && len <= m->size - offset);
+    return m->base + offset;
+}
 
 /* The append session (see the state diagram above). */
 typedef struct lms__appender lms__appender;

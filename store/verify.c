@@ -410,6 +410,7 @@ static void hash_one(void *arg, size_t i, int worker)
     lms__segent *g = lms__segset_find(&v->segs, b->rec.segment);
     XXH3_state_t *h = w->hashers[worker];
     XXH3_128bits_reset(h);
+    assert(g->map.base && g->map.fd >= 0); /* mapped (share-locked) while the snapshot pinned it */
     const uint8_t *p = g->map.base + b->rec.offset;
     uint64_t left = b->rec.size;
     while (left) {

@@ -296,7 +296,8 @@ lms_kv_resume_params lms_kv_default_resume_params(void);
  * segments (fsync'd), then the session record and the new page records
  * commit in one LMDB transaction. A session of the same name is replaced
  * (unless params->no_replace). The cache is not changed. params and stats
- * may be NULL. Errors: LMS_EINVAL (empty name or no committed token),
+ * may be NULL. Errors: LMS_EINVAL (an invalid name: empty, over 400 bytes,
+ * not UTF-8, a control character or a leading '-'; or no committed token),
  * LMS_EEXIST, LMS_EIO, LMS_EDB, LMS_ENOMEM. After a failure no session of
  * that name changed (a crash leaves at most unreferenced segment bytes for gc).
  */

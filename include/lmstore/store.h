@@ -175,7 +175,8 @@ int lms_model_remove(lms_store *store, const char *model);
  * store's append lock (an import or gc in progress) so that no blob it
  * references is being deleted. Errors: LMS_ENOENT (no `src`), LMS_EEXIST
  * (`dst` exists), LMS_EINVAL (`dst` is not a valid model name: 1 to 200
- * bytes of UTF-8 without control characters), LMS_EDB, LMS_ENOSPACE. On
+ * bytes of UTF-8 without control characters or '/', not beginning with
+ * '-'), LMS_EDB, LMS_ENOSPACE. On
  * failure the store is unchanged.
  */
 int lms_model_copy(lms_store *store, const char *src, const char *dst);

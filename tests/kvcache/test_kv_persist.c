@@ -380,6 +380,7 @@ static void sessions_are_listed_described_replaced_and_removed(void **st_)
     sp.no_replace = true;
     assert_int_equal(lms_kv_save_ex(kv, s, st, "beta", &sp, NULL), LMS_EEXIST);
     assert_int_equal(lms_kv_save(kv, s, st, ""), LMS_EINVAL);
+    assert_int_equal(lms_kv_save(kv, s, st, "-x"), LMS_EINVAL); /* store/names.h */
     lms_kv_seq_free(kv, s);
     assert_int_equal(lms_kv_resume(kv, st, "beta", &s), 0);
     assert_int_equal(kvt_diff(kv, s, 5, 12, 0), 0);

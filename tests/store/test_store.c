@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "store/admin_internal.h"
 #include "store/store_internal.h"
 #include "testutil.h"
 
@@ -230,6 +231,32 @@ static void write_txn_grows_map_when_full(void **state)
     free(dir);
 }
 
+/* lms__append_locked (what the invariant-3 assertions read) is true exactly
+ * while an append session or an admin lock of this handle holds STORE/lock. */
+static void append_lock_is_tracked_while_held(void **state)
+{
+    (void)state;
+    char *dir = lms_test_tmpdir("lockflag");
+    lms_store *s;
+    assert_int_equal(lms_store_open(dir, LMS_STORE_CREATE, NULL, &s), 0);
+    assert_false(lms__append_locked(s));
+    lms__appender *a;
+    assert_int_equal(lms__append_begin(s, &a), 0);
+    assert_true(lms__append_locked(s));
+    lms__append_end(a, false);
+    assert_false(lms__append_locked(s));
+    int fd;
+    assert_int_equal(lms__admin_lock(s, &fd), 0);
+    assert_true(lms__append_locked(s));
+    lms__admin_unlock(s, fd);
+    assert_false(lms__append_locked(s));
+    lms__admin_unlock(s, -1); /* not locked: nothing to release */
+    assert_false(lms__append_locked(s));
+    assert_int_equal(lms_store_close(s), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +266,7 @@ int main(void)
         cmocka_unit_test(segment_header_detects_damage),
         cmocka_unit_test(appender_aligns_rolls_over_and_rolls_back),
         cmocka_unit_test(write_txn_grows_map_when_full),
+        cmocka_unit_test(append_lock_is_tracked_while_held),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

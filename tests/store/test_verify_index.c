@@ -10,6 +10,7 @@
 
 #include "common/common.h"
 #include "lmstore/store.h"
+#include "store/admin_internal.h"
 #include "store/store_internal.h"
 #include "testutil.h"
 
@@ -152,7 +153,10 @@ static found damage(const char *tag, int what, const char *tensor)
 {
     lms_store *s = fresh(tag);
     edit e = {what, tensor};
+    int lock; /* the edits add references and write blob records: the append lock's */
+    assert_int_equal(lms__admin_lock(s, &lock), 0);
     assert_int_equal(lms__txn_write(s, edit_txn, &e), 0);
+    lms__admin_unlock(s, lock);
     found f = {0};
     lms_verify_report r;
     lms_verify_params vp = lms_verify_default_params();
