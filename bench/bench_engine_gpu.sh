@@ -15,6 +15,8 @@
 #                    cache compiled), prefill 2048; greedy ids against lmstore's
 #   smollm2 GGUF     the default model from its GGUF: greedy ids of lmstore on
 #                    cuda against transformers bf16 on the same GPU
+#   profile          per-kernel times and DRAM traffic (Nsight Compute) of
+#                    decode steps and of a 2048-token prefill
 #
 # Every measurement is one JSON line in $OUT/results.jsonl; logs in $OUT.
 # Usage, from the repository root, with a CUDA build's binaries in $LMS_BIN_DIR
@@ -75,6 +77,25 @@ peers8b() {
     $PY bench/compare_greedy.py "$OUT/greedy_llama8b.json" "$LMS" "$ST" llama8b cuda | jl
 }
 
+# Per-kernel times and DRAM traffic (Nsight Compute) of a 128-token prefill
+# and 3 decode steps, and of a 2048-token prefill, without graphs.
+profile() {
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { echo "no ncu" | tee -a "$LOG"; return; }
+    say "ncu: prefill 128 + 3 decode steps; prefill 2048"
+    local m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    local ids
+    ids=$($PY -c 'print(",".join(str((i * 7919) % 128000) for i in range(128)))')
+    LMSTORE_CUDA_GRAPH=0 timeout 300 "$ncu" --clock-control none --csv --page raw --metrics $m "$LMS" run llama8b \
+        --store "$ST" --device cuda --prompt-ids "$ids" --max-tokens 4 --ignore-eos >"$OUT/ncu_decode.csv" 2>>"$LOG"
+    $PY bench/ncu_summary.py "$OUT/ncu_decode.csv" | tee -a "$LOG"
+    ids=$($PY -c 'print(",".join(str((i * 7919) % 128000) for i in range(2048)))')
+    LMSTORE_CUDA_GRAPH=0 timeout 300 "$ncu" --clock-control none --csv --page raw --metrics $m "$LMS" run llama8b \
+        --store "$ST" --device cuda --prompt-ids "$ids" --max-tokens 1 --ignore-eos >"$OUT/ncu_prefill.csv" 2>>"$LOG"
+    $PY bench/ncu_summary.py "$OUT/ncu_prefill.csv" | tee -a "$LOG"
+}
+
 smollm2() {
     local gguf=$1 d=$W/smollm2
     say "SmolLM2-135M-Instruct"
@@ -96,6 +117,7 @@ while [ $# -gt 0 ]; do
     bench8b) bench8b ;;
     peers8b) peers8b ;;
     smollm2) smollm2 "$2"; shift ;;
+    profile) profile ;;
     *) echo "unknown phase $1" >&2; exit 2 ;;
     esac
     shift

@@ -189,6 +189,16 @@ int lms__config_parse(const char *config, const char *gen_config, const char *sr
         goto out;
     if ((rc = get_u32(root, "head_dim", hp->n_embd / hp->n_heads, 1, 4096, src, &hp->head_dim)))
         goto out;
+    if (hp->head_dim == 0 || hp->head_dim > 4096 || hp->head_dim % 2) { /* also the default, hidden / heads */
+        rc = lms__err(LMS_EFORMAT, "%s: config.json: head_dim %u (from %s) is not an even size in [2, 4096]", src,
+                      hp->head_dim, get(root, "head_dim") ? "head_dim" : "hidden_size / num_attention_heads");
+        goto out;
+    }
+    if ((uint64_t)hp->n_heads * hp->head_dim > (1u << 20)) {
+        rc = lms__err(LMS_EFORMAT, "%s: config.json: %u heads of %u dimensions are too many", src, hp->n_heads,
+                      hp->head_dim);
+        goto out;
+    }
     if (hp->n_heads % hp->n_kv_heads) {
         rc = lms__err(LMS_EFORMAT, "%s: config.json: num_attention_heads %u is not a multiple of num_key_value_heads %u",
                       src, hp->n_heads, hp->n_kv_heads);

@@ -91,11 +91,15 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
         if (!on_device) {
             e->p.prefill_block = 32; /* weights stay in the CPU caches for 32 rows */
         } else {
-            /* a device computes a whole prompt per pass when its scratch (about
-             * 4 x (n_embd + n_ff) floats a row) stays under 4% of the weights */
-            uint64_t wb = lms__weights_bytes(&e->w, hp), row = 16ull * (hp->n_embd + hp->n_ff + hp->n_heads * hp->head_dim);
+            /* a device computes a whole prompt per pass while its scratch (the f32
+             * activation rows of every buffer and the GEMM input) stays under 4%
+             * of the weights' bytes; 2048 rows at most, 64 at least */
+            uint64_t wb = lms__weights_bytes(&e->w, hp);
+            uint64_t qd = (uint64_t)hp->n_heads * hp->head_dim, kvd = (uint64_t)hp->n_kv_heads * hp->head_dim;
+            uint64_t row = 4 * (2 * hp->n_embd + 2 * qd + 2 * kvd + 2 * hp->n_ff +
+                                LMS_MAX(LMS_MAX((uint64_t)hp->n_embd, qd), (uint64_t)hp->n_ff));
             uint32_t blk = 64;
-            while (blk < 2048 && (uint64_t)blk * 2 * row <= wb / 25) blk *= 2;
+            while (blk < 2048 && 2 * blk * row <= wb / 25) blk *= 2;
             e->p.prefill_block = blk;
         }
     }

@@ -36,6 +36,7 @@
 #define GEMV_MAX_ROWS 8         /* steps up to this many rows use the GEMV kernel */
 #define GEMV_SMEM (160u << 10)  /* ... when their transformed input fits in this much shared memory */
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
+#define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
 
@@ -52,6 +53,7 @@ struct lms__bk {
     float *buf[LMS__B_COUNT_];
     uint32_t width[LMS__B_COUNT_];
     void *xin;          /* [B][maxw] GEMM input, in the weights' type */
+    float *split_out;   /* [2 min(B, SPLIT_MAX_ROWS)][max(maxw, V)] product of a split input */
     float *dvec;        /* mirror of w->vec_store */
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
@@ -141,6 +143,7 @@ static void cuda_destroy(lms__bk *b)
         cublasDestroy(b->blas);
     for (int i = 0; i < LMS__B_COUNT_; i++) cudaFree(b->buf[i]);
     cudaFree(b->xin);
+    cudaFree(b->split_out);
     cudaFree(b->dvec);
     cudaFree(b->inv_freq);
     cudaFree(b->dstep);
@@ -229,6 +232,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
     size_t nstep = LMS_CU_STEP_TOKENS + B + b->max_pages;
     ALLOC(b->xin, B * b->maxw * 4);
+    ALLOC(b->split_out, 2 * LMS_MIN(B, (size_t)SPLIT_MAX_ROWS) * LMS_MAX((size_t)b->maxw, V) * 4);
     ALLOC(b->dvec, LMS_MAX(b->w->vec_len, 1) * 4);
     ALLOC(b->inv_freq, hd * 4);
     ALLOC(b->dstep, nstep * 4);
@@ -401,28 +405,33 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
         return;
     }
-    /* GEMM: the input transformed once into the weights' type, then cuBLAS per job */
-    CU_TRY(b, lms_cu_prologue_launch(b->xin, wtype, x, x2, ldx, dv(b, j0->norm), pro, b->hp->eps, (int)K, (int)row0,
-                                     (int)nb, n ? NULL : b->dstep, b->stream),
-           "matrix product input");
+    /* GEMM: the input transformed once into the weights' type, then cuBLAS per job.
+     * Steps of at most SPLIT_MAX_ROWS rows are memory-bound (each weight is read
+     * once whatever the rows): their 16-bit input is split into two halves
+     * (value and rounding error) multiplied in one product and summed, which
+     * costs no time and keeps about 16 bits of the f32 activations. */
     for (int i = 0; i < n_jobs; i++) {
         const lms__mm *j = &jobs[i];
         int jt = cu_type(j->w->dt);
-        if (jt != wtype) { /* a job of another weight type needs its own input */
-            CU_TRY(b, lms_cu_prologue_launch(b->xin, jt, x, x2, ldx, dv(b, j->norm), pro, b->hp->eps, (int)K,
-                                             (int)row0, (int)nb, n ? NULL : b->dstep, b->stream),
+        bool split = nb <= SPLIT_MAX_ROWS && jt != LMS_CU_F32;
+        if (i == 0 || jt != cu_type(jobs[i - 1].w->dt)) /* a job of another weight type needs its own input */
+            CU_TRY(b, lms_cu_prologue_launch(b->xin, jt, x, x2, ldx, dv(b, j0->norm), pro, b->hp->eps, (int)K,
+                                             (int)row0, (int)nb, n ? NULL : b->dstep, split, b->stream),
                    "matrix product input");
-            wtype = jt;
-        }
-        float alpha = 1.0f, beta = j->acc ? 1.0f : 0.0f;
+        float alpha = 1.0f, beta = j->acc && !split ? 1.0f : 0.0f;
         float *y = y_override ? y_override : b->buf[j->y] + (size_t)row0 * b->width[j->y];
         int ldy = y_override ? ldy_override : (int)b->width[j->y];
-        cublasStatus_t s = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows, (int)nb, (int)K, &alpha,
-                                        j->w->dp, blas_type(jt), (int)K, b->xin, blas_type(jt), (int)K, &beta, y,
-                                        CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (s != CUBLAS_STATUS_SUCCESS)
-            fail(b, 1000 + (int)s, "cuBLAS matrix product");
-        if (j->bias)
+        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows, split ? 2 * (int)nb : (int)nb,
+                                         (int)K, &alpha, j->w->dp, blas_type(jt), (int)K, b->xin, blas_type(jt), (int)K,
+                                         &beta, split ? b->split_out : y, CUDA_R_32F, split ? (int)j->w->rows : ldy,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            fail(b, 1000 + (int)st, "cuBLAS matrix product");
+        if (split)
+            CU_TRY(b, lms_cu_split_sum_launch(y, ldy, b->split_out, (int)j->w->rows, (int)nb, dv(b, j->bias), j->acc,
+                                              b->stream),
+                   "split product sum");
+        else if (j->bias)
             CU_TRY(b, lms_cu_bias_launch(y, ldy, dv(b, j->bias), (int)j->w->rows, b->dstep, (int)nb, b->stream),
                    "bias");
     }

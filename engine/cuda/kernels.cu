@@ -391,9 +391,10 @@ int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
 
 template <int T>
 __global__ void prologue_kernel(void *out, const float *x, const float *x2, int ldx, const float *norm, int pro,
-                                float eps, int K, int row0, int n, const int32_t *step)
+                                float eps, int K, int row0, int n, const int32_t *step, int split)
 {
     __shared__ float red[32];
+    griddep_launch();
     griddep_wait();
     int nb = step ? step[LMS_CU_STEP_NB] : n;
     int b = blockIdx.x;
@@ -412,12 +413,30 @@ __global__ void prologue_kernel(void *out, const float *x, const float *x2, int 
                   : pro == LMS_CU_PRO_NONE ? xr[i]
                                            : act_f(pro, xr[i]) * x2r[i];
         elem<T>::put(out, (size_t)b * K + i, v);
+        if (split) { /* the rounding error as a second row: hi + lo carries ~16 bits of v */
+            float hi = elem<T>::get(out, (size_t)b * K + i);
+            elem<T>::put(out, (size_t)(nb + b) * K + i, v - hi);
+        }
+    }
+}
+
+/* y[b][r] (=, or += with acc) c[b][r] + c[nb + b][r] (+ bias[r]): the two halves of a split product. */
+__global__ void split_sum_kernel(float *y, int ldy, const float *c, int rows, int nb, const float *bias, int acc)
+{
+    griddep_launch();
+    griddep_wait();
+    int b = blockIdx.y;
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+        float v = c[(size_t)b * rows + r] + c[(size_t)(nb + b) * rows + r] + (bias ? bias[r] : 0.f);
+        float *o = y + (size_t)b * ldy + r;
+        *o = acc ? *o + v : v;
     }
 }
 
 template <int T>
 __global__ void embed_kernel(float *x, const void *embed, int E, float scale, const int32_t *step)
 {
+    griddep_launch();
     griddep_wait();
     int b = blockIdx.x;
     if (b >= step[LMS_CU_STEP_NB])
@@ -447,6 +466,7 @@ __global__ void embed_kernel(float *x, const void *embed, int E, float scale, co
 __global__ void norm_add_kernel(float *y, const float *x, const float *w, int n, float eps, const int32_t *step)
 {
     __shared__ float red[32];
+    griddep_launch();
     griddep_wait();
     int b = blockIdx.x;
     if (b >= step[LMS_CU_STEP_NB])
@@ -461,6 +481,7 @@ __global__ void norm_add_kernel(float *y, const float *x, const float *w, int n,
 
 __global__ void bias_kernel(float *y, int ldy, const float *bias, int rows, const int32_t *step)
 {
+    griddep_launch();
     griddep_wait();
     int b = blockIdx.y;
     if (b >= step[LMS_CU_STEP_NB])
@@ -471,6 +492,7 @@ __global__ void bias_kernel(float *y, int ldy, const float *bias, int rows, cons
 
 __global__ void softcap_kernel(float *v, size_t n, float c)
 {
+    griddep_launch();
     griddep_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         v[i] = c * tanhf(v[i] / c);
@@ -530,6 +552,7 @@ template <int KT>
 __global__ void rope_kernel(const lms_cu_rope a)
 {
     __shared__ float red[32];
+    griddep_launch();
     griddep_wait();
     int b = blockIdx.x, head = blockIdx.y; /* heads [0, n_heads) of q, then [0, n_kv) of k */
     if (b >= a.step[LMS_CU_STEP_NB])
@@ -987,15 +1010,22 @@ extern "C" int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream)
 }
 
 extern "C" int lms_cu_prologue_launch(void *out, int otype, const float *x, const float *x2, int ldx, const float *norm,
-                                      int pro, float eps, int K, int row0, int n, const int32_t *step, void *stream)
+                                      int pro, float eps, int K, int row0, int n, const int32_t *step, int split,
+                                      void *stream)
 {
     dim3 g(n), b(256);
     switch (otype) {
-    case LMS_CU_F32: return launch(prologue_kernel<LMS_CU_F32>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step);
-    case LMS_CU_F16: return launch(prologue_kernel<LMS_CU_F16>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step);
-    case LMS_CU_BF16: return launch(prologue_kernel<LMS_CU_BF16>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step);
+    case LMS_CU_F32: return launch(prologue_kernel<LMS_CU_F32>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step, 0);
+    case LMS_CU_F16: return launch(prologue_kernel<LMS_CU_F16>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step, split);
+    case LMS_CU_BF16: return launch(prologue_kernel<LMS_CU_BF16>, g, b, 0, stream, out, x, x2, ldx, norm, pro, eps, K, row0, n, step, split);
     }
     return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_split_sum_launch(float *y, int ldy, const float *c, int rows, int nb, const float *bias, int acc,
+                                       void *stream)
+{
+    return launch(split_sum_kernel, dim3((rows + 255) / 256, nb), dim3(256), 0, stream, y, ldy, c, rows, nb, bias, acc);
 }
 
 extern "C" int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E, float scale, const int32_t *step,

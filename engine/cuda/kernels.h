@@ -66,9 +66,15 @@ typedef struct lms_cu_gemv {
 int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream);
 
 /* out[b][k] = in(x[b])[k] for b < nb (nb from step, or n when step is NULL), as
- * otype: the input of a GEMM. */
+ * otype: the input of a GEMM. split (16-bit otype): rows nb + b get the
+ * rounding error in(x[b]) - out[b], so that a product over both halves
+ * carries about 16 bits of the input instead of 8 or 11. */
 int lms_cu_prologue_launch(void *out, int otype, const float *x, const float *x2, int ldx, const float *norm, int pro,
-                           float eps, int K, int row0, int n, const int32_t *step, void *stream);
+                           float eps, int K, int row0, int n, const int32_t *step, int split, void *stream);
+/* y[b][r] (=, or += with acc) c[b][r] + c[nb + b][r] (+ bias[r]), b < nb, r < rows
+ * (c: [2 nb][rows], the product of a split input). */
+int lms_cu_split_sum_launch(float *y, int ldy, const float *c, int rows, int nb, const float *bias, int acc,
+                            void *stream);
 
 /* x[b] = embed[tokens[b]] * scale (in the weights' type when scale != 1). */
 int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E, float scale, const int32_t *step, int max_nb,

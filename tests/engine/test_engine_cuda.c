@@ -96,7 +96,8 @@ typedef struct rig {
 } rig;
 
 /* dev NULL: the CPU */
-static void rig_open(rig *g, const char *sd, const char *name, lms_device *dev, lms_dtype kvdt, uint32_t block)
+static void rig_open(rig *g, const char *sd, const char *name, lms_device *dev, lms_dtype kvdt, uint32_t block,
+                     uint32_t n_ctx)
 {
     memset(g, 0, sizeof *g);
     assert_int_equal(lms_store_open(sd, 0, NULL, &g->st), 0);
@@ -111,6 +112,7 @@ static void rig_open(rig *g, const char *sd, const char *name, lms_device *dev, 
     ep.threads = 2;
     ep.kv_dtype = kvdt;
     ep.prefill_block = block;
+    ep.n_ctx = n_ctx;
     ep.device = dev;
     if ((rc = lms_engine_create(g->model, &ep, &g->eng)))
         fail_msg("engine create: %s", lms_last_error());
@@ -164,7 +166,7 @@ static void check_family(const char *family, lms_dtype kvdt, uint32_t block)
     rig g;
     load_ref(family, &r);
     char *sd = store_with(family);
-    rig_open(&g, sd, family, g_dev, kvdt, block);
+    rig_open(&g, sd, family, g_dev, kvdt, block, 0);
     lms_engine_info info;
     lms_engine_get_info(g.eng, &info);
     printf("%s on %s (%s), kv %s, block %u\n", family, info.device, info.kernels, lms_dtype_name(kvdt),
@@ -234,21 +236,21 @@ static void session_moves_between_gpu_and_cpu(void **s)
     load_ref("qwen3", &r);
     char *sd = store_with("qwen3");
     /* the uninterrupted run, on the CPU */
-    rig_open(&g, sd, "qwen3", NULL, LMS_DTYPE_F32, 0);
+    rig_open(&g, sd, "qwen3", NULL, LMS_DTYPE_F32, 0, 0);
     collect full = {0};
     lms_gen_params gp = greedy(24);
     assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &full, NULL), 0);
     rig_close(&g);
     for (int dir = 0; dir < 2; dir++) {
         lms_device *save_on = dir == 0 ? g_dev : NULL, *resume_on = dir == 0 ? NULL : g_dev;
-        rig_open(&g, sd, "qwen3", save_on, LMS_DTYPE_F32, 0);
+        rig_open(&g, sd, "qwen3", save_on, LMS_DTYPE_F32, 0, 0);
         collect c = {0};
         gp = greedy(10);
         assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &c, NULL), 0);
         assert_memory_equal(c.ids, full.ids, 10 * sizeof(int32_t));
         assert_int_equal(lms_engine_session_save(g.eng, g.st, dir == 0 ? "from-gpu" : "from-cpu"), 0);
         rig_close(&g);
-        rig_open(&g, sd, "qwen3", resume_on, LMS_DTYPE_F32, 0);
+        rig_open(&g, sd, "qwen3", resume_on, LMS_DTYPE_F32, 0, 0);
         assert_int_equal(lms_engine_session_load(g.eng, g.st, dir == 0 ? "from-gpu" : "from-cpu"), 0);
         collect c2 = {0};
         gp = greedy(14);
@@ -268,7 +270,7 @@ static void device_memory_flat_over_1000_tokens(void **s)
 {
     rig g;
     char *sd = store_with("llama");
-    rig_open(&g, sd, "llama", g_dev, LMS_DTYPE_F16, 0);
+    rig_open(&g, sd, "llama", g_dev, LMS_DTYPE_F16, 0, 1100);
     collect *c = calloc(1, sizeof *c);
     lms_gen_params gp = greedy(1000);
     int32_t p[3] = {1, 2, 3};

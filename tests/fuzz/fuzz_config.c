@@ -43,6 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     assert(memchr(hp.arch_name, '\0', sizeof hp.arch_name));
     assert(hp.n_vocab >= 1 && hp.n_embd >= 1 && hp.n_layers >= 1 && hp.n_ff >= 1 && hp.max_pos >= 1);
     assert(hp.n_heads >= 1 && hp.n_kv_heads >= 1 && hp.n_heads % hp.n_kv_heads == 0);
+    assert(hp.head_dim >= 2 && hp.head_dim <= 4096 && hp.head_dim % 2 == 0);
     assert(hp.eps >= 0 && hp.eps <= 1);
     assert(hp.bos_id == -1 || (hp.bos_id >= 0 && (uint32_t)hp.bos_id < hp.n_vocab));
     assert(hp.n_eos >= 0 && hp.n_eos <= LMS__MAX_EOS);
