@@ -34,7 +34,6 @@
 
 #define LOGIT_ROWS 32           /* rows of logits scratch (layers.c asks at most this many at once) */
 #define GEMV_MAX_ROWS 8         /* steps up to this many rows use the GEMV kernel */
-#define GEMV_SMEM (160u << 10)  /* ... when their transformed input fits in this much shared memory */
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
 #define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
 
@@ -54,6 +53,10 @@ struct lms__bk {
     uint32_t width[LMS__B_COUNT_];
     void *xin;          /* [B][maxw] GEMM input, in the weights' type */
     float *split_out;   /* [2 min(B, SPLIT_MAX_ROWS)][max(maxw, V)] product of a split input */
+    float *xn;          /* [GEMV_MAX_ROWS][maxw] a GEMV's normalized input */
+    float *hbuf;        /* [GEMV_MAX_ROWS][n_ff] act(gate) * up, the down projection's input */
+    bool h_valid;       /* hbuf holds act(G) * U of the current G and U */
+    int h_act;
     float *dvec;        /* mirror of w->vec_store */
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
@@ -127,7 +130,6 @@ static int pro_of(const lms__mm *j)
     return LMS_CU_PRO_NONE;
 }
 
-static bool use_gemv(uint32_t nb, uint32_t K) { return nb <= GEMV_MAX_ROWS && (size_t)nb * K * 4 <= GEMV_SMEM; }
 
 /* ---- create / destroy ----------------------------------------------------------------------- */
 
@@ -144,6 +146,8 @@ static void cuda_destroy(lms__bk *b)
     for (int i = 0; i < LMS__B_COUNT_; i++) cudaFree(b->buf[i]);
     cudaFree(b->xin);
     cudaFree(b->split_out);
+    cudaFree(b->xn);
+    cudaFree(b->hbuf);
     cudaFree(b->dvec);
     cudaFree(b->inv_freq);
     cudaFree(b->dstep);
@@ -232,6 +236,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
     size_t nstep = LMS_CU_STEP_TOKENS + B + b->max_pages;
     ALLOC(b->xin, B * b->maxw * 4);
+    ALLOC(b->xn, (size_t)GEMV_MAX_ROWS * b->maxw * 4);
+    ALLOC(b->hbuf, (size_t)GEMV_MAX_ROWS * hp->n_ff * 4);
     ALLOC(b->split_out, 2 * LMS_MIN(B, (size_t)SPLIT_MAX_ROWS) * LMS_MAX((size_t)b->maxw, V) * 4);
     ALLOC(b->dvec, LMS_MAX(b->w->vec_len, 1) * 4);
     ALLOC(b->inv_freq, hd * 4);
@@ -376,7 +382,21 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
     assert(K == b->width[j0->x]);
     bool same_type = true;
     for (int i = 1; i < n_jobs; i++) same_type = same_type && jobs[i].w->dt == j0->w->dt;
-    if (use_gemv(nb, K) && same_type) {
+    if (nb <= GEMV_MAX_ROWS && same_type) {
+        /* the input, transformed once into device scratch (rows of K floats) */
+        const float *xg = x + (size_t)row0 * ldx;
+        int ldg = ldx;
+        if (j0->norm) {
+            CU_TRY(b, lms_cu_rmsnorm_launch(b->xn, x, dv(b, j0->norm), (int)K, b->hp->eps, (int)row0, n ? (int)n : 0,
+                                            b->dstep, (int)nb, b->stream),
+                   "rmsnorm");
+            xg = b->xn, ldg = (int)K;
+        } else if (j0->act != LMS__ACT_NONE) {
+            if (!(b->h_valid && j0->x == LMS__B_G && j0->x2 == LMS__B_U && pro == b->h_act))
+                CU_TRY(b, lms_cu_act_mul_launch(b->hbuf, x, x2, (int)K, pro, b->dstep, (int)nb, b->stream),
+                       "gated activation");
+            xg = b->hbuf, ldg = (int)K;
+        }
         lms_cu_gemv a;
         memset(&a, 0, sizeof a);
         for (int i = 0; i < n_jobs; i++) {
@@ -388,23 +408,29 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
             a.acc[i] = jobs[i].acc;
             assert(y_override || b->width[jobs[i].y] == jobs[i].w->rows);
         }
+        /* gate and up: the warp that computes row r of both writes act(gate) * up too,
+         * the down projection's input (b->hbuf) */
+        bool pair = n_jobs == 2 && !y_override && jobs[0].y == LMS__B_G && jobs[1].y == LMS__B_U && !jobs[0].acc &&
+                    !jobs[1].acc && jobs[0].w->rows == jobs[1].w->rows && b->hp->act != LMS__ACT_NONE;
         a.n_jobs = n_jobs;
         a.wtype = wtype;
         a.K = (int)K;
-        a.x = x;
-        a.ldx = ldx;
-        a.x2 = x2;
-        a.norm = dv(b, j0->norm);
-        a.pro = pro;
-        a.eps = b->hp->eps;
+        a.x = xg;
+        a.ldx = ldg;
+        a.pair_act = pair ? (b->hp->act == LMS__ACT_SILU ? LMS_CU_PRO_SILU : LMS_CU_PRO_GELU) : 0;
+        a.h = b->hbuf;
+        a.ldh = (int)b->hp->n_ff;
         a.step = b->dstep;
         a.nb_max = (int)nb;
         a.nb_fixed = n ? (int)n : 0;
-        a.row0 = (int)row0;
+        a.row0 = 0;
         a.y_row0 = y_override ? 0 : (int)row0;
         CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
+        b->h_valid = pair;
+        b->h_act = a.pair_act;
         return;
     }
+    b->h_valid = false;
     /* GEMM: the input transformed once into the weights' type, then cuBLAS per job.
      * Steps of at most SPLIT_MAX_ROWS rows are memory-bound (each weight is read
      * once whatever the rows): their 16-bit input is split into two halves
@@ -535,6 +561,7 @@ static int cuda_read(lms__bk *b, lms__buf id, uint32_t n, float *host)
 
 static int cuda_write(lms__bk *b, lms__buf id, uint32_t n, const float *host)
 {
+    b->h_valid = false;
     cudaError_t e = cudaMemcpy(b->buf[id], host, (size_t)n * b->width[id] * 4, cudaMemcpyHostToDevice);
     return e ? cu_err(e, "write activations") : 0;
 }

@@ -163,97 +163,122 @@ __device__ __forceinline__ float act_f(int pro, float g)
     return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
 
-/* The input transform of one row into dst[0..K): x, RMSNorm(x) * norm, or act(x) * x2. */
-__device__ void transform_row(float *dst, const float *x, const float *x2, const float *norm, int pro, float eps,
-                              int K, float *red)
-{
-    if (pro == LMS_CU_PRO_NORM) {
-        float ss = 0;
-        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += x[i] * x[i];
-        ss = block_sum(ss, red);
-        float r = 1.0f / sqrtf(ss / (float)K + eps);
-        for (int i = threadIdx.x; i < K; i += blockDim.x) dst[i] = norm[i] * (x[i] * r);
-    } else if (pro == LMS_CU_PRO_NONE) {
-        for (int i = threadIdx.x; i < K; i += blockDim.x) dst[i] = x[i];
-    } else {
-        for (int i = threadIdx.x; i < K; i += blockDim.x) dst[i] = act_f(pro, x[i]) * x2[i];
-    }
-}
-
-/* ---- GEMV ---------------------------------------------------------------------------- */
-
-#define GEMV_THREADS 512
+#define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_R 2 /* rows a warp computes at once */
 #define GEMV_U 4 /* 16-byte loads per row and lane in one step */
 
-/* Rows of the concatenated jobs: job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total). */
+/*
+ * Row groups of a GEMV: GEMV_R rows of the jobs' rows laid end to end
+ * (job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total)), or with pair_act the
+ * same row of job 0 and job 1 (gate and up) so that one warp can write
+ * act(gate) * up.
+ */
 struct gemv_rows {
-    int s1, s2, total;
+    int s1, s2, total, groups;
+    bool pair;
     __device__ gemv_rows(const lms_cu_gemv &a)
-        : s1(a.rows[0]), s2(a.rows[0] + (a.n_jobs > 1 ? a.rows[1] : 0)),
-          total(a.rows[0] + (a.n_jobs > 1 ? a.rows[1] : 0) + (a.n_jobs > 2 ? a.rows[2] : 0))
     {
+        pair = a.pair_act != 0;
+        s1 = a.rows[0];
+        s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0);
+        total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
+        groups = pair ? a.rows[0] : (total + GEMV_R - 1) / GEMV_R;
     }
-    __device__ int job(int row, int n_jobs) const { return (n_jobs > 1 && row >= s1) + (n_jobs > 2 && row >= s2); }
-    __device__ int local(int row, int j) const { return row - (j == 0 ? 0 : j == 1 ? s1 : s2); }
+    /* row r of group g: job and row within the job; false past the end */
+    __device__ bool at(const lms_cu_gemv &a, int g, int r, int *job, int *row) const
+    {
+        if (pair) {
+            *job = r, *row = g;
+            return true;
+        }
+        int x = g * GEMV_R + r;
+        int j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
+        *job = j;
+        *row = x - (j == 0 ? 0 : j == 1 ? s1 : s2);
+        return x < total;
+    }
 };
 
-/* The GEMV_R x GEMV_U weight loads of step s of a warp: row group s / rounds
- * (rows r0 + R*(s/rounds) ..), chunks of round s % rounds. Out-of-range rows
- * and chunks load zeros. */
+/* The GEMV_R x GEMV_U weight loads of one step: group g, chunks u0 + 32 u
+ * (zeros past the row's end or past the last row). */
 template <typename E>
-__device__ __forceinline__ void gemv_load(const lms_cu_gemv &a, const gemv_rows &gr, int r0, int r_end, int rounds,
-                                          int nch, int s, int lane, uint4 (&w)[GEMV_R][GEMV_U])
+__device__ __forceinline__ void gemv_load(const lms_cu_gemv &a, const gemv_rows &gr, int g, int u0, int nch,
+                                          uint4 (&w)[GEMV_R][GEMV_U])
 {
-    const int g = s / rounds, u0 = (s % rounds) * 32 * GEMV_U + lane;
     const size_t row_bytes = (size_t)a.K * sizeof(typename E::t);
 #pragma unroll
     for (int r = 0; r < GEMV_R; r++) {
-        int row = r0 + g * GEMV_R + r;
-        int j = gr.job(row, a.n_jobs);
-        const uint8_t *base = (const uint8_t *)a.w[j] + (size_t)gr.local(row, j) * row_bytes;
+        int j, lr;
+        bool ok = gr.at(a, g, r, &j, &lr);
+        const uint8_t *base = (const uint8_t *)a.w[j] + (size_t)(ok ? lr : 0) * row_bytes;
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
             int c = u0 + 32 * u;
-            w[r][u] = (row < r_end && c < nch) ? ld_stream(base + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+            w[r][u] = (ok && c < nch) ? ld_stream(base + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
         }
     }
 }
 
+/* The epilogue of row group g: sums reduced over the warp; lane 0 writes
+ * y (+ bias, += with acc) and, with pair_act, h = act(gate) * up. */
+template <int NB>
+__device__ __forceinline__ void gemv_store(const lms_cu_gemv &a, const gemv_rows &gr, int g, int nb, int lane,
+                                           float (&acc)[GEMV_R][NB])
+{
+    float v[GEMV_R][NB];
+#pragma unroll
+    for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) v[r][b] = warp_sum(acc[r][b]), acc[r][b] = 0.f;
+    if (lane != 0)
+        return;
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        if (NB > 1 && b >= nb)
+            break;
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) {
+            int j, lr;
+            if (!gr.at(a, g, r, &j, &lr))
+                continue;
+            float x = v[r][b] + (a.bias[j] ? a.bias[j][lr] : 0.f);
+            v[r][b] = x;
+            float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+            *y = a.acc[j] ? *y + x : x;
+        }
+        if (gr.pair)
+            a.h[(size_t)b * a.ldh + g] = act_f(a.pair_act, v[0][b]) * v[1][b];
+    }
+}
+
 /*
- * Vector path: rows are 16-byte aligned and K a multiple of the elements in
- * 16 bytes. Each warp owns a contiguous range of rows (the grid's warps split
- * the rows evenly) and walks it in steps of GEMV_R rows x GEMV_U x 32 chunks,
- * with the next step's loads in flight while the current one is summed. The
- * first step's loads are issued before griddepcontrol.wait: the weights do
- * not depend on the previous kernel, so they stream while it drains.
+ * Vector path: rows 16-byte aligned, K a multiple of the elements in 16
+ * bytes. One wave of blocks; each warp owns an even share of the row groups
+ * and walks them in steps of GEMV_R rows x GEMV_U x 32 chunks of 16 bytes
+ * (8 loads per lane in flight; 32+ warps per SM cover the latency). x (the
+ * already transformed input, nb rows of K floats) is read through L1, where
+ * every warp of the SM finds it. The first step's loads are issued before
+ * griddepcontrol.wait: the weights do not depend on the previous kernel.
  */
 template <int T, int NB>
-__global__ void __launch_bounds__(GEMV_THREADS, 1) gemv_vec_kernel(const lms_cu_gemv a)
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel(const lms_cu_gemv a)
 {
     typedef elem<T> E;
     constexpr int per = E::per16;
-    extern __shared__ float xs[]; /* [nb][K]: the transformed inputs */
-    __shared__ float red[32];
     griddep_launch();
     const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nch = K / per;
     const gemv_rows gr(a);
     const long long W = (long long)gridDim.x * GEMV_WARPS, wid = (long long)blockIdx.x * GEMV_WARPS + warp;
-    const int r0 = (int)(gr.total * wid / W), r_end = (int)(gr.total * (wid + 1) / W);
+    const int g0 = (int)(gr.groups * wid / W), g1 = (int)(gr.groups * (wid + 1) / W);
     const int rounds = (nch + 32 * GEMV_U - 1) / (32 * GEMV_U);
-    const int nsteps = (r_end - r0 + GEMV_R - 1) / GEMV_R * rounds;
-    uint4 cur[GEMV_R][GEMV_U], nxt[GEMV_R][GEMV_U];
+    const int nsteps = (g1 - g0) * rounds;
+    uint4 w[GEMV_R][GEMV_U];
     if (nsteps > 0)
-        gemv_load<E>(a, gr, r0, r_end, rounds, nch, 0, lane, cur);
-
+        gemv_load<E>(a, gr, g0, lane, nch, w);
     griddep_wait();
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
-    for (int b = 0; b < nb; b++) {
-        size_t xo = (size_t)(a.row0 + b) * a.ldx;
-        transform_row(xs + (size_t)b * K, a.x + xo, a.x2 ? a.x2 + xo : nullptr, a.norm, a.pro, a.eps, K, red);
-    }
-    __syncthreads();
+    const float *x = a.x + (size_t)a.row0 * a.ldx;
 
     float acc[GEMV_R][NB];
 #pragma unroll
@@ -261,9 +286,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1) gemv_vec_kernel(const lms_cu_
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
     for (int s = 0; s < nsteps; s++) {
-        if (s + 1 < nsteps)
-            gemv_load<E>(a, gr, r0, r_end, rounds, nch, s + 1, lane, nxt);
-        const int cbase = (s % rounds) * 32 * GEMV_U + lane;
+        const int g = g0 + s / rounds, cbase = (s % rounds) * 32 * GEMV_U + lane;
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
             const int c = cbase + 32 * u;
@@ -271,17 +294,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1) gemv_vec_kernel(const lms_cu_
                 break;
             float wf[GEMV_R][8];
 #pragma unroll
-            for (int r = 0; r < GEMV_R; r++) E::unpack(cur[r][u], wf[r]);
+            for (int r = 0; r < GEMV_R; r++) E::unpack(w[r][u], wf[r]);
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 if (NB > 1 && b >= nb)
                     break;
-                const float *xv = xs + (size_t)b * K + (size_t)c * per;
+                const float4 *xv = (const float4 *)(x + (size_t)b * a.ldx + (size_t)c * per);
                 float xf[8];
-                float4 x0 = *(const float4 *)xv;
+                float4 x0 = __ldg(xv);
                 xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
                 if (per == 8) {
-                    float4 x1 = *(const float4 *)(xv + 4);
+                    float4 x1 = __ldg(xv + 1);
                     xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
                 }
 #pragma unroll
@@ -290,81 +313,53 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1) gemv_vec_kernel(const lms_cu_
                     for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
             }
         }
-        if (s % rounds == rounds - 1) { /* the row group is complete */
-            const int g = s / rounds;
-#pragma unroll
-            for (int r = 0; r < GEMV_R; r++) {
-                const int row = r0 + g * GEMV_R + r, j = gr.job(row, a.n_jobs), lr = gr.local(row, j);
-#pragma unroll
-                for (int b = 0; b < NB; b++) {
-                    float v = warp_sum(acc[r][b]);
-                    acc[r][b] = 0.f;
-                    if (lane == 0 && row < r_end && (NB == 1 || b < nb)) {
-                        if (a.bias[j])
-                            v += a.bias[j][lr];
-                        float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
-                        *y = a.acc[j] ? *y + v : v;
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < GEMV_R; r++)
-#pragma unroll
-            for (int u = 0; u < GEMV_U; u++) cur[r][u] = nxt[r][u];
+        if (s % rounds == rounds - 1)
+            gemv_store<NB>(a, gr, g, nb, lane, acc);
+        if (s + 1 < nsteps)
+            gemv_load<E>(a, gr, g0 + (s + 1) / rounds, ((s + 1) % rounds) * 32 * GEMV_U + lane, nch, w);
     }
 }
 
-/* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes): one row per warp at a time. */
+/* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes). */
 template <int T, int NB>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_kernel(const lms_cu_gemv a)
 {
     typedef elem<T> E;
-    extern __shared__ float xs[];
-    __shared__ float red[32];
     griddep_launch();
     griddep_wait();
     const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
-    for (int b = 0; b < nb; b++) {
-        size_t xo = (size_t)(a.row0 + b) * a.ldx;
-        transform_row(xs + (size_t)b * K, a.x + xo, a.x2 ? a.x2 + xo : nullptr, a.norm, a.pro, a.eps, K, red);
-    }
-    __syncthreads();
+    const float *x = a.x + (size_t)a.row0 * a.ldx;
     const gemv_rows gr(a);
     const size_t row_bytes = (size_t)K * sizeof(typename E::t);
-    for (int row = blockIdx.x * GEMV_WARPS + warp; row < gr.total; row += gridDim.x * GEMV_WARPS) {
-        const int j = gr.job(row, a.n_jobs), lr = gr.local(row, j);
-        const uint8_t *wr = (const uint8_t *)a.w[j] + (size_t)lr * row_bytes;
-        float acc[NB];
+    for (int g = blockIdx.x * GEMV_WARPS + warp; g < gr.groups; g += gridDim.x * GEMV_WARPS) {
+        float acc[GEMV_R][NB];
 #pragma unroll
-        for (int b = 0; b < NB; b++) acc[b] = 0.f;
-        for (int k = lane; k < K; k += 32) {
-            float wv = E::get(wr, k);
+        for (int r = 0; r < GEMV_R; r++) {
 #pragma unroll
-            for (int b = 0; b < NB; b++)
-                if (NB == 1 || b < nb)
-                    acc[b] = fmaf(wv, xs[(size_t)b * K + k], acc[b]);
-        }
+            for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+            int j, lr;
+            if (!gr.at(a, g, r, &j, &lr))
+                continue;
+            const uint8_t *wr = (const uint8_t *)a.w[j] + (size_t)lr * row_bytes;
+            for (int k = lane; k < K; k += 32) {
+                float wv = E::get(wr, k);
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            float v = warp_sum(acc[b]);
-            if (lane == 0 && (NB == 1 || b < nb)) {
-                if (a.bias[j])
-                    v += a.bias[j][lr];
-                float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
-                *y = a.acc[j] ? *y + v : v;
+                for (int b = 0; b < NB; b++)
+                    if (NB == 1 || b < nb)
+                        acc[r][b] = fmaf(wv, x[(size_t)b * a.ldx + k], acc[r][b]);
             }
         }
+        gemv_store<NB>(a, gr, g, nb, lane, acc);
     }
 }
 
-/* Blocks of a kernel that fit on an SM at once with `smem` dynamic bytes. */
+/* Blocks of a kernel that fit on an SM at once. */
 template <typename K>
-int resident_blocks(K kernel, size_t smem)
+int resident_blocks(K kernel)
 {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMV_THREADS, smem) != cudaSuccess || n < 1)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMV_THREADS, 0) != cudaSuccess || n < 1)
         n = 1;
     return n;
 }
@@ -374,17 +369,54 @@ int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
 {
     bool vec = a->K % elem<T>::per16 == 0;
     for (int j = 0; j < a->n_jobs; j++) vec = vec && ((uintptr_t)a->w[j] % 16 == 0);
-    size_t smem = (size_t)(NB == 1 ? 1 : a->nb_max) * a->K * sizeof(float);
+    vec = vec && ((uintptr_t)a->x % 16 == 0) && a->ldx % 4 == 0;
     int total = 0;
     for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
-    /* one wave: every block resident at once, each warp a share of the rows */
-    int need = (total + GEMV_R * GEMV_WARPS - 1) / (GEMV_R * GEMV_WARPS);
+    int groups = a->pair_act ? a->rows[0] : (total + GEMV_R - 1) / GEMV_R;
+    /* one wave: every block resident at once, each warp an even share of the rows */
+    int need = (groups + GEMV_WARPS - 1) / GEMV_WARPS;
     if (vec) {
-        int blocks = resident_blocks(gemv_vec_kernel<T, NB>, smem) * sms;
-        return launch(gemv_vec_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), smem, stream, *a);
+        static int per_sm = 0;
+        if (!per_sm)
+            per_sm = resident_blocks(gemv_vec_kernel<T, NB>);
+        int blocks = per_sm * sms;
+        return launch(gemv_vec_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), 0, stream, *a);
     }
-    int blocks = resident_blocks(gemv_scalar_kernel<T, NB>, smem) * sms;
-    return launch(gemv_scalar_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), smem, stream, *a);
+    static int per_sm_s = 0;
+    if (!per_sm_s)
+        per_sm_s = resident_blocks(gemv_scalar_kernel<T, NB>);
+    int blocks = per_sm_s * sms;
+    return launch(gemv_scalar_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), 0, stream, *a);
+}
+
+/* out[b] = RMSNorm(x[row0 + b]) * w (rows of n floats; b < nb, from step or n_rows). */
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps, int row0, int n_rows,
+                               const int32_t *step)
+{
+    __shared__ float red[32];
+    griddep_launch();
+    griddep_wait();
+    int b = blockIdx.x, nb = n_rows > 0 ? n_rows : step[LMS_CU_STEP_NB];
+    if (b >= nb)
+        return;
+    const float *xr = x + (size_t)(row0 + b) * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)b * n + i] = w[i] * (xr[i] * r);
+}
+
+/* h[b][i] = act(g[b][i]) * u[b][i] (b < nb from step). */
+__global__ void act_mul_kernel(float *h, const float *g, const float *u, int n, int act, const int32_t *step)
+{
+    griddep_launch();
+    griddep_wait();
+    int b = blockIdx.y;
+    if (b >= step[LMS_CU_STEP_NB])
+        return;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        h[(size_t)b * n + i] = act_f(act, g[(size_t)b * n + i]) * u[(size_t)b * n + i];
 }
 
 /* ---- prologue, embed, norm_add, bias, softcap, argmax --------------------------------------- */
@@ -548,54 +580,56 @@ __global__ void __launch_bounds__(512) readbw_kernel(const uint4 *p, size_t n, u
 
 /* ---- RoPE and the K/V write -------------------------------------------------------------------- */
 
+/*
+ * Block b: token b of the step, all of its heads; a warp per head (q heads,
+ * then k heads), lanes over the rotated pairs (i, i + hd/2). q is written
+ * back, k and v go into the cache at position pos0 + b of the layer.
+ */
 template <int KT>
 __global__ void rope_kernel(const lms_cu_rope a)
 {
-    __shared__ float red[32];
     griddep_launch();
     griddep_wait();
-    int b = blockIdx.x, head = blockIdx.y; /* heads [0, n_heads) of q, then [0, n_kv) of k */
+    const int b = blockIdx.x;
     if (b >= a.step[LMS_CU_STEP_NB])
         return;
-    int pos = a.step[LMS_CU_STEP_POS0] + b, hd = a.hd, half = hd / 2;
-    bool isq = head < a.n_heads;
-    int h = isq ? head : head - a.n_heads;
-    float *v = isq ? a.q + ((size_t)b * a.n_heads + h) * hd : a.k + ((size_t)b * a.n_kv + h) * hd;
-    const float *nw = isq ? a.q_norm : a.k_norm;
-    float r = 1.f;
-    if (nw) {
-        float ss = 0;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
-        ss = block_sum(ss, red);
-        r = 1.0f / sqrtf(ss / (float)hd + a.eps);
-    }
-    /* thread i rotates the pair (i, i + half) */
-    float out1 = 0, out2 = 0;
-    int i = threadIdx.x;
-    if (i < half) {
-        float x1 = v[i], x2 = v[i + half];
-        if (nw)
-            x1 = nw[i] * (x1 * r), x2 = nw[i + half] * (x2 * r);
-        float fr = (float)pos * a.inv_freq[i], c = cosf(fr), s = sinf(fr);
-        out1 = x1 * c - x2 * s;
-        out2 = x2 * c + x1 * s;
-    }
-    __syncthreads(); /* every read of v before any write */
-    if (i < half) {
-        v[i] = out1;
-        v[i + half] = out2;
-    }
-    if (!isq) {
-        const lms_cu_kv *kv = &a.kv;
-        int page = a.step[LMS_CU_STEP_TOKENS + a.max_block + pos / kv->page_tokens], slot = pos % kv->page_tokens;
-        uint8_t *dst = kv->base + (size_t)page * kv->page_bytes + (size_t)a.layer * kv->layer_bytes +
-                       (size_t)h * kv->head_bytes + (size_t)slot * kv->token_bytes;
-        const float *vv = a.v + ((size_t)b * a.n_kv + h) * hd;
-        if (i < half) {
-            elem<KT>::put(dst, i, out1);
-            elem<KT>::put(dst, i + half, out2);
+    const int pos = a.step[LMS_CU_STEP_POS0] + b, hd = a.hd, half = hd / 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const lms_cu_kv *kv = &a.kv;
+    const int page = a.step[LMS_CU_STEP_TOKENS + a.max_block + pos / kv->page_tokens], slot = pos % kv->page_tokens;
+    uint8_t *kvrow = kv->base + (size_t)page * kv->page_bytes + (size_t)a.layer * kv->layer_bytes +
+                     (size_t)slot * kv->token_bytes;
+    for (int head = warp; head < a.n_heads + a.n_kv; head += nw) {
+        const bool isq = head < a.n_heads;
+        const int h = isq ? head : head - a.n_heads;
+        float *v = isq ? a.q + ((size_t)b * a.n_heads + h) * hd : a.k + ((size_t)b * a.n_kv + h) * hd;
+        const float *nw_ = isq ? a.q_norm : a.k_norm;
+        float r = 1.f;
+        if (nw_) {
+            float ss = 0;
+            for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
+            ss = warp_sum(ss);
+            r = 1.0f / sqrtf(ss / (float)hd + a.eps);
         }
-        for (int j = threadIdx.x; j < hd; j += blockDim.x) elem<KT>::put(dst + kv->v_offset, j, vv[j]);
+        for (int i = lane; i < half; i += 32) {
+            float x1 = v[i], x2 = v[i + half];
+            if (nw_)
+                x1 = nw_[i] * (x1 * r), x2 = nw_[i + half] * (x2 * r);
+            float fr = (float)pos * a.inv_freq[i], c = cosf(fr), sn = sinf(fr);
+            float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
+            v[i] = o1;
+            v[i + half] = o2;
+            if (!isq) {
+                uint8_t *dst = kvrow + (size_t)h * kv->head_bytes;
+                elem<KT>::put(dst, i, o1);
+                elem<KT>::put(dst, i + half, o2);
+            }
+        }
+        if (!isq) {
+            const float *vv = a.v + ((size_t)b * a.n_kv + h) * hd;
+            uint8_t *dst = kvrow + kv->v_offset + (size_t)h * kv->head_bytes;
+            for (int j = lane; j < hd; j += 32) elem<KT>::put(dst, j, vv[j]);
+        }
     }
 }
 
@@ -626,6 +660,7 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     typedef elem<KT> E;
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
+    __shared__ int64_t srow[ATT_SUB];
     __shared__ int sm_last;
     griddep_launch();
     griddep_wait();
@@ -663,23 +698,41 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     for (int sub = t0; sub < t1; sub += ATT_SUB) {
         const int n = min(ATT_SUB, t1 - sub);
         __syncthreads(); /* the previous round's readers are done (and qs is written) */
+        /* each position's row offset (one page-table read per position, in parallel) */
+        for (int t = tid; t < n; t += blockDim.x) {
+            int pos = sub + t;
+            srow[t] = (int64_t)pages[pos / kv->page_tokens] * kv->page_bytes + (int64_t)(pos % kv->page_tokens) * tb;
+        }
+        __syncthreads();
+        /* K and V rows into shared memory: up to 8 loads per thread in flight, then the stores */
         if (tb % 16 == 0) {
-            const int cpr = tb / 16;
-            for (int i = tid; i < n * cpr; i += blockDim.x) {
-                int t = i / cpr, c = i % cpr, pos = sub + t;
-                const uint8_t *row = kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
-                                     (size_t)(pos % kv->page_tokens) * tb + (size_t)c * 16;
-                *(uint4 *)(ks + (size_t)t * tb + c * 16) = *(const uint4 *)row;
-                *(uint4 *)(vs + (size_t)t * tb + c * 16) = *(const uint4 *)(row + kv->v_offset);
+            const int cpr = tb / 16, total = n * cpr;
+            for (int i0 = tid; i0 < total; i0 += 4 * blockDim.x) {
+                uint4 kr[4], vr[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    int i = i0 + u * blockDim.x;
+                    if (i < total) {
+                        const uint8_t *row = kbase + srow[i / cpr] + (size_t)(i % cpr) * 16;
+                        kr[u] = *(const uint4 *)row;
+                        vr[u] = *(const uint4 *)(row + kv->v_offset);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    int i = i0 + u * blockDim.x;
+                    if (i < total) {
+                        *(uint4 *)(ks + (size_t)(i / cpr) * tb + (i % cpr) * 16) = kr[u];
+                        *(uint4 *)(vs + (size_t)(i / cpr) * tb + (i % cpr) * 16) = vr[u];
+                    }
+                }
             }
         } else {
             const int cpr = tb / 4;
             for (int i = tid; i < n * cpr; i += blockDim.x) {
-                int t = i / cpr, c = i % cpr, pos = sub + t;
-                const uint8_t *row = kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
-                                     (size_t)(pos % kv->page_tokens) * tb + (size_t)c * 4;
-                *(uint32_t *)(ks + (size_t)t * tb + c * 4) = *(const uint32_t *)row;
-                *(uint32_t *)(vs + (size_t)t * tb + c * 4) = *(const uint32_t *)(row + kv->v_offset);
+                const uint8_t *row = kbase + srow[i / cpr] + (size_t)(i % cpr) * 4;
+                *(uint32_t *)(ks + (size_t)(i / cpr) * tb + (i % cpr) * 4) = *(const uint32_t *)row;
+                *(uint32_t *)(vs + (size_t)(i / cpr) * tb + (i % cpr) * 4) = *(const uint32_t *)(row + kv->v_offset);
             }
         }
         __syncthreads();
@@ -778,8 +831,10 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     if (tid < hd)
         for (int g = 0; g < G; g++) {
             float M = -INFINITY;
+#pragma unroll 8
             for (int j = 0; j < S; j++) M = fmaxf(M, __ldcg(p0 + ((size_t)j * G + g) * stride));
             float L = 0, o = 0;
+#pragma unroll 8
             for (int j = 0; j < S; j++) {
                 const float *pp = p0 + ((size_t)j * G + g) * stride;
                 float w = expf(__ldcg(pp) - M);
@@ -826,26 +881,51 @@ template <> struct mma16<LMS_CU_BF16> {
 
 #define FA_BQ 64 /* queries per block: 4 warps x 16 */
 
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* Four 8x8 16-bit matrices, transposed: lane L gives the address of row L % 8 of matrix L / 8. */
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+template <int HD, int BK> __host__ __device__ constexpr size_t fa_smem() { return (size_t)4 * BK * (HD + 8) * 2; }
+
 /*
  * Block (query tile qt, head): the 64 queries qt*64.. of the step for one
- * query head, over key tiles of BK positions. Fragment layouts are those of
- * mma.m16n8k16 (PTX ISA): with g = lane / 4 and t = lane % 4, A holds rows
- * g and g + 8, columns 2t, 2t + 1 (+8); B holds k = 2t, 2t + 1 (+8) of
- * column g; C holds rows g, g + 8, columns 2t, 2t + 1. S = Q K^T takes B
- * straight from K rows; P (S's C fragments, as 16-bit) is the A operand of
- * O += P V with V transposed in shared memory.
+ * query head, over key tiles of BK positions, double-buffered in shared
+ * memory by cp.async (the next tile loads while this one is computed).
+ * Fragment layouts are those of mma.m16n8k16 (PTX ISA): with g = lane / 4
+ * and t = lane % 4, A holds rows g and g + 8, columns 2t, 2t + 1 (+8); B
+ * holds k = 2t, 2t + 1 (+8) of column g; C holds rows g, g + 8, columns
+ * 2t, 2t + 1. S = Q K^T takes B straight from K rows; P (S's C fragments,
+ * as 16-bit) is the A operand of O += P V, whose B comes from V rows by
+ * ldmatrix.trans. Rows are padded by 16 bytes: no bank conflicts.
  */
 template <int KT, int HD, int BK>
 __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
 {
     typedef mma16<KT> M;
     typedef typename elem<KT>::t T16;
-    constexpr int KS = HD + 8, VS = BK + 8; /* padded row strides (elements) */
-    __shared__ __align__(16) T16 Ks[BK * KS];
-    __shared__ __align__(16) T16 Vt[HD * VS];
+    constexpr int KS = HD + 8; /* padded row stride (elements) */
+    extern __shared__ __align__(16) uint8_t fa_mem[];
+    T16 *Ks = (T16 *)fa_mem, *Vs = Ks + 2 * BK * KS; /* [2][BK][KS] each */
+    griddep_launch();
     griddep_wait();
     const int nb = a.step[LMS_CU_STEP_NB], pos0 = a.step[LMS_CU_STEP_POS0];
-    const int qt = blockIdx.x, head = blockIdx.y, kvh = head / (a.n_heads / a.n_kv);
+    /* the longest (last, causal) query tiles first: the short ones fill the tail */
+    const int qt = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y, kvh = head / (a.n_heads / a.n_kv);
     if (qt * FA_BQ >= nb)
         return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -853,10 +933,32 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
     const size_t qd = (size_t)a.n_heads * HD;
     const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)kvh * kv->head_bytes;
+    const float LOG2E = 1.4426950408889634f;
 
-    /* this warp's rows r0 = g, r1 = g + 8 of its 16 */
     const int qrow0 = qt * FA_BQ + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qpos0 = pos0 + qrow0, qpos1 = pos0 + qrow1;
+    const int last_q = min(nb, (qt + 1) * FA_BQ) - 1;
+    const int qmax = pos0 + last_q, qmin = pos0 + qt * FA_BQ;
+    const int kmin = a.window > 0 ? max(0, qmin - a.window + 1) : 0;
+    const int kfirst = (kmin / BK) * BK;
+
+    /* one tile of K and V rows into buffer `buf` (positions past qmax: zeros) */
+    auto load_tile = [&](int buf, int k0) {
+        T16 *kd = Ks + buf * BK * KS, *vd = Vs + buf * BK * KS;
+        for (int i = tid; i < BK * (HD / 8); i += 128) {
+            int key = i / (HD / 8), c = i % (HD / 8), kp = k0 + key;
+            bool ok = kp <= qmax;
+            const uint8_t *row = lbase + (ok ? (size_t)pages[kp / kv->page_tokens] * kv->page_bytes +
+                                                   (size_t)(kp % kv->page_tokens) * kv->token_bytes
+                                             : 0) +
+                                 (size_t)c * 16;
+            cp_async16(kd + key * KS + c * 8, row, ok ? 16 : 0);
+            cp_async16(vd + key * KS + c * 8, row + kv->v_offset, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    load_tile(0, kfirst);
+
     uint32_t qa[HD / 16][4];
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
@@ -873,29 +975,18 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     float o[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* maxima in log2 units */
 
-    const int last_q = min(nb, (qt + 1) * FA_BQ) - 1;
-    const int qmax = pos0 + last_q, qmin = pos0 + qt * FA_BQ;
-    const int kmin = a.window > 0 ? max(0, qmin - a.window + 1) : 0;
-    for (int k0 = (kmin / BK) * BK; k0 <= qmax; k0 += BK) {
-        __syncthreads(); /* the previous tile's readers are done */
-        /* load K rows and V transposed: BK keys x HD/8 chunks of 16 bytes */
-        for (int i = tid; i < BK * (HD / 8); i += 128) {
-            int key = i / (HD / 8), c = i % (HD / 8), kp = k0 + key;
-            uint4 kvv = make_uint4(0, 0, 0, 0), vvv = make_uint4(0, 0, 0, 0);
-            if (kp <= qmax) {
-                const uint8_t *row = lbase + (size_t)pages[kp / kv->page_tokens] * kv->page_bytes +
-                                     (size_t)(kp % kv->page_tokens) * kv->token_bytes + (size_t)c * 16;
-                kvv = *(const uint4 *)row;
-                vvv = *(const uint4 *)(row + kv->v_offset);
-            }
-            *(uint4 *)&Ks[key * KS + c * 8] = kvv;
-            const T16 *vh = (const T16 *)&vvv;
-#pragma unroll
-            for (int e = 0; e < 8; e++) Vt[(c * 8 + e) * VS + key] = vh[e];
+    int buf = 0;
+    for (int k0 = kfirst; k0 <= qmax; k0 += BK, buf ^= 1) {
+        if (k0 + BK <= qmax) {
+            load_tile(buf ^ 1, k0 + BK);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
+        const T16 *Kt = Ks + buf * BK * KS, *Vt = Vs + buf * BK * KS;
 
         /* S = Q K^T: BK/8 tiles of 16 x 8 */
         float sc[BK / 8][4];
@@ -904,11 +995,11 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
             sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                const T16 *kr = &Ks[(j * 8 + g) * KS + kk * 16 + 2 * t];
+                const T16 *kr = &Kt[(j * 8 + g) * KS + kk * 16 + 2 * t];
                 M::mma(sc[j], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
             }
         }
-        /* softcap, mask (causal and window), row maxima */
+        /* softcap, mask (causal and window), row maxima, in log2 units */
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < BK / 8; j++)
@@ -919,7 +1010,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
                 if (a.softcap > 0.f)
                     v = a.softcap * tanhf(v / a.softcap);
                 bool ok = kp <= qp && (a.window <= 0 || kp > qp - a.window);
-                v = ok ? v : -INFINITY;
+                v = ok ? v * LOG2E : -INFINITY;
                 sc[j][e] = v;
                 if (e < 2)
                     mx0 = fmaxf(mx0, v);
@@ -932,13 +1023,13 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-        float al0 = expf(m0 - mu0), al1 = expf(m1 - mu1);
+        float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
         m0 = mn0, m1 = mn1;
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
-            sc[j][0] = expf(sc[j][0] - mu0), sc[j][1] = expf(sc[j][1] - mu0);
-            sc[j][2] = expf(sc[j][2] - mu1), sc[j][3] = expf(sc[j][3] - mu1);
+            sc[j][0] = exp2f(sc[j][0] - mu0), sc[j][1] = exp2f(sc[j][1] - mu0);
+            sc[j][2] = exp2f(sc[j][2] - mu1), sc[j][3] = exp2f(sc[j][3] - mu1);
             s0 += sc[j][0] + sc[j][1];
             s1 += sc[j][2] + sc[j][3];
         }
@@ -954,12 +1045,16 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
             pa[1] = M::pack(sc[2 * kk][2], sc[2 * kk][3]);
             pa[2] = M::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
             pa[3] = M::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            const int mtx = lane >> 3, r = lane & 7;
 #pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                const T16 *vr = &Vt[(i * 8 + g) * VS + kk * 16 + 2 * t];
-                M::mma(o[i], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            for (int i = 0; i < HD / 8; i += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, &Vt[(kk * 16 + (mtx & 1) * 8 + r) * KS + (i + (mtx >> 1)) * 8]);
+                M::mma(o[i], pa, vb[0], vb[1]);
+                M::mma(o[i + 1], pa, vb[2], vb[3]);
             }
         }
+        __syncthreads(); /* this buffer is refilled two tiles on */
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -988,8 +1083,8 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
         constexpr int BK = HD >= 256 ? 32 : 64;
         if (nb_max <= 8)
             return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
-        return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128), 0,
-                      stream, *a);
+        return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
+                      fa_smem<HD, BK>(), stream, *a);
     }
 }
 
@@ -1042,8 +1137,7 @@ extern "C" int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E
 
 extern "C" int lms_cu_rope_launch(const lms_cu_rope *a, void *stream)
 {
-    int threads = a->hd / 2 < 32 ? 32 : ((a->hd / 2 + 31) / 32) * 32;
-    dim3 g(a->max_nb, a->n_heads + a->n_kv), b(threads);
+    dim3 g(a->max_nb), b(256);
     switch (a->kv.dtype) {
     case LMS_CU_F32: return launch(rope_kernel<LMS_CU_F32>, g, b, 0, stream, *a);
     case LMS_CU_F16: return launch(rope_kernel<LMS_CU_F16>, g, b, 0, stream, *a);
@@ -1101,21 +1195,25 @@ extern "C" int lms_cu_readbw_launch(const void *p, size_t n16, uint32_t *sink, i
     return (int)e;
 }
 
+extern "C" int lms_cu_rmsnorm_launch(float *out, const float *x, const float *w, int n, float eps, int row0, int n_rows,
+                                     const int32_t *step, int max_nb, void *stream)
+{
+    return launch(rmsnorm_kernel, dim3(n_rows > 0 ? n_rows : max_nb), dim3(256), 0, stream, out, x, w, n, eps, row0,
+                  n_rows, step);
+}
+
+extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, int n, int act, const int32_t *step,
+                                     int max_nb, void *stream)
+{
+    return launch(act_mul_kernel, dim3((n + 255) / 256, max_nb), dim3(256), 0, stream, h, g, u, n, act, step);
+}
+
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
 extern "C" int lms_cu_kernels_init(void)
 {
     int limit = 200 * 1024;
     cudaError_t e = cudaSuccess;
-#define LMS_CU_SMEM(T)                                                                                                 \
-    if (!e) e = cudaFuncSetAttribute(gemv_vec_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);     \
-    if (!e) e = cudaFuncSetAttribute(gemv_scalar_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);  \
-    if (!e) e = cudaFuncSetAttribute(gemv_vec_kernel<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);     \
-    if (!e) e = cudaFuncSetAttribute(gemv_scalar_kernel<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
-    LMS_CU_SMEM(LMS_CU_F32)
-    LMS_CU_SMEM(LMS_CU_F16)
-    LMS_CU_SMEM(LMS_CU_BF16)
-#undef LMS_CU_SMEM
 #define LMS_CU_ASMEM(KT)                                                                                               \
     if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit); \
     if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
@@ -1125,5 +1223,12 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_ASMEM(LMS_CU_F16)
     LMS_CU_ASMEM(LMS_CU_BF16)
 #undef LMS_CU_ASMEM
+#define LMS_CU_FSMEM(KT)                                                                                               \
+    if (!e) e = cudaFuncSetAttribute(attn_prefill_kernel<KT, 64, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<64, 64>()); \
+    if (!e) e = cudaFuncSetAttribute(attn_prefill_kernel<KT, 128, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<128, 64>()); \
+    if (!e) e = cudaFuncSetAttribute(attn_prefill_kernel<KT, 256, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<256, 32>());
+    LMS_CU_FSMEM(LMS_CU_F16)
+    LMS_CU_FSMEM(LMS_CU_BF16)
+#undef LMS_CU_FSMEM
     return (int)e;
 }

@@ -39,7 +39,10 @@ typedef struct lms_cu_kv {
 } lms_cu_kv;
 
 /* Matrix-vector products of up to 3 matrices sharing one input (q/k/v,
- * gate/up), for steps of 1 to 8 rows. y_j[b] (=, or += with acc_j) W_j . in(x[b]) + bias_j. */
+ * gate/up), for steps of 1 to 8 rows: y_j[b] (=, or += with acc_j)
+ * W_j . x[b] + bias_j, x already transformed (lms_cu_rmsnorm_launch,
+ * lms_cu_act_mul_launch). With pair_act (2 jobs of equal rows: gate, up),
+ * also h[b][r] = act(y_0[b][r]) * y_1[b][r], the next product's input. */
 #define LMS_CU_GEMV_JOBS 3
 typedef struct lms_cu_gemv {
     const void *w[LMS_CU_GEMV_JOBS];    /* [rows_j][K] of wtype, device */
@@ -53,13 +56,12 @@ typedef struct lms_cu_gemv {
     int K;
     const float *x;     /* [nb][ldx] */
     int ldx;
-    const float *x2;    /* [nb][ldx] (gated activations) */
-    const float *norm;  /* [K] (PRO_NORM) */
-    int pro;            /* LMS_CU_PRO_* applied to x in the kernel */
-    float eps;
+    int pair_act;       /* 0, or LMS_CU_PRO_SILU / _GELU: write h */
+    float *h;           /* [nb][ldh] */
+    int ldh;
     const int32_t *step; /* device step parameters (nb) */
     int nb_max;         /* rows the launch must cover: 1, or up to 8 */
-    int nb_fixed;       /* > 1: exactly this many rows; 0: as many as the step has */
+    int nb_fixed;       /* > 0: exactly this many rows; 0: as many as the step has */
     int row0;           /* first row of x (head of one position) */
     int y_row0;         /* first row of y */
 } lms_cu_gemv;
@@ -75,6 +77,13 @@ int lms_cu_prologue_launch(void *out, int otype, const float *x, const float *x2
  * (c: [2 nb][rows], the product of a split input). */
 int lms_cu_split_sum_launch(float *y, int ldy, const float *c, int rows, int nb, const float *bias, int acc,
                             void *stream);
+
+/* out[b] = RMSNorm(x[row0 + b]) * w, rows of n floats, b < n_rows (or the step's nb when n_rows is 0). */
+int lms_cu_rmsnorm_launch(float *out, const float *x, const float *w, int n, float eps, int row0, int n_rows,
+                          const int32_t *step, int max_nb, void *stream);
+/* h[b] = act(g[b]) * u[b] (rows of n floats; act LMS_CU_PRO_SILU or _GELU). */
+int lms_cu_act_mul_launch(float *h, const float *g, const float *u, int n, int act, const int32_t *step, int max_nb,
+                          void *stream);
 
 /* x[b] = embed[tokens[b]] * scale (in the weights' type when scale != 1). */
 int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E, float scale, const int32_t *step, int max_nb,
