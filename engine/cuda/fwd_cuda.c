@@ -386,12 +386,7 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         /* the input, transformed once into device scratch (rows of K floats) */
         const float *xg = x + (size_t)row0 * ldx;
         int ldg = ldx;
-        if (j0->norm) {
-            CU_TRY(b, lms_cu_rmsnorm_launch(b->xn, x, dv(b, j0->norm), (int)K, b->hp->eps, (int)row0, n ? (int)n : 0,
-                                            b->dstep, (int)nb, b->stream),
-                   "rmsnorm");
-            xg = b->xn, ldg = (int)K;
-        } else if (j0->act != LMS__ACT_NONE) {
+        if (j0->act != LMS__ACT_NONE) {
             if (!(b->h_valid && j0->x == LMS__B_G && j0->x2 == LMS__B_U && pro == b->h_act))
                 CU_TRY(b, lms_cu_act_mul_launch(b->hbuf, x, x2, (int)K, pro, b->dstep, (int)nb, b->stream),
                        "gated activation");
@@ -417,6 +412,8 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         a.K = (int)K;
         a.x = xg;
         a.ldx = ldg;
+        a.norm = dv(b, j0->norm); /* the GEMV applies it (RMS scale summed over the same loads) */
+        a.eps = b->hp->eps;
         a.pair_act = pair ? (b->hp->act == LMS__ACT_SILU ? LMS_CU_PRO_SILU : LMS_CU_PRO_GELU) : 0;
         a.h = b->hbuf;
         a.ldh = (int)b->hp->n_ff;

@@ -165,14 +165,14 @@ __device__ __forceinline__ float act_f(int pro, float g)
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_R 2 /* rows a warp computes at once */
-#define GEMV_U 4 /* 16-byte loads per row and lane in one step */
+#define GEMV_R 4 /* rows of a block */
+#define GEMV_U 2 /* 16-byte chunks per row and thread in flight (x GEMV_R rows) */
 
 /*
- * Row groups of a GEMV: GEMV_R rows of the jobs' rows laid end to end
- * (job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total)), or with pair_act the
- * same row of job 0 and job 1 (gate and up) so that one warp can write
- * act(gate) * up.
+ * A block's GEMV_R rows: rows g*R .. of the jobs' rows laid end to end
+ * (job 0 [0, s1), job 1 [s1, s2), job 2 [s2, total)), or with pair_act
+ * rows 2g, 2g+1 of job 0 (gate) and of job 1 (up), so that the block can
+ * write act(gate) * up.
  */
 struct gemv_rows {
     int s1, s2, total, groups;
@@ -183,14 +183,14 @@ struct gemv_rows {
         s1 = a.rows[0];
         s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0);
         total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
-        groups = pair ? a.rows[0] : (total + GEMV_R - 1) / GEMV_R;
+        groups = pair ? (a.rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R;
     }
-    /* row r of group g: job and row within the job; false past the end */
+    /* row r (< GEMV_R) of group g: job and row within the job; false past the end */
     __device__ bool at(const lms_cu_gemv &a, int g, int r, int *job, int *row) const
     {
         if (pair) {
-            *job = r, *row = g;
-            return true;
+            *job = r >> 1, *row = 2 * g + (r & 1);
+            return *row < a.rows[0];
         }
         int x = g * GEMV_R + r;
         int j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
@@ -200,101 +200,73 @@ struct gemv_rows {
     }
 };
 
-/* The GEMV_R x GEMV_U weight loads of one step: group g, chunks u0 + 32 u
- * (zeros past the row's end or past the last row). */
-template <typename E>
-__device__ __forceinline__ void gemv_load(const lms_cu_gemv &a, const gemv_rows &gr, int g, int u0, int nch,
-                                          uint4 (&w)[GEMV_R][GEMV_U])
-{
-    const size_t row_bytes = (size_t)a.K * sizeof(typename E::t);
-#pragma unroll
-    for (int r = 0; r < GEMV_R; r++) {
-        int j, lr;
-        bool ok = gr.at(a, g, r, &j, &lr);
-        const uint8_t *base = (const uint8_t *)a.w[j] + (size_t)(ok ? lr : 0) * row_bytes;
-#pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            int c = u0 + 32 * u;
-            w[r][u] = (ok && c < nch) ? ld_stream(base + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-
-/* The epilogue of row group g: sums reduced over the warp; lane 0 writes
- * y (+ bias, += with acc) and, with pair_act, h = act(gate) * up. */
-template <int NB>
-__device__ __forceinline__ void gemv_store(const lms_cu_gemv &a, const gemv_rows &gr, int g, int nb, int lane,
-                                           float (&acc)[GEMV_R][NB])
-{
-    float v[GEMV_R][NB];
-#pragma unroll
-    for (int r = 0; r < GEMV_R; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) v[r][b] = warp_sum(acc[r][b]), acc[r][b] = 0.f;
-    if (lane != 0)
-        return;
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-        if (NB > 1 && b >= nb)
-            break;
-#pragma unroll
-        for (int r = 0; r < GEMV_R; r++) {
-            int j, lr;
-            if (!gr.at(a, g, r, &j, &lr))
-                continue;
-            float x = v[r][b] + (a.bias[j] ? a.bias[j][lr] : 0.f);
-            v[r][b] = x;
-            float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
-            *y = a.acc[j] ? *y + x : x;
-        }
-        if (gr.pair)
-            a.h[(size_t)b * a.ldh + g] = act_f(a.pair_act, v[0][b]) * v[1][b];
-    }
-}
-
 /*
- * Vector path: rows 16-byte aligned, K a multiple of the elements in 16
- * bytes. One wave of blocks; each warp owns an even share of the row groups
- * and walks them in steps of GEMV_R rows x GEMV_U x 32 chunks of 16 bytes
- * (8 loads per lane in flight; 32+ warps per SM cover the latency). x (the
- * already transformed input, nb rows of K floats) is read through L1, where
- * every warp of the SM finds it. The first step's loads are issued before
- * griddepcontrol.wait: the weights do not depend on the previous kernel.
+ * Block g: GEMV_R rows, the whole of K split over the block's threads
+ * (thread i takes the 16-byte chunks i, i + 256, ...), GEMV_U x GEMV_R
+ * loads per thread in flight; partial sums reduced over the block. Many
+ * short blocks (4 per SM resident, 32 warps) keep the memory busy whatever
+ * the shape: a 4096-row matrix is 1024 blocks. With a norm, the input is
+ * x * norm and the block also sums x^2 over the same chunks, so the RMS
+ * scale (a scalar per row of x) multiplies the result: the RMSNorm costs no
+ * pass of its own. The first loads are issued before griddepcontrol.wait
+ * (weights do not depend on the previous kernel).
  */
 template <int T, int NB>
 __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel(const lms_cu_gemv a)
 {
     typedef elem<T> E;
     constexpr int per = E::per16;
+    constexpr int NV = GEMV_R * NB + NB; /* reduced values: sums, then sums of squares */
+    __shared__ float red[GEMV_WARPS][NV];
     griddep_launch();
-    const int K = a.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nch = K / per;
+    const int K = a.K, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nch = K / per, g = blockIdx.x;
     const gemv_rows gr(a);
-    const long long W = (long long)gridDim.x * GEMV_WARPS, wid = (long long)blockIdx.x * GEMV_WARPS + warp;
-    const int g0 = (int)(gr.groups * wid / W), g1 = (int)(gr.groups * (wid + 1) / W);
-    const int rounds = (nch + 32 * GEMV_U - 1) / (32 * GEMV_U);
-    const int nsteps = (g1 - g0) * rounds;
+    const size_t row_bytes = (size_t)K * sizeof(typename E::t);
+    const uint8_t *wr[GEMV_R];
+    bool ok[GEMV_R];
+#pragma unroll
+    for (int r = 0; r < GEMV_R; r++) {
+        int j, lr;
+        ok[r] = gr.at(a, g, r, &j, &lr);
+        wr[r] = (const uint8_t *)a.w[j] + (size_t)(ok[r] ? lr : 0) * row_bytes;
+    }
     uint4 w[GEMV_R][GEMV_U];
-    if (nsteps > 0)
-        gemv_load<E>(a, gr, g0, lane, nch, w);
+#pragma unroll
+    for (int u = 0; u < GEMV_U; u++) {
+        int c = tid + u * GEMV_THREADS;
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+            w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+    }
     griddep_wait();
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
     const float *x = a.x + (size_t)a.row0 * a.ldx;
 
-    float acc[GEMV_R][NB];
+    float acc[GEMV_R][NB], ss[NB];
 #pragma unroll
-    for (int r = 0; r < GEMV_R; r++)
+    for (int b = 0; b < NB; b++) {
+        ss[b] = 0.f;
 #pragma unroll
-        for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
-    for (int s = 0; s < nsteps; s++) {
-        const int g = g0 + s / rounds, cbase = (s % rounds) * 32 * GEMV_U + lane;
+        for (int r = 0; r < GEMV_R; r++) acc[r][b] = 0.f;
+    }
+    for (int c0 = tid; c0 < nch; c0 += GEMV_U * GEMV_THREADS) {
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
-            const int c = cbase + 32 * u;
+            const int c = c0 + u * GEMV_THREADS;
             if (c >= nch)
                 break;
-            float wf[GEMV_R][8];
+            float wf[GEMV_R][8], nf[8];
 #pragma unroll
             for (int r = 0; r < GEMV_R; r++) E::unpack(w[r][u], wf[r]);
+            if (a.norm) {
+                const float4 *nv = (const float4 *)(a.norm + (size_t)c * per);
+                float4 n0 = __ldg(nv);
+                nf[0] = n0.x, nf[1] = n0.y, nf[2] = n0.z, nf[3] = n0.w;
+                if (per == 8) {
+                    float4 n1 = __ldg(nv + 1);
+                    nf[4] = n1.x, nf[5] = n1.y, nf[6] = n1.z, nf[7] = n1.w;
+                }
+            }
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 if (NB > 1 && b >= nb)
@@ -307,20 +279,82 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel
                     float4 x1 = __ldg(xv + 1);
                     xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
                 }
+                if (a.norm) {
+#pragma unroll
+                    for (int e = 0; e < per; e++) {
+                        ss[b] = fmaf(xf[e], xf[e], ss[b]);
+                        xf[e] *= nf[e];
+                    }
+                }
 #pragma unroll
                 for (int r = 0; r < GEMV_R; r++)
 #pragma unroll
                     for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
             }
         }
-        if (s % rounds == rounds - 1)
-            gemv_store<NB>(a, gr, g, nb, lane, acc);
-        if (s + 1 < nsteps)
-            gemv_load<E>(a, gr, g0 + (s + 1) / rounds, ((s + 1) % rounds) * 32 * GEMV_U + lane, nch, w);
+        /* the next round's loads */
+        const int cn = c0 + GEMV_U * GEMV_THREADS;
+        if (cn < nch) {
+#pragma unroll
+            for (int u = 0; u < GEMV_U; u++) {
+                int c = cn + u * GEMV_THREADS;
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++)
+                    w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+    /* reduce over the block */
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) {
+            float v = warp_sum(acc[r][b]);
+            if (lane == 0)
+                red[warp][r * NB + b] = v;
+        }
+        if (a.norm) {
+            float v = warp_sum(ss[b]);
+            if (lane == 0)
+                red[warp][GEMV_R * NB + b] = v;
+        }
+    }
+    __syncthreads();
+    if (tid >= GEMV_R * NB)
+        return;
+    const int r = tid / NB, b = tid % NB;
+    const bool live = NB == 1 || b < nb;
+    float v = 0.f, sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < GEMV_WARPS; i++) {
+        v += red[i][r * NB + b];
+        if (a.norm)
+            sq += red[i][GEMV_R * NB + b];
+    }
+    if (a.norm)
+        v *= 1.0f / sqrtf(sq / (float)K + a.eps);
+    int j, lr;
+    const bool okr = gr.at(a, g, r, &j, &lr);
+    if (okr) {
+        v += a.bias[j] ? a.bias[j][lr] : 0.f;
+        if (live) {
+            float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+            *y = a.acc[j] ? *y + v : v;
+        }
+    }
+    if (gr.pair) {
+        /* gate rows are r = 0, 1 and up rows r = 2, 3: exchanged through red[0] (each thread
+         * writes only the slot it alone read) */
+        const unsigned mask = 0xffffffffu >> (32 - GEMV_R * NB);
+        __syncwarp(mask);
+        red[0][tid] = v;
+        __syncwarp(mask);
+        if (r < 2 && okr && live)
+            a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, v) * red[0][(r + 2) * NB + b];
     }
 }
 
-/* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes). */
+/* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes): a warp per row. */
 template <int T, int NB>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_kernel(const lms_cu_gemv a)
 {
@@ -332,61 +366,63 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_kernel(const lms_cu_
     const float *x = a.x + (size_t)a.row0 * a.ldx;
     const gemv_rows gr(a);
     const size_t row_bytes = (size_t)K * sizeof(typename E::t);
-    for (int g = blockIdx.x * GEMV_WARPS + warp; g < gr.groups; g += gridDim.x * GEMV_WARPS) {
-        float acc[GEMV_R][NB];
+    __shared__ float hv[GEMV_WARPS][NB];
+    const int g = blockIdx.x;
+    for (int r = warp; r < GEMV_R; r += GEMV_WARPS) {
+        int j, lr;
+        bool ok = gr.at(a, g, r, &j, &lr);
+        const uint8_t *wr = (const uint8_t *)a.w[j] + (size_t)(ok ? lr : 0) * row_bytes;
+        float acc[NB], ss[NB];
 #pragma unroll
-        for (int r = 0; r < GEMV_R; r++) {
+        for (int b = 0; b < NB; b++) acc[b] = ss[b] = 0.f;
+        for (int k = lane; ok && k < K; k += 32) {
+            float wv = E::get(wr, k);
 #pragma unroll
-            for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
-            int j, lr;
-            if (!gr.at(a, g, r, &j, &lr))
-                continue;
-            const uint8_t *wr = (const uint8_t *)a.w[j] + (size_t)lr * row_bytes;
-            for (int k = lane; k < K; k += 32) {
-                float wv = E::get(wr, k);
-#pragma unroll
-                for (int b = 0; b < NB; b++)
-                    if (NB == 1 || b < nb)
-                        acc[r][b] = fmaf(wv, x[(size_t)b * a.ldx + k], acc[r][b]);
-            }
+            for (int b = 0; b < NB; b++)
+                if (NB == 1 || b < nb) {
+                    float xv = x[(size_t)b * a.ldx + k];
+                    if (a.norm)
+                        ss[b] = fmaf(xv, xv, ss[b]), xv *= a.norm[k];
+                    acc[b] = fmaf(wv, xv, acc[b]);
+                }
         }
-        gemv_store<NB>(a, gr, g, nb, lane, acc);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float v = warp_sum(acc[b]), sq = warp_sum(ss[b]);
+            if (a.norm)
+                v *= 1.0f / sqrtf(sq / (float)K + a.eps);
+            if (ok && (NB == 1 || b < nb)) {
+                v += a.bias[j] ? a.bias[j][lr] : 0.f;
+                if (lane == 0) {
+                    float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+                    *y = a.acc[j] ? *y + v : v;
+                }
+            }
+            if (lane == 0)
+                hv[warp][b] = v;
+        }
     }
-}
-
-/* Blocks of a kernel that fit on an SM at once. */
-template <typename K>
-int resident_blocks(K kernel)
-{
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMV_THREADS, 0) != cudaSuccess || n < 1)
-        n = 1;
-    return n;
+    if (gr.pair) {
+        __syncthreads();
+        int b = threadIdx.x % NB, r = threadIdx.x / NB, j, lr;
+        if (r < 2 && (NB == 1 || b < nb) && gr.at(a, g, r, &j, &lr))
+            a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, hv[r][b]) * hv[r + 2][b];
+    }
 }
 
 template <int T, int NB>
 int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
 {
+    (void)sms;
     bool vec = a->K % elem<T>::per16 == 0;
     for (int j = 0; j < a->n_jobs; j++) vec = vec && ((uintptr_t)a->w[j] % 16 == 0);
     vec = vec && ((uintptr_t)a->x % 16 == 0) && a->ldx % 4 == 0;
     int total = 0;
     for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
-    int groups = a->pair_act ? a->rows[0] : (total + GEMV_R - 1) / GEMV_R;
-    /* one wave: every block resident at once, each warp an even share of the rows */
-    int need = (groups + GEMV_WARPS - 1) / GEMV_WARPS;
-    if (vec) {
-        static int per_sm = 0;
-        if (!per_sm)
-            per_sm = resident_blocks(gemv_vec_kernel<T, NB>);
-        int blocks = per_sm * sms;
-        return launch(gemv_vec_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), 0, stream, *a);
-    }
-    static int per_sm_s = 0;
-    if (!per_sm_s)
-        per_sm_s = resident_blocks(gemv_scalar_kernel<T, NB>);
-    int blocks = per_sm_s * sms;
-    return launch(gemv_scalar_kernel<T, NB>, dim3(blocks < need ? blocks : need), dim3(GEMV_THREADS), 0, stream, *a);
+    int groups = a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R;
+    if (vec)
+        return launch(gemv_vec_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
+    return launch(gemv_scalar_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
 }
 
 /* out[b] = RMSNorm(x[row0 + b]) * w (rows of n floats; b < nb, from step or n_rows). */
@@ -641,7 +677,8 @@ __global__ void rope_kernel(const lms_cu_rope a)
 /* Dynamic shared memory of the decoding kernel. */
 __host__ __device__ inline size_t attn_decode_smem(int G, int hd, int64_t token_bytes)
 {
-    return (size_t)G * hd * 4 + 2 * ATT_SUB * (size_t)token_bytes + (size_t)ATT_GMAX * ATT_SUB * 4;
+    return (size_t)G * hd * 4 + ATT_SUB * (size_t)(token_bytes + 16) + ATT_SUB * (size_t)token_bytes +
+           (size_t)ATT_GMAX * ATT_SUB * 4;
 }
 
 /*
@@ -682,9 +719,10 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
     const size_t qd = (size_t)a.n_heads * hd;
     const uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+    const int tbp = tb + 16;                                     /* K rows padded: lanes read rows */
     float *qs = (float *)smem;                                   /* [G][hd] */
-    uint8_t *ks = smem + (size_t)G * hd * 4;                     /* [ATT_SUB][tb] */
-    uint8_t *vs = ks + (size_t)ATT_SUB * tb;                     /* [ATT_SUB][tb] */
+    uint8_t *ks = smem + (size_t)G * hd * 4;                     /* [ATT_SUB][tbp] */
+    uint8_t *vs = ks + (size_t)ATT_SUB * tbp;                    /* [ATT_SUB][tb] */
     float *sc = (float *)(vs + (size_t)ATT_SUB * tb);            /* [ATT_GMAX][ATT_SUB] */
 
     for (int i = tid; i < G * hd; i += blockDim.x) qs[i] = a.q[b * qd + (size_t)(h * G) * hd + i] * a.scale;
@@ -694,7 +732,6 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
 #pragma unroll
     for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
 
-    constexpr int EL = HD ? HD / 32 : 8; /* elements of a row per lane (HD == 0: hd <= 256) */
     for (int sub = t0; sub < t1; sub += ATT_SUB) {
         const int n = min(ATT_SUB, t1 - sub);
         __syncthreads(); /* the previous round's readers are done (and qs is written) */
@@ -722,7 +759,7 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
                 for (int u = 0; u < 4; u++) {
                     int i = i0 + u * blockDim.x;
                     if (i < total) {
-                        *(uint4 *)(ks + (size_t)(i / cpr) * tb + (i % cpr) * 16) = kr[u];
+                        *(uint4 *)(ks + (size_t)(i / cpr) * tbp + (i % cpr) * 16) = kr[u];
                         *(uint4 *)(vs + (size_t)(i / cpr) * tb + (i % cpr) * 16) = vr[u];
                     }
                 }
@@ -731,35 +768,38 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
             const int cpr = tb / 4;
             for (int i = tid; i < n * cpr; i += blockDim.x) {
                 const uint8_t *row = kbase + srow[i / cpr] + (size_t)(i % cpr) * 4;
-                *(uint32_t *)(ks + (size_t)(i / cpr) * tb + (i % cpr) * 4) = *(const uint32_t *)row;
+                *(uint32_t *)(ks + (size_t)(i / cpr) * tbp + (i % cpr) * 4) = *(const uint32_t *)row;
                 *(uint32_t *)(vs + (size_t)(i / cpr) * tb + (i % cpr) * 4) = *(const uint32_t *)(row + kv->v_offset);
             }
         }
         __syncthreads();
-        for (int t = warp; t < n; t += nw) {
-            const uint8_t *krow = ks + (size_t)t * tb;
-            float kf[EL];
-#pragma unroll
-            for (int e = 0; e < EL; e++) {
-                int d = HD ? lane * EL + e : lane + 32 * e;
-                kf[e] = d < hd ? E::get(krow, d) : 0.f;
-            }
-#pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++) {
-                if (g >= G)
-                    break;
-                float dsum = 0;
-#pragma unroll
-                for (int e = 0; e < EL; e++) {
-                    int d = HD ? lane * EL + e : lane + 32 * e;
-                    if (d < hd)
-                        dsum = fmaf(kf[e], qs[g * hd + d], dsum);
+        /* scores: lanes over positions (no cross-lane sums), warps over query heads */
+        for (int g = warp; g < G; g += nw) {
+            const float *qg = qs + (size_t)g * hd;
+            for (int t = lane; t < n; t += 32) {
+                const uint8_t *krow = ks + (size_t)t * tbp;
+                float dsum = 0.f;
+                if (tb % 16 == 0) {
+                    constexpr int per = E::per16;
+                    for (int c = 0; c < tb / 16; c++) {
+                        float kf[8];
+                        E::unpack(*(const uint4 *)(krow + c * 16), kf);
+                        const float4 *qv = (const float4 *)(qg + c * per);
+                        float4 q0 = qv[0];
+                        dsum = fmaf(kf[0], q0.x, dsum), dsum = fmaf(kf[1], q0.y, dsum);
+                        dsum = fmaf(kf[2], q0.z, dsum), dsum = fmaf(kf[3], q0.w, dsum);
+                        if (per == 8) {
+                            float4 q1 = qv[1];
+                            dsum = fmaf(kf[4], q1.x, dsum), dsum = fmaf(kf[5], q1.y, dsum);
+                            dsum = fmaf(kf[6], q1.z, dsum), dsum = fmaf(kf[7], q1.w, dsum);
+                        }
+                    }
+                } else {
+                    for (int d = 0; d < hd; d++) dsum = fmaf(E::get(krow, d), qg[d], dsum);
                 }
-                dsum = warp_sum(dsum);
                 if (a.softcap > 0.f)
                     dsum = a.softcap * tanhf(dsum / a.softcap);
-                if (lane == 0)
-                    sc[g * ATT_SUB + t] = dsum;
+                sc[g * ATT_SUB + t] = dsum;
             }
         }
         __syncthreads();

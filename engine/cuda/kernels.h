@@ -40,9 +40,10 @@ typedef struct lms_cu_kv {
 
 /* Matrix-vector products of up to 3 matrices sharing one input (q/k/v,
  * gate/up), for steps of 1 to 8 rows: y_j[b] (=, or += with acc_j)
- * W_j . x[b] + bias_j, x already transformed (lms_cu_rmsnorm_launch,
- * lms_cu_act_mul_launch). With pair_act (2 jobs of equal rows: gate, up),
- * also h[b][r] = act(y_0[b][r]) * y_1[b][r], the next product's input. */
+ * W_j . in(x[b]) + bias_j, in(x) = x, or RMSNorm(x) * norm when norm is
+ * given (a gated input comes from lms_cu_act_mul_launch or a pair_act
+ * product). With pair_act (2 jobs of equal rows: gate, up), also
+ * h[b][r] = act(y_0[b][r]) * y_1[b][r], the next product's input. */
 #define LMS_CU_GEMV_JOBS 3
 typedef struct lms_cu_gemv {
     const void *w[LMS_CU_GEMV_JOBS];    /* [rows_j][K] of wtype, device */
@@ -56,6 +57,8 @@ typedef struct lms_cu_gemv {
     int K;
     const float *x;     /* [nb][ldx] */
     int ldx;
+    const float *norm;  /* [K] RMSNorm weight, or NULL */
+    float eps;
     int pair_act;       /* 0, or LMS_CU_PRO_SILU / _GELU: write h */
     float *h;           /* [nb][ldh] */
     int ldh;
