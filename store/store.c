@@ -22,31 +22,7 @@ const char *const lms__db_names[LMS__DB_COUNT] = {
     "meta", "models", "tensors", "blobs", "files", "kvpages", "sessions",
 };
 
-/* ---- dtypes ---------------------------------------------------------------------- */
-
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[LMS_DTYPE_COUNT_] = {
-    [LMS_DTYPE_BOOL] = {"BOOL", 1},   [LMS_DTYPE_U8] = {"U8", 1},        [LMS_DTYPE_I8] = {"I8", 1},
-    [LMS_DTYPE_U16] = {"U16", 2},     [LMS_DTYPE_I16] = {"I16", 2},      [LMS_DTYPE_F16] = {"F16", 2},
-    [LMS_DTYPE_BF16] = {"BF16", 2},   [LMS_DTYPE_U32] = {"U32", 4},      [LMS_DTYPE_I32] = {"I32", 4},
-    [LMS_DTYPE_F32] = {"F32", 4},     [LMS_DTYPE_U64] = {"U64", 8},      [LMS_DTYPE_I64] = {"I64", 8},
-    [LMS_DTYPE_F64] = {"F64", 8},     [LMS_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [LMS_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
-};
-
-const char *lms_dtype_name(lms_dtype t) { return (unsigned)t < LMS_DTYPE_COUNT_ ? dtypes[t].name : NULL; }
-size_t lms_dtype_size(lms_dtype t) { return (unsigned)t < LMS_DTYPE_COUNT_ ? dtypes[t].size : 0; }
-
-int lms_dtype_from_name(const char *name, lms_dtype *out)
-{
-    for (int i = 0; i < LMS_DTYPE_COUNT_; i++)
-        if (name && !strcmp(name, dtypes[i].name)) {
-            *out = (lms_dtype)i;
-            return 0;
-        }
-    return lms__err(LMS_EFORMAT, "unknown dtype '%s'", name ? name : "(null)");
-}
+/* dtypes: quant/dtype.c */
 
 void lms_free(void *p) { lms__free(p); }
 
@@ -745,6 +721,8 @@ static int tensor_collect(lms_store *s, MDB_txn *txn, void *vctx, const char *tn
     memcpy(t->rec.hash, tr.hash, 16);
     t->rec.segment = br.segment;
     t->rec.offset = br.offset;
+    t->rec.bits = tr.bits;
+    t->rec.group_size = tr.group;
     return 0;
 }
 

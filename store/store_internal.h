@@ -173,14 +173,18 @@ void lms__blob_rec_encode(const lms__blob_rec *r, uint8_t out[LMS__BLOB_REC_SIZE
 int lms__blob_rec_decode(const void *buf, size_t len, lms__blob_rec *r);
 
 #define LMS__TENSOR_REC_FIXED 40
+/* Version 1 holds plain dtypes; version 2, written for the quantized
+ * encodings only, adds their parameters (docs/FORMAT.md 3.3). */
 typedef struct lms__tensor_rec {
     lms_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[LMS_MAX_DIMS];
+    uint64_t shape[LMS_MAX_DIMS]; /* elements (for quantized dtypes too), outermost first */
     uint64_t nbytes;
     int32_t layer;     /* -1 before the blocks, INT32_MAX after */
     uint32_t order;    /* position in the model's storage (forward-pass) order */
     uint8_t hash[16];  /* blob key */
+    uint32_t bits;     /* MLX_AFFINE: bits per code (2..8); else 0 */
+    uint32_t group;    /* MLX_AFFINE: codes per scale and bias (32, 64, 128); else 0 */
 } lms__tensor_rec;
 size_t lms__tensor_rec_size(uint32_t ndim);
 /* out must hold lms__tensor_rec_size(r->ndim) bytes; returns that size. */

@@ -106,12 +106,15 @@ typedef struct lms_tensor_record {
     const char *name;
     lms_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[LMS_MAX_DIMS];
-    uint64_t nbytes;
+    uint64_t shape[LMS_MAX_DIMS]; /* in elements, also for quantized dtypes */
+    uint64_t nbytes;          /* from the shape and dtype: lms_dtype_nbytes(dtype, bits, shape, ndim) */
     int32_t layer;            /* transformer block index; -1 before the blocks, INT32_MAX after */
     uint8_t hash[16];         /* XXH3-128 of the bytes (blob key) */
     uint32_t segment;         /* segment file number */
     uint64_t offset;          /* byte offset in the segment, a multiple of the alignment */
+    uint32_t bits;            /* MLX_AFFINE: bits per code; 0 for other dtypes */
+    uint32_t group_size;      /* MLX_AFFINE: codes per scale and bias (the tensors NAME.scales and
+                               * NAME.biases, for a weight NAME.weight); 0 for other dtypes */
 } lms_tensor_record;
 
 /* Callbacks return 0 to go on, non-zero to stop (that value is returned). */
