@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "common/crashpoint.h"
+#include "store/gguf.h"
 #include "store/safetensors.h"
 #include "store/store_internal.h"
 
@@ -253,6 +254,58 @@ static bool side_file_wanted(const char *nm)
 
 static int cmp_side(const void *a, const void *b) { return strcmp(((const side_file *)a)->name, ((const side_file *)b)->name); }
 
+/* Check and encode one side file; `path` names it in errors. */
+static int add_side_file(imp *m, const char *name, const char *data, size_t len, const char *path, size_t *cap)
+{
+    int rc = 0;
+    size_t nl = strlen(name);
+    if (nl > 5 && !strcmp(name + nl - 5, ".json")) {
+        cJSON *j = cJSON_ParseWithLength(data, len);
+        if (!j) {
+            rc = lms__err(LMS_EFORMAT, "%s: not valid JSON", path);
+        } else if (!strcmp(name, "config.json")) {
+            if (!cJSON_IsObject(j)) {
+                rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);
+            } else {
+                const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+                const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+                const char *arch = cJSON_IsArray(a) && cJSON_IsString(a->child) ? a->child->valuestring
+                                   : cJSON_IsString(mt)                         ? mt->valuestring
+                                                                                : "";
+                if (!lms__utf8_valid(arch, strlen(arch)))
+                    arch = "";
+                m->arch = lms__strdup(arch);
+                m->config = lms__malloc(len ? len : 1);
+                if (!m->arch || !m->config)
+                    rc = LMS_ENOMEM;
+                else {
+                    memcpy(m->config, data, len);
+                    m->config_len = len;
+                }
+            }
+        }
+        cJSON_Delete(j);
+    }
+    if (!rc && m->nf == *cap) {
+        *cap = *cap ? *cap * 2 : 16;
+        side_file *nv = lms__realloc(m->files, *cap * sizeof *nv);
+        if (!nv)
+            rc = LMS_ENOMEM;
+        else
+            m->files = nv;
+    }
+    if (!rc) {
+        side_file *f = &m->files[m->nf];
+        memset(f, 0, sizeof *f);
+        f->name = lms__strdup(name);
+        rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->rec_len) : LMS_ENOMEM;
+        m->nf++;
+        if (rc)
+            rc = lms__err_prefix(rc, "%s: ", path);
+    }
+    return rc;
+}
+
 static int read_side_files(imp *m)
 {
     const char *dir = m->src->src;
@@ -283,63 +336,31 @@ static int read_side_files(imp *m)
         char *data;
         size_t len;
         rc = lms__read_file(path, SIDE_FILE_MAX, &data, &len);
-        if (rc) {
-            lms__free(path);
-            break;
-        }
-        size_t nl = strlen(e->d_name);
-        if (nl > 5 && !strcmp(e->d_name + nl - 5, ".json")) {
-            cJSON *j = cJSON_ParseWithLength(data, len);
-            if (!j) {
-                rc = lms__err(LMS_EFORMAT, "%s: not valid JSON", path);
-            } else if (!strcmp(e->d_name, "config.json")) {
-                if (!cJSON_IsObject(j)) {
-                    rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);
-                } else {
-                    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
-                    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-                    const char *arch = cJSON_IsArray(a) && cJSON_IsString(a->child) ? a->child->valuestring
-                                       : cJSON_IsString(mt)                         ? mt->valuestring
-                                                                                    : "";
-                    if (!lms__utf8_valid(arch, strlen(arch)))
-                        arch = "";
-                    m->arch = lms__strdup(arch);
-                    m->config = lms__malloc(len ? len : 1);
-                    if (!m->arch || !m->config)
-                        rc = LMS_ENOMEM;
-                    else {
-                        memcpy(m->config, data, len);
-                        m->config_len = len;
-                    }
-                }
-            }
-            cJSON_Delete(j);
-        }
         if (!rc) {
-            if (m->nf == cap) {
-                cap = cap ? cap * 2 : 16;
-                side_file *nv = lms__realloc(m->files, cap * sizeof *nv);
-                if (!nv)
-                    rc = LMS_ENOMEM;
-                else
-                    m->files = nv;
-            }
+            rc = add_side_file(m, e->d_name, data, len, path, &cap);
+            lms__free(data);
         }
-        if (!rc) {
-            side_file *f = &m->files[m->nf];
-            memset(f, 0, sizeof *f);
-            f->name = lms__strdup(e->d_name);
-            rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->rec_len) : LMS_ENOMEM;
-            m->nf++;
-            if (rc)
-                rc = lms__err_prefix(rc, "%s: ", path);
-        }
-        lms__free(data);
         lms__free(path);
         if (rc)
             break;
     }
     closedir(d);
+    if (!rc && m->nf)
+        qsort(m->files, m->nf, sizeof *m->files, cmp_side);
+    return rc;
+}
+
+/* The side files a reader made (GGUF metadata -> config.json, ...). */
+static int add_gen_files(imp *m)
+{
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t i = 0; i < m->src->n_gen_files && !rc; i++) {
+        const lms__gen_file *g = &m->src->gen_files[i];
+        char what[400];
+        snprintf(what, sizeof what, "%s (%s made from %s metadata)", g->name, m->src->src, m->src->kind);
+        rc = add_side_file(m, g->name, g->data, g->len, what, &cap);
+    }
     if (!rc && m->nf)
         qsort(m->files, m->nf, sizeof *m->files, cmp_side);
     return rc;
@@ -377,10 +398,36 @@ static int open_shards(imp *m)
  * rewritten under the import then gives an error, never SIGBUS. */
 #define IO_CHUNK ((size_t)4 << 20)
 
+/* Source row of HF row r of a tensor whose rows are in llama.cpp's rotary
+ * order, in heads of d rows (gguf_model.c): gguf row 2i + j of a head holds
+ * HF row j*d/2 + i. */
+static uint64_t rotary_src_row(uint64_t r, uint64_t d)
+{
+    uint64_t h = r / d, w = r % d;
+    return h * d + 2 * (w % (d / 2)) + w / (d / 2);
+}
+
+/* Bytes [off, off + n) of tensor t as stored: the source bytes, or for a
+ * permuted tensor its rows in HF order. */
 static int src_read(const imp *m, const itensor *t, uint64_t off, void *buf, size_t n)
 {
     const lms__st_file *f = m->src->shards[t->shard];
-    return lms__pread_all(m->maps[t->shard].fd, buf, n, f->data_off + t->st->begin + off, f->path);
+    uint64_t base = f->data_off + t->st->begin;
+    if (!t->st->perm_heads)
+        return lms__pread_all(m->maps[t->shard].fd, buf, n, base + off, f->path);
+    uint64_t rows = t->st->shape[0], rb = t->st->nbytes / rows, d = rows / t->st->perm_heads;
+    uint8_t *out = buf;
+    while (n) {
+        uint64_t r = off / rb, in = off % rb;
+        size_t k = (size_t)LMS_MIN((uint64_t)n, rb - in);
+        int rc = lms__pread_all(m->maps[t->shard].fd, out, k, base + rotary_src_row(r, d) * rb + in, f->path);
+        if (rc)
+            return rc;
+        out += k;
+        off += k;
+        n -= k;
+    }
+    return 0;
 }
 
 /* 0 when tensor t's bytes equal `other` (another tensor when mem is NULL,
@@ -440,7 +487,7 @@ static void hash_one(imp *m, size_t i, int worker)
     t->hash = lms__hasher_digest(h);
 }
 
-static void copy_one(imp *m, size_t i)
+static void copy_one(imp *m, size_t i, int worker)
 {
     if (m->wrc)
         return;
@@ -451,9 +498,18 @@ static void copy_one(imp *m, size_t i)
     int fd;
     const char *path;
     int rc = lms__append_fd(m->app, b->segment, &fd, &path);
-    if (!rc)
+    if (!rc && !t->st->perm_heads) {
         rc = lms__copy_range(m->maps[t->shard].fd, f->data_off + t->st->begin + j->off, fd, b->offset + j->off,
                              j->len, f->path, path);
+    } else {
+        /* rows in another order: through the worker's buffer */
+        for (uint64_t o = 0; !rc && o < j->len; o += IO_CHUNK) {
+            size_t k = (size_t)LMS_MIN((uint64_t)IO_CHUNK, j->len - o);
+            rc = src_read(m, t, j->off + o, m->bufs[worker], k);
+            if (!rc)
+                rc = lms__append_write(m->app, b->segment, b->offset + j->off + o, m->bufs[worker], k);
+        }
+    }
     /* Start writeback now so the disk works while we copy the next chunks
      * and the final fsync only waits for the tail. A hint: errors surface in
      * that fsync (lms__append_sync). */
@@ -471,7 +527,7 @@ static void run_task(void *arg, size_t i, int worker)
     if (tk->kind == 0)
         hash_one(m, tk->i, worker);
     else
-        copy_one(m, tk->i);
+        copy_one(m, tk->i, worker);
 }
 
 static int add_task(imp *m, int kind, size_t i)
@@ -703,6 +759,11 @@ static int model_id(imp *m, size_t *by_name)
         b[0] = (uint8_t)t->st->dtype;
         b[1] = (uint8_t)t->st->ndim;
         lms__hasher_update(h, b, 2);
+        if (t->st->dtype == LMS_DTYPE_MLX_AFFINE) { /* docs/FORMAT.md 3.2: only for MLX_AFFINE */
+            b[0] = (uint8_t)t->st->bits;
+            lms__put_u16(b + 1, (uint16_t)t->st->group);
+            lms__hasher_update(h, b, 3);
+        }
         for (uint32_t d = 0; d < t->st->ndim; d++) {
             lms__put_u64(b, t->st->shape[d]);
             lms__hasher_update(h, b, 8);
@@ -779,7 +840,8 @@ static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
     for (size_t k = 0; k < m->nt; k++) {
         const itensor *t = &m->t[m->order[k]];
         lms__tensor_rec tr = {.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
-                              .layer = t->layer, .order = (uint32_t)k};
+                              .layer = t->layer, .order = (uint32_t)k, .bits = t->st->bits,
+                              .group = t->st->group};
         memcpy(tr.shape, t->st->shape, sizeof tr.shape);
         memcpy(tr.hash, m->blobs[t->blob].key, 16);
         size_t tl = lms__tensor_rec_encode(&tr, tb);
@@ -831,6 +893,12 @@ static char *default_name(const char *src, bool is_dir)
     size_t bl = (size_t)(src + n - b);
     if (!is_dir && bl > 12 && !memcmp(b + bl - 12, ".safetensors", 12))
         bl -= 12;
+    if (!is_dir && bl > 5 && !memcmp(b + bl - 5, ".gguf", 5)) {
+        bl -= 5;
+        /* the first of a split set: NAME-00001-of-0000N */
+        if (bl > 15 && b[bl - 15] == '-' && !memcmp(b + bl - 9, "-of-", 4))
+            bl -= 15;
+    }
     return lms__strndup(b, bl);
 }
 
@@ -868,7 +936,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
 
     /* 1. source */
-    if ((rc = lms__st_source_open(src, &m.src)))
+    if ((rc = lms__gguf_is_source(src) ? lms__gguf_source_open(src, &m.src) : lms__st_source_open(src, &m.src)))
         goto out;
     if (m.p.name) {
         m.name = m.p.name;
@@ -890,7 +958,11 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         rc = LMS_ENOMEM;
         goto out;
     }
-    if (m.src->is_dir && (rc = read_side_files(&m)))
+    if (m.src->n_gen_files)
+        rc = add_gen_files(&m);
+    else if (m.src->is_dir)
+        rc = read_side_files(&m);
+    if (rc)
         goto out;
     for (size_t i = 0; i < m.src->n_shards; i++) {
         m.nt += m.src->shards[i]->n_tensors;
