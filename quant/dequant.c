@@ -219,6 +219,6 @@ void lms__mlx_dequant_row(const void *w, uint32_t bits, uint32_t group, const vo
             v |= (uint32_t)p[bit / 8 + 1] << 8;
         uint32_t q = (v >> (bit % 8)) & mask;
         float s = load_scalar(scales, i / group, sdt), b = load_scalar(biases, i / group, sdt);
-        dst[i] = s * (float)q + b;
+        dst[i] = lms__round_to(lms__round_to(s * (float)q, sdt) + b, sdt);
     }
 }

@@ -78,6 +78,16 @@ static inline bool lms__mlx_group_ok(uint32_t g) { return g == 32 || g == 64 || 
 /* ---- half-precision conversions (round to nearest even) ------------------------------ */
 /* lms__f16_to_f32, lms__f32_to_f16, lms__bf16_to_f32, lms__f32_to_bf16: common/common.h */
 
+/* x rounded to dtype t (F16, BF16; F32 unchanged), as a float. */
+static inline float lms__round_to(float x, lms_dtype t)
+{
+    if (t == LMS_DTYPE_F16)
+        return lms__f16_to_f32(lms__f32_to_f16(x));
+    if (t == LMS_DTYPE_BF16)
+        return lms__bf16_to_f32(lms__f32_to_bf16(x));
+    return x;
+}
+
 /* ---- reference dequantization ---------------------------------------------------------- */
 
 /*
@@ -90,9 +100,9 @@ int lms__dequant_row(lms_dtype t, const void *src, float *dst, size_t n);
 /*
  * n elements of an MLX_AFFINE row: codes of `bits` bits at w (a bit stream
  * starting at bit 0 of w), the row's n/group scales and biases of dtype sdt
- * (F32, F16 or BF16) into dst. The value s * q + b is computed in float32
- * (one rounding per operation), which is what mlx.core.dequantize computes
- * before it rounds to the scales' dtype. n a multiple of group.
+ * (F32, F16 or BF16) into dst. Computes what mlx.core.dequantize computes,
+ * in the scales' dtype: s * q rounded to sdt, plus b rounded to sdt (the
+ * results are sdt values, returned as float32). n a multiple of group.
  */
 void lms__mlx_dequant_row(const void *w, uint32_t bits, uint32_t group, const void *scales, const void *biases,
                           lms_dtype sdt, float *dst, size_t n);

@@ -27,6 +27,16 @@ static inline int nearest_int(float f)
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* numpy's (and ggml's, on x86) float -> 8-bit integer conversion: truncate
+ * toward zero through a 32-bit integer, whose value for infinity, NaN and
+ * out-of-range input is INT32_MIN (cvttss2si), then keep the low byte. A
+ * block of subnormals makes 1/d infinite, and these are its codes. */
+static inline uint8_t cvt_u8(float v)
+{
+    int32_t i = v > -2147483648.f && v < 2147483648.f ? (int32_t)v : INT32_MIN;
+    return (uint8_t)i;
+}
+
 /* The first element of largest magnitude: numpy's x[argmax(abs(x))], also
  * for a block of zeros (then x[0], whose sign makes d -0 or +0). */
 static float signed_absmax(const float *x, int n)
@@ -56,8 +66,8 @@ static void q4_0(const float *x, uint8_t *b)
     float d = signed_absmax(x, 32) / -8.f, id = d != 0 ? 1.f / d : 0.f;
     put_f16(b, d);
     for (int j = 0; j < 16; j++) {
-        int q0 = (int)truncf(x[j] * id + 8.5f), q1 = (int)truncf(x[j + 16] * id + 8.5f);
-        b[2 + j] = (uint8_t)(LMS_MIN(15, q0) | (LMS_MIN(15, q1) << 4));
+        int q0 = LMS_MIN(15, cvt_u8(x[j] * id + 8.5f)), q1 = LMS_MIN(15, cvt_u8(x[j + 16] * id + 8.5f));
+        b[2 + j] = (uint8_t)(q0 | (q1 << 4));
     }
 }
 
@@ -69,8 +79,8 @@ static void q4_1(const float *x, uint8_t *b)
     put_f16(b, d);
     put_f16(b + 2, mn);
     for (int j = 0; j < 16; j++) {
-        int q0 = (int)truncf((x[j] - mn) * id + 0.5f), q1 = (int)truncf((x[j + 16] - mn) * id + 0.5f);
-        b[4 + j] = (uint8_t)(LMS_MIN(15, q0) | (LMS_MIN(15, q1) << 4));
+        int q0 = LMS_MIN(15, cvt_u8((x[j] - mn) * id + 0.5f)), q1 = LMS_MIN(15, cvt_u8((x[j + 16] - mn) * id + 0.5f));
+        b[4 + j] = (uint8_t)(q0 | (q1 << 4));
     }
 }
 
@@ -80,7 +90,7 @@ static void q5_0(const float *x, uint8_t *b)
     put_f16(b, d);
     uint32_t qh = 0;
     for (int j = 0; j < 16; j++) {
-        int q0 = LMS_MIN(31, (int)truncf(x[j] * id + 16.5f)), q1 = LMS_MIN(31, (int)truncf(x[j + 16] * id + 16.5f));
+        int q0 = LMS_MIN(31, cvt_u8(x[j] * id + 16.5f)), q1 = LMS_MIN(31, cvt_u8(x[j + 16] * id + 16.5f));
         b[6 + j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
         qh |= (uint32_t)(q0 >> 4) << j;
         qh |= (uint32_t)(q1 >> 4) << (j + 16);
@@ -97,8 +107,8 @@ static void q5_1(const float *x, uint8_t *b)
     put_f16(b + 2, mn);
     uint32_t qh = 0;
     for (int j = 0; j < 16; j++) {
-        int q0 = LMS_MIN(31, (int)truncf((x[j] - mn) * id + 0.5f));
-        int q1 = LMS_MIN(31, (int)truncf((x[j + 16] - mn) * id + 0.5f));
+        int q0 = LMS_MIN(31, cvt_u8((x[j] - mn) * id + 0.5f));
+        int q1 = LMS_MIN(31, cvt_u8((x[j + 16] - mn) * id + 0.5f));
         b[8 + j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
         qh |= (uint32_t)(q0 >> 4) << j;
         qh |= (uint32_t)(q1 >> 4) << (j + 16);
@@ -114,7 +124,7 @@ static void q8_0(const float *x, uint8_t *b)
     float d = amax / 127.f, id = d != 0 ? 1.f / d : 0.f;
     put_f16(b, d);
     for (int j = 0; j < 32; j++)
-        b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+        b[2 + j] = cvt_u8(roundf(x[j] * id));
 }
 
 /* ggml's make_qkx2_quants: scale and (negated) min of n values with weights,
@@ -287,16 +297,6 @@ int lms__quant_row(lms_dtype t, const float *src, void *dst, size_t n)
 
 /* ---- MLX affine ------------------------------------------------------------------------ */
 
-/* x rounded to the scales' dtype and back. */
-static inline float to_sdt(float x, lms_dtype sdt)
-{
-    if (sdt == LMS_DTYPE_F16)
-        return lms__f16_to_f32(lms__f32_to_f16(x));
-    if (sdt == LMS_DTYPE_BF16)
-        return lms__bf16_to_f32(lms__f32_to_bf16(x));
-    return x;
-}
-
 static inline void store_sdt(void *p, size_t i, float x, lms_dtype sdt)
 {
     uint8_t *b = p;
@@ -326,7 +326,7 @@ void lms__mlx_quant_row(const float *src, size_t n, uint32_t bits, uint32_t grou
         if (q0 != 0)
             scale = edge / q0;
         float bias = q0 == 0 ? 0.f : edge;
-        float s = to_sdt(scale, sdt), b = to_sdt(bias, sdt);
+        float s = lms__round_to(scale, sdt), b = lms__round_to(bias, sdt);
         store_sdt(scales, g, s, sdt);
         store_sdt(biases, g, b, sdt);
         for (size_t i = 0; i < group; i++) {
