@@ -543,6 +543,8 @@ static bool has_suffix(const char *s, const char *suf)
 bool lms__gguf_is_source(const char *path)
 {
     if (!lms__is_dir(path)) {
+        if (has_suffix(path, ".gguf"))
+            return true;
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         uint8_t b[4];
         bool yes = fd >= 0 && pread(fd, b, 4, 0) == 4 && lms__get_u32(b) == LMS__GGUF_MAGIC;

@@ -95,8 +95,8 @@ void lms__gguf_clear(lms__gguf *g);
 /* Read and parse the header of the file at path. */
 int lms__gguf_open(const char *path, lms__gguf *g);
 
-/* True when path is a file starting with the GGUF magic, or a folder with
- * *.gguf files and no *.safetensors file. */
+/* True when path is a file named *.gguf or starting with the GGUF magic, or
+ * a folder with *.gguf files and no *.safetensors file. */
 bool lms__gguf_is_source(const char *path);
 
 /* ---- metadata access (errors name the file and key) ------------------------------------ */

@@ -204,9 +204,10 @@ def raw(kvs, tensors, alignment=32, version=3, magic=b"GGUF", n_tensors=None, n_
         off += (-off) % alignment
     hdr = head + body + infos
     hdr += b"\0" * ((-len(hdr)) % alignment)
-    size = max([o + len(d) for o, d in blobs] + [0])
+    near = [(o, d) for o, d in blobs if o + len(d) < (1 << 24)]  # far offsets stay unwritten
+    size = max([o + len(d) for o, d in near] + [0])
     region = bytearray(size)
-    for o, d in blobs:
+    for o, d in near:
         region[o:o + len(d)] = d
     return bytes(hdr) + bytes(region)
 
