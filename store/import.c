@@ -47,6 +47,7 @@
 
 #include "common/crashpoint.h"
 #include "store/gguf.h"
+#include "store/mlx.h"
 #include "store/safetensors.h"
 #include "store/store_internal.h"
 
@@ -962,6 +963,11 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         rc = add_gen_files(&m);
     else if (m.src->is_dir)
         rc = read_side_files(&m);
+    if (!rc && !m.src->n_gen_files) { /* MLX quantized safetensors: packed weights -> MLX_AFFINE */
+        char *cpath = lms__asprintf("%s/config.json", m.src->src);
+        rc = cpath ? lms__mlx_bind(m.config, m.config_len, cpath, m.src) : LMS_ENOMEM;
+        lms__free(cpath);
+    }
     if (rc)
         goto out;
     for (size_t i = 0; i < m.src->n_shards; i++) {

@@ -7,6 +7,13 @@ tests/quant/test_quant.c, made by mlx.core.quantize / mlx.core.dequantize
   pip install 'mlx[cpu]' numpy
   python3 tests/reference/make_quant_fixtures.py [OUT]   (default tests/fixtures/quant/mlx_affine.bin)
 
+It also writes tests/fixtures/quant/mlx-llama/: the engine's tiny random
+Llama (tests/fixtures/engine/llama) quantized the way mlx-lm saves
+mlx-community models: every projection and the embedding 4-bit in groups of
+32 (mx.quantize), layer 0's down_proj 8-bit (a per-layer override in
+config.json's "quantization"), norms kept, safetensors written by
+mx.save_safetensors with {"format": "mlx"}.
+
 The file is a list of cases, all little-endian:
   "MLXQ", u32 bits, u32 group, u32 dtype (lms_dtype code: 5 F16, 6 BF16,
   9 F32), u32 rows, u32 cols,
@@ -70,6 +77,32 @@ def main():
                             u = np.array(a.astype(mx.float32)).view(np.uint32) >> 16
                             f.write(u.astype("<u2").tobytes())
     print(out, os.path.getsize(out), "bytes")
+    write_mlx_llama(os.path.join(os.path.dirname(out), "mlx-llama"))
+
+
+def write_mlx_llama(out):
+    import json
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "engine", "llama")
+    w = mx.load(os.path.join(src, "model.safetensors"))
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    q = {"group_size": 32, "bits": 4, "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8}}
+    outw = {}
+    for name, a in w.items():
+        prefix = name[:-len(".weight")] if name.endswith(".weight") else None
+        if prefix and a.ndim == 2:
+            o = q.get(prefix, q)
+            wq, s, b = mx.quantize(a, o["group_size"], o["bits"])
+            outw[prefix + ".weight"], outw[prefix + ".scales"], outw[prefix + ".biases"] = wq, s, b
+        else:
+            outw[name] = a
+    os.makedirs(out, exist_ok=True)
+    mx.save_safetensors(os.path.join(out, "model.safetensors"), outw, metadata={"format": "mlx"})
+    cfg["quantization"] = q
+    cfg["quantization_config"] = q
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    print(out, sorted(os.listdir(out)))
 
 
 if __name__ == "__main__":
