@@ -231,12 +231,6 @@ static int cmp_storage(const void *a, const void *b, void *ctx)
     return strcmp(x->st->name, y->st->name);
 }
 
-static int cmp_name(const void *a, const void *b, void *ctx)
-{
-    const imp *m = ctx;
-    return strcmp(m->t[*(const size_t *)a].st->name, m->t[*(const size_t *)b].st->name);
-}
-
 /* ---- source ------------------------------------------------------------------------ */
 
 static bool side_file_wanted(const char *nm)
@@ -740,43 +734,24 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
     return 0;
 }
 
-static int model_id(imp *m, size_t *by_name)
+static int model_id(imp *m)
 {
-    lms_hasher *h = lms__hasher_new();
-    uint8_t b[16];
-    if (!h)
-        return LMS_ENOMEM;
-    lms__hasher_update(h, "lmstore-model-v1", 16);
-    lms__put_u64(b, m->config ? m->config_len : 0);
-    lms__hasher_update(h, b, 8);
-    if (m->config)
-        lms__hasher_update(h, m->config, m->config_len);
-    for (size_t k = 0; k < m->nt; k++) {
-        const itensor *t = &m->t[by_name[k]];
-        uint32_t nl = (uint32_t)strlen(t->st->name);
-        lms__put_u32(b, nl);
-        lms__hasher_update(h, b, 4);
-        lms__hasher_update(h, t->st->name, nl);
-        b[0] = (uint8_t)t->st->dtype;
-        b[1] = (uint8_t)t->st->ndim;
-        lms__hasher_update(h, b, 2);
-        if (t->st->dtype == LMS_DTYPE_MLX_AFFINE) { /* docs/FORMAT.md 3.2: only for MLX_AFFINE */
-            b[0] = (uint8_t)t->st->bits;
-            lms__put_u16(b + 1, (uint16_t)t->st->group);
-            lms__hasher_update(h, b, 3);
-        }
-        for (uint32_t d = 0; d < t->st->ndim; d++) {
-            lms__put_u64(b, t->st->shape[d]);
-            lms__hasher_update(h, b, 8);
-        }
-        lms__put_u64(b, t->st->nbytes);
-        lms__hasher_update(h, b, 8);
-        lms__hash128_put(b, t->hash);
-        lms__hasher_update(h, b, 16);
+    lms__tensor_rec *recs = lms__calloc(m->nt ? m->nt : 1, sizeof *recs);
+    lms__id_tensor *ids = lms__calloc(m->nt ? m->nt : 1, sizeof *ids);
+    int rc = recs && ids ? 0 : LMS_ENOMEM;
+    for (size_t k = 0; !rc && k < m->nt; k++) {
+        const itensor *t = &m->t[k];
+        recs[k] = (lms__tensor_rec){.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
+                                    .bits = t->st->bits, .group = t->st->group};
+        memcpy(recs[k].shape, t->st->shape, sizeof recs[k].shape);
+        lms__hash128_put(recs[k].hash, t->hash);
+        ids[k] = (lms__id_tensor){t->st->name, &recs[k]};
     }
-    lms__hash128_put(m->id, lms__hasher_digest(h));
-    lms__hasher_free(h);
-    return 0;
+    if (!rc)
+        rc = lms__model_id(m->config, m->config ? m->config_len : 0, ids, m->nt, m->id);
+    lms__free(recs);
+    lms__free(ids);
+    return rc;
 }
 
 /* ---- commit ------------------------------------------------------------------------ */
@@ -926,7 +901,6 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     m.p = params ? *params : lms_import_default_params();
     char *owned_name = NULL;
     lms_pool *pool = NULL;
-    size_t *by_name = NULL;
     uint64_t bytes_total = 0, bytes_new = 0;
     int rc;
     if (stats)
@@ -983,8 +957,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     }
     m.t = lms__calloc(m.nt, sizeof *m.t);
     m.order = lms__malloc(m.nt * sizeof *m.order);
-    by_name = lms__malloc(m.nt * sizeof *by_name);
-    if (!m.t || !m.order || !by_name) {
+    if (!m.t || !m.order) {
         rc = LMS_ENOMEM;
         goto out;
     }
@@ -998,14 +971,13 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
             t->st = &f->tensors[j];
             t->shard = i;
             classify(t);
-            m.order[k] = by_name[k] = k;
+            m.order[k] = k;
             bytes_total += t->st->nbytes;
         }
     }
 
     /* 2. storage order */
     qsort_r(m.order, m.nt, sizeof *m.order, cmp_storage, &m);
-    qsort_r(by_name, m.nt, sizeof *by_name, cmp_name, &m);
     if ((rc = lms__pool_create(m.p.threads, &pool)))
         goto out;
     if (m.p.progress)
@@ -1019,7 +991,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         goto out;
     lms__debug("import: hashed %llu bytes and copied %llu in %.3f s", (unsigned long long)bytes_total,
                (unsigned long long)bytes_new, lms__now() - t_copy);
-    if ((rc = model_id(&m, by_name)))
+    if ((rc = model_id(&m)))
         goto out;
     double t_sync = lms__now();
     if ((rc = lms__append_sync(m.app)))
@@ -1080,7 +1052,6 @@ out:
     lms__free(m.blobs);
     lms__free(m.t);
     lms__free(m.order);
-    lms__free(by_name);
     lms__free(m.config);
     lms__free(m.arch);
     lms__free(m.st_meta);

@@ -5,6 +5,7 @@
  * Pure functions over bytes: decoders treat their input as untrusted (a
  * fuzzer calls them directly) and check every length before reading.
  */
+#include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 
@@ -131,6 +132,53 @@ int lms__tensor_rec_decode(const void *buf, size_t len, lms__tensor_rec *r)
     uint64_t n;
     if (lms_dtype_nbytes(r->dtype, r->bits, r->shape, r->ndim, &n) || n != r->nbytes)
         return bad("tensor", "byte size does not match shape and dtype");
+    return 0;
+}
+
+/* ---- model id ---------------------------------------------------------------- */
+
+static int cmp_id_tensor(const void *a, const void *b)
+{
+    return strcmp(((const lms__id_tensor *)a)->name, ((const lms__id_tensor *)b)->name);
+}
+
+int lms__model_id(const void *config, size_t config_len, lms__id_tensor *t, size_t n, uint8_t out[16])
+{
+    lms_hasher *h = lms__hasher_new();
+    uint8_t b[16];
+    if (!h)
+        return LMS_ENOMEM;
+    if (n)
+        qsort(t, n, sizeof *t, cmp_id_tensor);
+    lms__hasher_update(h, "lmstore-model-v1", 16);
+    lms__put_u64(b, config ? config_len : 0);
+    lms__hasher_update(h, b, 8);
+    if (config)
+        lms__hasher_update(h, config, config_len);
+    for (size_t k = 0; k < n; k++) {
+        const lms__tensor_rec *r = t[k].rec;
+        uint32_t nl = (uint32_t)strlen(t[k].name);
+        lms__put_u32(b, nl);
+        lms__hasher_update(h, b, 4);
+        lms__hasher_update(h, t[k].name, nl);
+        b[0] = (uint8_t)r->dtype;
+        b[1] = (uint8_t)r->ndim;
+        lms__hasher_update(h, b, 2);
+        if (r->dtype == LMS_DTYPE_MLX_AFFINE) { /* only for MLX_AFFINE: older ids stay */
+            b[0] = (uint8_t)r->bits;
+            lms__put_u16(b + 1, (uint16_t)r->group);
+            lms__hasher_update(h, b, 3);
+        }
+        for (uint32_t d = 0; d < r->ndim; d++) {
+            lms__put_u64(b, r->shape[d]);
+            lms__hasher_update(h, b, 8);
+        }
+        lms__put_u64(b, r->nbytes);
+        lms__hasher_update(h, b, 8);
+        lms__hasher_update(h, r->hash, 16);
+    }
+    lms__hash128_put(out, lms__hasher_digest(h));
+    lms__hasher_free(h);
     return 0;
 }
 

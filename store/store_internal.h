@@ -191,6 +191,15 @@ size_t lms__tensor_rec_size(uint32_t ndim);
 size_t lms__tensor_rec_encode(const lms__tensor_rec *r, uint8_t *out);
 int lms__tensor_rec_decode(const void *buf, size_t len, lms__tensor_rec *r);
 
+/* The model id (docs/FORMAT.md 3.2) over config.json's bytes (NULL: none)
+ * and n tensors given by name and record (dtype, shape, byte size, blob
+ * hash, MLX parameters); sorts t by name. LMS_ENOMEM. */
+typedef struct lms__id_tensor {
+    const char *name;
+    const lms__tensor_rec *rec;
+} lms__id_tensor;
+int lms__model_id(const void *config, size_t config_len, lms__id_tensor *t, size_t n, uint8_t out[16]);
+
 typedef struct lms__model_rec {
     uint8_t id[LMS_MODEL_ID_LEN];
     uint64_t created;
@@ -276,6 +285,9 @@ int lms__append_reserve(lms__appender *a, uint64_t size, uint32_t *segment, uint
 int lms__append_fd(lms__appender *a, uint32_t segment, int *fd, const char **path);
 /* pwrite into a reserved range; thread-safe for disjoint ranges. */
 int lms__append_write(lms__appender *a, uint32_t segment, uint64_t offset, const void *buf, size_t len);
+/* Give back the last range reserved (a blob that turned out to be stored
+ * already): the segment ends at `offset` again. LMS_EINVAL for any other range. */
+int lms__append_unreserve(lms__appender *a, uint32_t segment, uint64_t offset, uint64_t size);
 /* fsync every segment written (and the folder when segments were created). */
 int lms__append_sync(lms__appender *a);
 /* Bytes reserved so far in this session (padding included). */

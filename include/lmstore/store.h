@@ -311,6 +311,49 @@ typedef struct lms_export_stats {
 int lms_model_export(lms_store *store, const char *model, const char *dir, const lms_export_params *params,
                      lms_export_stats *stats);
 
+/* ---- quantize ------------------------------------------------------------------------ */
+
+typedef struct lms_quantize_params {
+    lms_dtype type;        /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or MLX_AFFINE */
+    uint32_t bits;         /* MLX_AFFINE: 2, 3, 4, 5, 6 or 8; ignored otherwise */
+    uint32_t group_size;   /* MLX_AFFINE: 32, 64 or 128; 0 = 64 (mlx-lm's default) */
+    bool keep_embeddings;  /* leave the token embedding and the LM head as they are */
+    int threads;           /* quantizing threads; 0 = online CPUs */
+    bool progress;         /* progress bar on stderr when it is a terminal */
+} lms_quantize_params;
+
+lms_quantize_params lms_quantize_default_params(void); /* Q8_0 */
+
+typedef struct lms_quantize_stats {
+    uint64_t tensors;        /* tensors of the new model */
+    uint64_t quantized;      /* of them, newly quantized */
+    uint64_t bytes_total;    /* tensor bytes of the new model */
+    uint64_t bytes_written;  /* appended to segments */
+    uint64_t bytes_shared;   /* tensors shared with stored blobs (the source's, through dedup) */
+    double seconds;
+} lms_quantize_stats;
+
+/*
+ * Make model `dst` from model `src`: every 2-D `.weight` matrix (the
+ * embedding and LM head too, unless keep_embeddings) quantized to
+ * params->type, everything else (norms, biases, matrices whose rows are not
+ * whole blocks, tensors already of that type) shared with the source
+ * through the store's deduplication. GGUF types: the bytes of the reference
+ * quantizers (quant/quant.h); Q4_K takes Q5_0 for rows that are not a whole
+ * number of 256-element blocks, as llama-quantize does. MLX_AFFINE: each
+ * quantized X.weight gets X.scales and X.biases (the source's float dtype;
+ * F16 for a GGUF-quantized source) and config.json a "quantization" object,
+ * as mlx-lm writes them. Sources quantized to GGUF types are dequantized
+ * first; MLX_AFFINE sources are refused. Side files are copied.
+ * All-or-nothing like lms_import (same append lock and one commit); params
+ * may be NULL (Q8_0), stats may be NULL.
+ * Errors: LMS_ENOENT (no `src`), LMS_EEXIST (`dst` exists), LMS_EINVAL
+ * (bad name or params), LMS_EUNSUPPORTED, LMS_ECORRUPT, LMS_EIO,
+ * LMS_ENOMEM, LMS_EDB, LMS_ENOSPACE.
+ */
+int lms_model_quantize(lms_store *store, const char *src, const char *dst, const lms_quantize_params *params,
+                       lms_quantize_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif
