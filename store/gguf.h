@@ -116,6 +116,22 @@ int64_t lms__gguf_arr_i64(const lms__gguf_kv *kv, uint64_t i);
 bool lms__gguf_type_numeric(uint32_t t);
 const char *lms__gguf_type_name(uint32_t t);
 
+/* Pre-tokenizer regexes as HF tokenizer.json spells them (llama.cpp's
+ * tokenizer.ggml.pre names): GPT-2's ("gpt2", and after a \p{N} split
+ * "smollm", "starcoder"), Llama 3's ("llama-bpe") and Qwen2's ("qwen2"). */
+#define LMS__RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define LMS__RE_LLAMA3                                                                                                 \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
+    "\\s+(?!\\S)|\\s+"
+#define LMS__RE_QWEN2                                                                                                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"     \
+    "\\s+(?!\\S)|\\s+"
+
+/* The GGUF name of an HF tensor name of the llama / qwen2 / qwen3 families
+ * ("model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight");
+ * LMS_ENOENT (without detail) for a name without one. */
+int lms__gguf_name_from_hf(const char *hf, char *out, size_t cap);
+
 /* ---- conversion into an import source (gguf_model.c) ------------------------------------ */
 
 /*

@@ -24,8 +24,11 @@
  * (one factor per rotary frequency) rather than as metadata. The tensor is
  * kept under its GGUF name, and config.json gets the `rope_scaling`
  * {rope_type llama3, factor, low/high_freq_factor,
- * original_max_position_embeddings} that reproduces it (searched over the
- * values Meta's models use; a file it does not match is refused).
+ * original_max_position_embeddings} that reproduces every factor (to 1e-4
+ * relative), searched over Meta's values first, then over every power of
+ * two for the original context. Several settings can give the same factors
+ * (then the first found is written: the same RoPE, not necessarily the same
+ * numbers); a file no setting reproduces is refused.
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -226,6 +229,32 @@ static int map_name(const lms__gguf *g, const hparams *hp, const char *name, cha
                     name, archs[hp->arch].gguf);
 }
 
+int lms__gguf_name_from_hf(const char *hf, char *out, size_t cap)
+{
+    static const char *const tops[][2] = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                          {"model.norm.weight", "output_norm.weight"},
+                                          {"lm_head.weight", "output.weight"},
+                                          {"rope_freqs.weight", "rope_freqs.weight"}};
+    for (size_t i = 0; i < LMS_ARRAY_LEN(tops); i++)
+        if (!strcmp(hf, tops[i][0])) {
+            snprintf(out, cap, "%s", tops[i][1]);
+            return 0;
+        }
+    const char *p = hf + strlen("model.layers."), *dot;
+    uint64_t li;
+    if (strncmp(hf, "model.layers.", 13) || !(dot = strchr(p, '.')) || !parse_uint(p, (size_t)(dot - p), &li))
+        return LMS_ENOENT;
+    const char *rest = dot + 1, *suf = strrchr(rest, '.');
+    if (!suf || (strcmp(suf, ".weight") && strcmp(suf, ".bias")))
+        return LMS_ENOENT;
+    for (int k = 0; k < L_COUNT; k++)
+        if ((size_t)(suf - rest) == strlen(layer_hf[k]) && !memcmp(rest, layer_hf[k], (size_t)(suf - rest))) {
+            snprintf(out, cap, "blk.%llu.%s%s", (unsigned long long)li, layer_gguf[k], suf);
+            return 0;
+        }
+    return LMS_ENOENT;
+}
+
 /* The HF shape a tensor must have; ndim 0 = no rule. */
 static void expected_shape(const hparams *hp, int kind, int top, bool bias, uint64_t *shape, uint32_t *ndim)
 {
@@ -309,14 +338,7 @@ static int64_t tokmap_get(const tokmap *m, const char *p, size_t n)
     return -1;
 }
 
-/* Pre-tokenizer regexes (HF tokenizer.json spellings). */
-#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define RE_LLAMA3                                                                                                 \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
-    "\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                                                  \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"     \
-    "\\s+(?!\\S)|\\s+"
+/* Pre-tokenizer regexes: gguf.h */
 
 enum { PRE_GPT2, PRE_DIGITS_GPT2, PRE_LLAMA3, PRE_QWEN2 };
 
@@ -499,7 +521,7 @@ static int build_tokenizer(const lms__gguf *g, uint64_t n_rows, tok_out *o)
     cJSON_AddStringToObject(ptok, "type", "Sequence");
     if (pk == PRE_DIGITS_GPT2)
         cJSON_AddItemToArray(plist, split_step("\\p{N}"));
-    cJSON_AddItemToArray(plist, split_step(pk == PRE_LLAMA3 ? RE_LLAMA3 : pk == PRE_QWEN2 ? RE_QWEN2 : RE_GPT2));
+    cJSON_AddItemToArray(plist, split_step(pk == PRE_LLAMA3 ? LMS__RE_LLAMA3 : pk == PRE_QWEN2 ? LMS__RE_QWEN2 : LMS__RE_GPT2));
     cJSON_AddItemToArray(plist, byte_level(false, pk != PRE_QWEN2, false));
     cJSON_AddItemToObject(ptok, "pretokenizers", plist);
 
@@ -862,8 +884,10 @@ int lms__gguf_convert(lms__gguf *const *gs, size_t n_files, lms__st_source *s)
  * _compute_llama3_parameters and llama.cpp's converter do) equal f[0..n). */
 static cJSON *llama3_scaling(const float *f, size_t n, double theta)
 {
-    static const double lows[] = {1, 2, 4}, highs[] = {2, 4, 8};
-    static const double origs[] = {8192, 4096, 2048, 16384, 32768, 65536, 131072};
+    static const double lows[] = {1, 2, 4}, highs[] = {4, 2, 8, 16};
+    double origs[24] = {8192, 4096, 2048, 16384, 32768, 65536, 131072};
+    for (int i = 7, p = 4; i < 24; i++, p++)
+        origs[i] = (double)(1u << p); /* then every power of two from 16 */
     double factor = f[n - 1];
     if (!(factor >= 1))
         return NULL;

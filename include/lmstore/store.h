@@ -301,7 +301,10 @@ typedef struct lms_export_stats {
  * must be an empty folder): model.safetensors, or model-0000K-of-0000N
  * .safetensors shards plus model.safetensors.index.json, and the stored side
  * files. The tensors are byte-identical to those imported: each is
- * hash-checked while copied. params and stats may be NULL.
+ * hash-checked while copied. MLX_AFFINE tensors go out as MLX saves them
+ * (U32 words of packed codes) beside their scales and biases, so an MLX
+ * model exports as an mlx-community folder; GGUF block types are refused
+ * (LMS_EUNSUPPORTED: see lms_model_export_gguf). params and stats may be NULL.
  * Errors: LMS_ENOENT (no such model), LMS_EEXIST (`dir` is not an empty
  * folder), LMS_ECORRUPT (a blob fails its hash; the message names the
  * tensor), LMS_EIO, LMS_ENOMEM, LMS_EINVAL. On failure the files written
@@ -310,6 +313,21 @@ typedef struct lms_export_stats {
  */
 int lms_model_export(lms_store *store, const char *model, const char *dir, const lms_export_params *params,
                      lms_export_stats *stats);
+
+/*
+ * Write `model` (a Llama, Qwen2 or Qwen3 model) as one GGUF v3 file at
+ * `path` (which must not exist), for llama.cpp: tensors in their stored
+ * encoding (F32, F16, BF16, GGUF block types; MLX_AFFINE is refused) under
+ * GGUF names, llama's Q/K rows in llama.cpp's rotary order; metadata from
+ * config.json, tokenizer.json and tokenizer_config.json. A model exported
+ * as HF safetensors (lms_model_export) that holds GGUF block types is
+ * refused with LMS_EUNSUPPORTED: export it here. params->max_shard_size is
+ * ignored. Errors as lms_model_export (LMS_EEXIST when path exists), plus
+ * LMS_EUNSUPPORTED for what GGUF or llama.cpp cannot hold. On failure
+ * nothing is left at path.
+ */
+int lms_model_export_gguf(lms_store *store, const char *model, const char *path, const lms_export_params *params,
+                          lms_export_stats *stats);
 
 /* ---- quantize ------------------------------------------------------------------------ */
 
