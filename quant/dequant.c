@@ -93,49 +93,28 @@ static void deq_q3_k(const uint8_t *b, float *y)
     }
 }
 
-/* The 6-bit scales and mins of a Q4_K / Q5_K super-block (ggml's get_scale_min_k4). */
-static void scale_min_k4(const uint8_t *q, int j, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-static void deq_q4_k(const uint8_t *b, float *y)
+/* Q4_K, and Q5_K (five: a fifth bit per code in qh) */
+static void deq_q45_k(const uint8_t *b, float *y, bool five)
 {
     float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
+    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int j = 0; j < 8; j++) {
         int sc, m;
-        scale_min_k4(scales, j, &sc, &m);
-        float dd = d * (float)sc, mm = dmin * (float)m;
-        const uint8_t *q = qs + 32 * (j / 2);
-        int shift = 4 * (j % 2);
-        for (int l = 0; l < 32; l++)
-            y[32 * j + l] = dd * (float)((q[l] >> shift) & 0x0f) - mm;
-    }
-}
-
-static void deq_q5_k(const uint8_t *b, float *y)
-{
-    float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        scale_min_k4(scales, j, &sc, &m);
+        lms__k4_scale_min(scales, j, &sc, &m);
         float dd = d * (float)sc, mm = dmin * (float)m;
         const uint8_t *q = qs + 32 * (j / 2);
         int shift = 4 * (j % 2);
         for (int l = 0; l < 32; l++) {
-            int v = ((q[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4);
+            int v = (q[l] >> shift) & 0x0f;
+            if (five)
+                v |= ((qh[l] >> j) & 1) << 4;
             y[32 * j + l] = dd * (float)v - mm;
         }
     }
 }
+
+static void deq_q4_k(const uint8_t *b, float *y) { deq_q45_k(b, y, false); }
+static void deq_q5_k(const uint8_t *b, float *y) { deq_q45_k(b, y, true); }
 
 static void deq_q6_k(const uint8_t *b, float *y)
 {

@@ -88,6 +88,19 @@ static inline float lms__round_to(float x, lms_dtype t)
     return x;
 }
 
+/* The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K
+ * super-block's 12 scale bytes q (ggml's get_scale_min_k4). */
+static inline void lms__k4_scale_min(const uint8_t *q, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 /* ---- reference dequantization ---------------------------------------------------------- */
 
 /*

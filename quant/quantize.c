@@ -61,60 +61,53 @@ static void min_max(const float *x, int n, float *mn, float *mx)
     *mx = b;
 }
 
-static void q4_0(const float *x, uint8_t *b)
+/* Q4_0 (bits 4) and Q5_0 (bits 5): d = the largest-magnitude value / -2^(bits-1),
+ * codes truncated from x/d + 2^(bits-1) + 0.5; Q5_0's fifth bits in a u32 after d. */
+static void q_sym(const float *x, uint8_t *b, int bits)
 {
-    float d = signed_absmax(x, 32) / -8.f, id = d != 0 ? 1.f / d : 0.f;
-    put_f16(b, d);
-    for (int j = 0; j < 16; j++) {
-        int q0 = LMS_MIN(15, cvt_u8(x[j] * id + 8.5f)), q1 = LMS_MIN(15, cvt_u8(x[j + 16] * id + 8.5f));
-        b[2 + j] = (uint8_t)(q0 | (q1 << 4));
-    }
-}
-
-static void q4_1(const float *x, uint8_t *b)
-{
-    float mn, mx;
-    min_max(x, 32, &mn, &mx);
-    float d = (mx - mn) / 15.f, id = d != 0 ? 1.f / d : 0.f;
-    put_f16(b, d);
-    put_f16(b + 2, mn);
-    for (int j = 0; j < 16; j++) {
-        int q0 = LMS_MIN(15, cvt_u8((x[j] - mn) * id + 0.5f)), q1 = LMS_MIN(15, cvt_u8((x[j + 16] - mn) * id + 0.5f));
-        b[4 + j] = (uint8_t)(q0 | (q1 << 4));
-    }
-}
-
-static void q5_0(const float *x, uint8_t *b)
-{
-    float d = signed_absmax(x, 32) / -16.f, id = d != 0 ? 1.f / d : 0.f;
-    put_f16(b, d);
+    const int half = 1 << (bits - 1), top = (1 << bits) - 1;
+    float d = signed_absmax(x, 32) / (float)-half, id = d != 0 ? 1.f / d : 0.f;
+    uint8_t *qs = b + (bits == 5 ? 6 : 2);
     uint32_t qh = 0;
+    put_f16(b, d);
     for (int j = 0; j < 16; j++) {
-        int q0 = LMS_MIN(31, cvt_u8(x[j] * id + 16.5f)), q1 = LMS_MIN(31, cvt_u8(x[j + 16] * id + 16.5f));
-        b[6 + j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+        int q0 = LMS_MIN(top, cvt_u8(x[j] * id + ((float)half + 0.5f)));
+        int q1 = LMS_MIN(top, cvt_u8(x[j + 16] * id + ((float)half + 0.5f)));
+        qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
         qh |= (uint32_t)(q0 >> 4) << j;
         qh |= (uint32_t)(q1 >> 4) << (j + 16);
     }
-    lms__put_u32(b + 2, qh);
+    if (bits == 5)
+        lms__put_u32(b + 2, qh);
 }
 
-static void q5_1(const float *x, uint8_t *b)
+/* Q4_1 (bits 4) and Q5_1 (bits 5): d = (max - min) / (2^bits - 1), m = min,
+ * codes truncated from (x - min)/d + 0.5; Q5_1's fifth bits in a u32 after d, m. */
+static void q_min(const float *x, uint8_t *b, int bits)
 {
+    const int top = (1 << bits) - 1;
     float mn, mx;
     min_max(x, 32, &mn, &mx);
-    float d = (mx - mn) / 31.f, id = d != 0 ? 1.f / d : 0.f;
+    float d = (mx - mn) / (float)top, id = d != 0 ? 1.f / d : 0.f;
+    uint8_t *qs = b + (bits == 5 ? 8 : 4);
+    uint32_t qh = 0;
     put_f16(b, d);
     put_f16(b + 2, mn);
-    uint32_t qh = 0;
     for (int j = 0; j < 16; j++) {
-        int q0 = LMS_MIN(31, cvt_u8((x[j] - mn) * id + 0.5f));
-        int q1 = LMS_MIN(31, cvt_u8((x[j + 16] - mn) * id + 0.5f));
-        b[8 + j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+        int q0 = LMS_MIN(top, cvt_u8((x[j] - mn) * id + 0.5f));
+        int q1 = LMS_MIN(top, cvt_u8((x[j + 16] - mn) * id + 0.5f));
+        qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
         qh |= (uint32_t)(q0 >> 4) << j;
         qh |= (uint32_t)(q1 >> 4) << (j + 16);
     }
-    lms__put_u32(b + 4, qh);
+    if (bits == 5)
+        lms__put_u32(b + 4, qh);
 }
+
+static void q4_0(const float *x, uint8_t *b) { q_sym(x, b, 4); }
+static void q5_0(const float *x, uint8_t *b) { q_sym(x, b, 5); }
+static void q4_1(const float *x, uint8_t *b) { q_min(x, b, 4); }
+static void q5_1(const float *x, uint8_t *b) { q_min(x, b, 5); }
 
 static void q8_0(const float *x, uint8_t *b)
 {
@@ -224,13 +217,7 @@ static void q4_k(const float *x, uint8_t *b)
     float d = h2f(b), dmin = h2f(b + 2);
     for (int j = 0; j < 8; j++) {
         int s, m;
-        if (j < 4) {
-            s = sc[j] & 63;
-            m = sc[j + 4] & 63;
-        } else {
-            s = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
-            m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-        }
+        lms__k4_scale_min(sc, j, &s, &m);
         float dd = d * s;
         if (dd == 0)
             continue;

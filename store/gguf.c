@@ -240,6 +240,20 @@ void lms__gguf_clear(lms__gguf *g)
     memset(g, 0, sizeof *g);
 }
 
+/* Room for one more element of esz bytes in *v (n used, *cap allocated). */
+static int grow(void **v, size_t n, size_t *cap, size_t esz)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? *cap * 2 : 64;
+    void *nv = lms__realloc(*v, nc * esz);
+    if (!nv)
+        return LMS_ENOMEM;
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
+
 static int cmp_key(const void *a, const void *b)
 {
     return strcmp(((const lms__gguf_kv *)a)->key, ((const lms__gguf_kv *)b)->key);
@@ -346,15 +360,8 @@ int lms__gguf_parse(const char *path, const void *buf, size_t len, uint64_t file
     }
     /* metadata: arrays grow with what is parsed, never by the claimed count */
     for (uint64_t i = 0; i < n_kv; i++) {
-        if (g->n_kv == cap) {
-            cap = cap ? cap * 2 : 64;
-            lms__gguf_kv *nv = lms__realloc(g->kv, cap * sizeof *nv);
-            if (!nv) {
-                rc = LMS_ENOMEM;
-                goto out;
-            }
-            g->kv = nv;
-        }
+        if ((rc = grow((void **)&g->kv, g->n_kv, &cap, sizeof *g->kv)))
+            goto out;
         lms__gguf_kv *kv = &g->kv[g->n_kv];
         memset(kv, 0, sizeof *kv);
         g->n_kv++;
@@ -407,15 +414,8 @@ int lms__gguf_parse(const char *path, const void *buf, size_t len, uint64_t file
     /* tensor infos */
     cap = 0;
     for (uint64_t i = 0; i < n_t; i++) {
-        if (g->n_t == cap) {
-            cap = cap ? cap * 2 : 64;
-            lms__gguf_tensor *nv = lms__realloc(g->t, cap * sizeof *nv);
-            if (!nv) {
-                rc = LMS_ENOMEM;
-                goto out;
-            }
-            g->t = nv;
-        }
+        if ((rc = grow((void **)&g->t, g->n_t, &cap, sizeof *g->t)))
+            goto out;
         lms__gguf_tensor *t = &g->t[g->n_t];
         memset(t, 0, sizeof *t);
         g->n_t++;

@@ -168,9 +168,10 @@ static int read_hparams(const lms__gguf *g, hparams *hp)
 
 /* ---- tensors ------------------------------------------------------------------------------------ */
 
-static bool parse_uint(const char *s, size_t n, uint64_t *out)
+/* n decimal digits (1..9) as a number; leading zeros only when allowed. */
+static bool digits(const char *s, size_t n, bool zeros, uint64_t *out)
 {
-    if (n == 0 || n > 9 || (n > 1 && s[0] == '0'))
+    if (n == 0 || n > 9 || (!zeros && n > 1 && s[0] == '0'))
         return false;
     uint64_t v = 0;
     for (size_t i = 0; i < n; i++) {
@@ -210,7 +211,7 @@ static int map_name(const lms__gguf *g, const hparams *hp, const char *name, cha
         if (base > 4 && !memcmp(name, "blk.", 4)) {
             const char *d = name + 4, *dot = memchr(d, '.', base - 4);
             uint64_t li;
-            if (dot && parse_uint(d, (size_t)(dot - d), &li)) {
+            if (dot && digits(d, (size_t)(dot - d), false, &li)) {
                 size_t kl = (size_t)(name + base - dot - 1);
                 for (int k = 0; k < L_COUNT; k++)
                     if (kl == strlen(layer_gguf[k]) && !memcmp(dot + 1, layer_gguf[k], kl)) {
@@ -242,7 +243,7 @@ int lms__gguf_name_from_hf(const char *hf, char *out, size_t cap)
         }
     const char *p = hf + strlen("model.layers."), *dot;
     uint64_t li;
-    if (strncmp(hf, "model.layers.", 13) || !(dot = strchr(p, '.')) || !parse_uint(p, (size_t)(dot - p), &li))
+    if (strncmp(hf, "model.layers.", 13) || !(dot = strchr(p, '.')) || !digits(p, (size_t)(dot - p), false, &li))
         return LMS_ENOENT;
     const char *rest = dot + 1, *suf = strrchr(rest, '.');
     if (!suf || (strcmp(suf, ".weight") && strcmp(suf, ".bias")))
@@ -934,18 +935,6 @@ static bool has_suffix(const char *s, const char *suf)
 
 static int cmp_strp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static bool digits(const char *p, size_t n, unsigned *out)
-{
-    unsigned v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return false;
-        v = v * 10 + (unsigned)(p[i] - '0');
-    }
-    *out = v;
-    return true;
-}
-
 /* "NAME-00001-of-00003.gguf": true with the prefix length, K and N. */
 static bool split_name(const char *base, size_t *prefix, unsigned *k, unsigned *n)
 {
@@ -953,9 +942,12 @@ static bool split_name(const char *base, size_t *prefix, unsigned *k, unsigned *
     if (l < 20 || !has_suffix(base, ".gguf"))
         return false;
     const char *p = base + l - 5 - 15; /* "-00001-of-00003" */
-    if (p[0] != '-' || memcmp(p + 6, "-of-", 4) || !digits(p + 1, 5, k) || !digits(p + 10, 5, n))
+    uint64_t a, b;
+    if (p[0] != '-' || memcmp(p + 6, "-of-", 4) || !digits(p + 1, 5, true, &a) || !digits(p + 10, 5, true, &b))
         return false;
     *prefix = (size_t)(p - base);
+    *k = (unsigned)a;
+    *n = (unsigned)b;
     return *k >= 1 && *k <= *n;
 }
 

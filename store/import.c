@@ -75,11 +75,7 @@ typedef struct itensor {
     size_t blob;        /* index into blobs */
 } itensor;
 
-typedef struct side_file {
-    char *name;
-    uint8_t *rec; /* encoded file record */
-    size_t rec_len;
-} side_file;
+typedef lms__named_rec side_file; /* name, encoded file record */
 
 typedef struct shard_map {
     int fd;
@@ -293,7 +289,7 @@ static int add_side_file(imp *m, const char *name, const char *data, size_t len,
         side_file *f = &m->files[m->nf];
         memset(f, 0, sizeof *f);
         f->name = lms__strdup(name);
-        rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->rec_len) : LMS_ENOMEM;
+        rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->len) : LMS_ENOMEM;
         m->nf++;
         if (rc)
             rc = lms__err_prefix(rc, "%s: ", path);
@@ -809,47 +805,27 @@ static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
         if (rc)
             return rc;
     }
-    uint64_t n_params = 0, bytes = 0;
-    uint32_t mask = 0;
-    char key[512];
-    uint8_t tb[LMS__TENSOR_REC_FIXED + 8 * LMS_MAX_DIMS];
+    const char **names = lms__malloc((m->nt ? m->nt : 1) * sizeof *names);
+    lms__tensor_rec *recs = lms__calloc(m->nt ? m->nt : 1, sizeof *recs);
+    if (!names || !recs) {
+        lms__free(names);
+        lms__free(recs);
+        return LMS_ENOMEM;
+    }
     for (size_t k = 0; k < m->nt; k++) {
         const itensor *t = &m->t[m->order[k]];
-        lms__tensor_rec tr = {.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
-                              .layer = t->layer, .order = (uint32_t)k, .bits = t->st->bits,
-                              .group = t->st->group};
-        memcpy(tr.shape, t->st->shape, sizeof tr.shape);
-        memcpy(tr.hash, m->blobs[t->blob].key, 16);
-        size_t tl = lms__tensor_rec_encode(&tr, tb);
-        size_t kl = lms__key_item(key, sizeof key, m->name, t->st->name);
-        if (!kl)
-            return lms__err(LMS_EINVAL, "model '%s' tensor '%s': key longer than 511 bytes", m->name, t->st->name);
-        if ((rc = lms__db_put(s, txn, LMS__DB_TENSORS, key, kl, tb, tl, 0)))
-            return rc;
-        n_params += t->st->nelem;
-        bytes += t->st->nbytes;
-        mask |= 1u << t->st->dtype;
+        recs[k] = (lms__tensor_rec){.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
+                                    .layer = t->layer, .bits = t->st->bits, .group = t->st->group};
+        memcpy(recs[k].shape, t->st->shape, sizeof recs[k].shape);
+        memcpy(recs[k].hash, m->blobs[t->blob].key, 16);
+        names[k] = t->st->name;
     }
-    for (size_t i = 0; i < m->nf; i++) {
-        size_t kl = lms__key_item(key, sizeof key, m->name, m->files[i].name);
-        if (!kl)
-            return lms__err(LMS_EINVAL, "model '%s' file '%s': key too long", m->name, m->files[i].name);
-        if ((rc = lms__db_put(s, txn, LMS__DB_FILES, key, kl, m->files[i].rec, m->files[i].rec_len, 0)))
-            return rc;
-    }
-    lms__model_rec mr = {.created = lms__unix_time(), .n_tensors = m->nt, .n_params = n_params,
-                         .tensor_bytes = bytes, .dtype_mask = mask, .n_files = (uint32_t)m->nf,
-                         .arch = m->arch ? m->arch : "", .arch_len = m->arch ? (uint32_t)strlen(m->arch) : 0,
-                         .source = m->source, .source_len = (uint32_t)strlen(m->source),
-                         .st_meta = m->st_meta ? m->st_meta : "",
-                         .st_meta_len = m->st_meta ? (uint32_t)strlen(m->st_meta) : 0};
-    memcpy(mr.id, m->id, 16);
-    uint8_t *rec;
-    size_t rl;
-    if ((rc = lms__model_rec_encode(&mr, &rec, &rl)))
-        return rc;
-    rc = lms__db_put(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), rec, rl, 0);
-    lms__free(rec);
+    lms__model_put mp = {.name = m->name, .arch = m->arch, .source = m->source, .st_meta = m->st_meta,
+                         .id = m->id, .nt = m->nt, .tnames = names, .trecs = recs, .nf = m->nf,
+                         .files = m->files};
+    rc = lms__model_put_records(s, txn, &mp);
+    lms__free(names);
+    lms__free(recs);
     if (!rc)
         lms__crashpoint("import:before-commit");
     return rc;
@@ -1030,11 +1006,7 @@ out:
         }
         lms__free(m.maps);
     }
-    for (size_t i = 0; i < m.nf; i++) {
-        lms__free(m.files[i].name);
-        lms__free(m.files[i].rec);
-    }
-    lms__free(m.files);
+    lms__named_recs_free(m.files, m.nf);
     lms__free(m.jobs);
     lms__free(m.tasks);
     for (int w = 0; w < m.nworkers; w++) {

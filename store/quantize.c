@@ -37,7 +37,7 @@ enum { KEEP, QUANT, FROM_MEM };
 typedef struct qt {
     char *name;
     lms__tensor_rec src;   /* the source's record */
-    lms__blob_rec sblob;
+    const uint8_t *bytes;  /* the source's bytes (mapped; NULL for new side tensors) */
     lms__tensor_rec out;   /* the new model's record (hash filled when its blob is known) */
     int action;
     bool fresh;            /* its blob is new in this run (a blobs record to put) */
@@ -55,17 +55,12 @@ typedef struct qctx {
     lms_progress *prog;
     qt *t;
     size_t nt, cap;
-    /* files of the source: name -> record bytes */
-    char **fnames;
-    uint8_t **frecs;
-    size_t *flens, nf;
-    uint8_t *config_rec;   /* MLX: the new config.json record */
-    size_t config_rec_len;
+    lms__named_rec *files; /* the source's side files (MLX: config.json replaced) */
+    size_t nf;
     lms__model_rec mrec;   /* the source's (strings copied below) */
     char *arch, *st_meta, *source;
     uint8_t id[16];
-    lms__segmap map;       /* the source segment mapped last */
-    bool mapped;
+    lms__emodel em;        /* the source's tensors, segments mapped */
     lms__segmap cmp_map;   /* a stored blob's segment, for byte comparisons */
     bool cmp_mapped;
     uint8_t *cmp_buf;
@@ -109,52 +104,26 @@ static int add_tensor(qctx *c, const char *name, size_t nlen, qt **out)
     return 0;
 }
 
-static int read_tensor(lms_store *s, MDB_txn *txn, void *vctx, const char *item, size_t ilen, const MDB_val *val)
-{
-    qctx *c = vctx;
-    qt *t;
-    int rc = add_tensor(c, item, ilen, &t);
-    if (rc)
-        return rc;
-    if ((rc = lms__tensor_rec_decode(val->mv_data, val->mv_size, &t->src)))
-        return lms__err_prefix(rc, "model '%s' tensor '%s': ", c->src_name, t->name);
-    rc = lms__blob_get(s, txn, t->src.hash, &t->sblob);
-    if (rc == LMS_ENOENT)
-        return lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': its blob is missing", c->src_name, t->name);
-    return rc;
-}
-
 static int read_file(lms_store *s, MDB_txn *txn, void *vctx, const char *item, size_t ilen, const MDB_val *val)
 {
     (void)s, (void)txn;
     qctx *c = vctx;
-    char **nn = lms__realloc(c->fnames, (c->nf + 1) * sizeof *nn);
-    if (nn)
-        c->fnames = nn;
-    uint8_t **nr = nn ? lms__realloc(c->frecs, (c->nf + 1) * sizeof *nr) : NULL;
-    if (nr)
-        c->frecs = nr;
-    size_t *nl = nr ? lms__realloc(c->flens, (c->nf + 1) * sizeof *nl) : NULL;
-    if (!nl)
+    lms__named_rec *nv = lms__realloc(c->files, (c->nf + 1) * sizeof *nv);
+    if (!nv)
         return LMS_ENOMEM;
-    c->flens = nl;
-    c->fnames[c->nf] = lms__strndup(item, ilen);
-    c->frecs[c->nf] = lms__malloc(val->mv_size ? val->mv_size : 1);
-    c->flens[c->nf] = val->mv_size;
-    if (!c->fnames[c->nf] || !c->frecs[c->nf]) {
-        lms__free(c->fnames[c->nf]);
-        lms__free(c->frecs[c->nf]);
+    c->files = nv;
+    lms__named_rec *f = &c->files[c->nf];
+    f->name = lms__strndup(item, ilen);
+    f->rec = lms__malloc(val->mv_size ? val->mv_size : 1);
+    f->len = val->mv_size;
+    if (!f->name || !f->rec) {
+        lms__free(f->name);
+        lms__free(f->rec);
         return LMS_ENOMEM;
     }
-    memcpy(c->frecs[c->nf], val->mv_data, val->mv_size);
+    memcpy(f->rec, val->mv_data, val->mv_size);
     c->nf++;
     return 0;
-}
-
-static int cmp_src_order(const void *a, const void *b)
-{
-    const qt *x = a, *y = b;
-    return x->src.order < y->src.order ? -1 : x->src.order > y->src.order;
 }
 
 static int read_source(qctx *c)
@@ -181,12 +150,19 @@ static int read_source(qctx *c)
                                 : rc;
     }
     if (!rc)
-        rc = lms__db_prefix_each(s, txn, LMS__DB_TENSORS, c->src_name, read_tensor, c);
-    if (!rc)
         rc = lms__db_prefix_each(s, txn, LMS__DB_FILES, c->src_name, read_file, c);
     lms__txn_end(s, txn);
-    if (!rc && c->nt)
-        qsort(c->t, c->nt, sizeof *c->t, cmp_src_order);
+    /* the tensors in storage order, their segments mapped */
+    if (!rc)
+        rc = lms__emodel_load(s, c->src_name, &c->em);
+    for (size_t i = 0; !rc && i < c->em.n; i++) {
+        const lms__etensor *e = &c->em.t[i];
+        qt *t;
+        if (!(rc = add_tensor(c, e->name, strlen(e->name), &t))) {
+            t->src = e->tr;
+            t->bytes = e->bytes;
+        }
+    }
     return rc;
 }
 
@@ -251,26 +227,6 @@ static void quant_row(void *arg, size_t i, int worker)
     } else if (lms__quant_row(c->target, x, c->out + i * c->out_rb, (size_t)c->cols)) {
         c->werr = LMS_EINVAL;
     }
-}
-
-/* Map the segment of a source blob and return its bytes. */
-static int source_bytes(qctx *c, const qt *t, const uint8_t **p)
-{
-    if (!c->mapped || c->map.id != t->sblob.segment) {
-        lms__segment_unmap(&c->map);
-        c->mapped = false;
-        int rc = lms__segment_map(c->s, t->sblob.segment, &c->map);
-        if (rc)
-            return rc;
-        c->mapped = true;
-    }
-    uint64_t end;
-    if (lms__add_overflow(t->sblob.offset, t->sblob.size, &end) || end > c->map.size ||
-        t->sblob.size != t->src.nbytes)
-        return lms__err(LMS_ECORRUPT, "%s: blob of model '%s' tensor '%s' lies outside its segment", c->map.path,
-                        c->src_name, t->name);
-    *p = c->map.base + t->sblob.offset;
-    return 0;
 }
 
 /* 0 when the n bytes written at (seg, off) in this session equal those of
@@ -375,10 +331,8 @@ static int write_mem(qctx *c, qt *t)
 
 static int quantize_tensor(qctx *c, qt *t, qt *scales, qt *biases)
 {
-    const uint8_t *in = NULL;
-    int rc = source_bytes(c, t, &in);
-    if (rc)
-        return rc;
+    const uint8_t *in = t->bytes;
+    int rc = 0;
     uint64_t rows = t->src.shape[0];
     c->cur = t;
     c->in = in;
@@ -431,12 +385,12 @@ out:
 static int mlx_config(qctx *c)
 {
     for (size_t i = 0; i < c->nf; i++) {
-        if (strcmp(c->fnames[i], "config.json"))
+        if (strcmp(c->files[i].name, "config.json"))
             continue;
         lms__file_rec fr;
         char *data = NULL;
         size_t len;
-        int rc = lms__file_rec_decode(c->frecs[i], c->flens[i], &fr);
+        int rc = lms__file_rec_decode(c->files[i].rec, c->files[i].len, &fr);
         if (!rc)
             rc = lms__file_rec_inflate(&fr, "config.json", &data, &len);
         if (rc)
@@ -459,9 +413,16 @@ static int mlx_config(qctx *c)
         cJSON_Delete(root);
         if (!txt)
             return LMS_ENOMEM;
-        int rc2 = lms__file_rec_encode(txt, strlen(txt), 3, &c->config_rec, &c->config_rec_len);
+        uint8_t *rec;
+        size_t rl;
+        int rc2 = lms__file_rec_encode(txt, strlen(txt), 3, &rec, &rl);
         cJSON_free(txt);
-        return rc2;
+        if (rc2)
+            return rc2;
+        lms__free(c->files[i].rec);
+        c->files[i].rec = rec;
+        c->files[i].len = rl;
+        return 0;
     }
     return lms__err(LMS_EFORMAT, "model '%s' has no config.json, where MLX keeps its quantization", c->src_name);
 }
@@ -591,54 +552,33 @@ static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
         if ((rc = lms__blob_put(s, txn, t->out.hash, &r)))
             return rc;
     }
-    uint64_t n_params = 0, bytes = 0;
-    uint32_t mask = 0;
-    char key[512];
-    uint8_t tb[LMS__TENSOR_REC_FIXED + 8 * LMS_MAX_DIMS];
+    const char **names = lms__malloc((c->nt ? c->nt : 1) * sizeof *names);
+    lms__tensor_rec *recs = lms__malloc((c->nt ? c->nt : 1) * sizeof *recs);
+    if (!names || !recs) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
+    c->st.bytes_total = 0;
     for (size_t k = 0; k < c->nt; k++) {
         qt *t = &c->t[k];
         bool fresh_here = false;
         for (size_t j = 0; j < c->nt && !fresh_here; j++)
             fresh_here = c->t[j].fresh && !memcmp(c->t[j].out.hash, t->out.hash, 16);
-        if (!fresh_here && (rc = lms__blob_ref(s, txn, t->out.hash, 1, NULL)))
-            return lms__err_prefix(rc, "tensor '%s': ", t->name);
-        t->out.order = (uint32_t)k;
-        size_t tl = lms__tensor_rec_encode(&t->out, tb);
-        size_t kl = lms__key_item(key, sizeof key, c->dst_name, t->name);
-        if (!kl)
-            return lms__err(LMS_EINVAL, "model '%s' tensor '%s': key longer than 511 bytes", c->dst_name, t->name);
-        if ((rc = lms__db_put(s, txn, LMS__DB_TENSORS, key, kl, tb, tl, 0)))
-            return rc;
-        uint64_t ne = 1;
-        for (uint32_t d = 0; d < t->out.ndim; d++)
-            ne *= t->out.shape[d];
-        n_params += ne;
-        bytes += t->out.nbytes;
-        mask |= 1u << t->out.dtype;
+        if (!fresh_here && (rc = lms__blob_ref(s, txn, t->out.hash, 1, NULL))) {
+            rc = lms__err_prefix(rc, "tensor '%s': ", t->name);
+            goto out;
+        }
+        names[k] = t->name;
+        recs[k] = t->out;
+        c->st.bytes_total += t->out.nbytes;
     }
-    for (size_t i = 0; i < c->nf; i++) {
-        size_t kl = lms__key_item(key, sizeof key, c->dst_name, c->fnames[i]);
-        bool cfg = c->config_rec && !strcmp(c->fnames[i], "config.json");
-        if (!kl)
-            return lms__err(LMS_EINVAL, "model '%s' file '%s': key too long", c->dst_name, c->fnames[i]);
-        if ((rc = lms__db_put(s, txn, LMS__DB_FILES, key, kl, cfg ? c->config_rec : c->frecs[i],
-                              cfg ? c->config_rec_len : c->flens[i], 0)))
-            return rc;
-    }
-    lms__model_rec mr = {.created = lms__unix_time(), .n_tensors = c->nt, .n_params = n_params, .tensor_bytes = bytes,
-                         .dtype_mask = mask, .n_files = (uint32_t)c->nf, .arch = c->arch,
-                         .arch_len = (uint32_t)strlen(c->arch), .source = c->source,
-                         .source_len = (uint32_t)strlen(c->source), .st_meta = c->st_meta,
-                         .st_meta_len = (uint32_t)strlen(c->st_meta)};
-    memcpy(mr.id, c->id, 16);
-    uint8_t *rec;
-    size_t rl;
-    if ((rc = lms__model_rec_encode(&mr, &rec, &rl)))
-        return rc;
-    rc = lms__db_put(s, txn, LMS__DB_MODELS, c->dst_name, strlen(c->dst_name), rec, rl, 0);
-    lms__free(rec);
+    lms__model_put mp = {.name = c->dst_name, .arch = c->arch, .source = c->source, .st_meta = c->st_meta,
+                         .id = c->id, .nt = c->nt, .tnames = names, .trecs = recs, .nf = c->nf, .files = c->files};
+    rc = lms__model_put_records(s, txn, &mp);
     c->st.tensors = c->nt;
-    c->st.bytes_total = bytes;
+out:
+    lms__free(names);
+    lms__free(recs);
     return rc;
 }
 
@@ -650,11 +590,10 @@ static int new_id(qctx *c)
     size_t cfg_len = 0;
     int rc = ids ? 0 : LMS_ENOMEM;
     for (size_t i = 0; !rc && i < c->nf; i++) {
-        if (strcmp(c->fnames[i], "config.json"))
+        if (strcmp(c->files[i].name, "config.json"))
             continue;
         lms__file_rec fr;
-        bool mine = c->config_rec != NULL;
-        rc = lms__file_rec_decode(mine ? c->config_rec : c->frecs[i], mine ? c->config_rec_len : c->flens[i], &fr);
+        rc = lms__file_rec_decode(c->files[i].rec, c->files[i].len, &fr);
         if (!rc)
             rc = lms__file_rec_inflate(&fr, "config.json", &cfg, &cfg_len);
     }
@@ -747,21 +686,14 @@ out:
     lms__progress_done(c.prog);
     lms__append_end(c.app, false); /* 5. roll back; NULL after a commit */
     lms__pool_destroy(c.pool);
-    lms__segment_unmap(&c.map);
+    lms__emodel_free(&c.em);
     lms__segment_unmap(&c.cmp_map);
     for (size_t i = 0; i < c.nt; i++) {
         lms__free(c.t[i].name);
         lms__free(c.t[i].mem);
     }
     lms__free(c.t);
-    for (size_t i = 0; i < c.nf; i++) {
-        lms__free(c.fnames[i]);
-        lms__free(c.frecs[i]);
-    }
-    lms__free(c.fnames);
-    lms__free(c.frecs);
-    lms__free(c.flens);
-    lms__free(c.config_rec);
+    lms__named_recs_free(c.files, c.nf);
     for (int w = 0; c.scratch && w < c.nworkers; w++)
         lms__free(c.scratch[w]);
     lms__free(c.scratch);

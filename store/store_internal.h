@@ -235,6 +235,30 @@ int lms__file_rec_decode(const void *buf, size_t len, lms__file_rec *r);
  * file in errors. */
 int lms__file_rec_inflate(const lms__file_rec *r, const char *what, char **data, size_t *len);
 
+/* A named record: a side file's encoded record (files db). */
+typedef struct lms__named_rec {
+    char *name;
+    uint8_t *rec;
+    size_t len;
+} lms__named_rec;
+void lms__named_recs_free(lms__named_rec *v, size_t n); /* the names, records and v; NULL ok */
+
+/* What a new model's records are made of (import, quantize). */
+typedef struct lms__model_put {
+    const char *name, *arch, *source, *st_meta; /* arch, st_meta may be NULL */
+    const uint8_t *id;                           /* 16 bytes: lms__model_id */
+    size_t nt;
+    const char *const *tnames;                   /* storage order */
+    const lms__tensor_rec *trecs;                /* blob hashes set; order is the index */
+    size_t nf;
+    const lms__named_rec *files;
+} lms__model_put;
+
+/* Put the tensor, file and model records of a new model (docs/FORMAT.md
+ * 3.2, 3.3, 3.5) in txn; the caller puts or references the blobs.
+ * LMS_EINVAL (a key longer than 511 bytes), LMS_EDB, LMS_ENOSPACE, LMS_ENOMEM. */
+int lms__model_put_records(lms_store *s, MDB_txn *txn, const lms__model_put *mp);
+
 /* meta values */
 int lms__meta_get_u32(lms_store *s, MDB_txn *txn, const char *key, uint32_t *v);
 int lms__meta_get_u64(lms_store *s, MDB_txn *txn, const char *key, uint64_t *v);

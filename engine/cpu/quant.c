@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/cpu/quant.h"
+#include "engine/internal.h"
 
 /* ---- activation quantization ------------------------------------------------------------------ */
 
@@ -196,13 +197,7 @@ static inline int unpack256(lms_dtype t, const uint8_t *b, int8_t q[256], int sc
         *d = h2f(b);
         *dmin = h2f(b + 2);
         for (int j = 0; j < 8; j++) {
-            if (j < 4) {
-                sc[j] = s[j] & 63;
-                mn[j] = s[j + 4] & 63;
-            } else {
-                sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-                mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-            }
+            lms__k4_scale_min(s, j, &sc[j], &mn[j]);
             for (int l = 0; l < 32; l++) {
                 int v = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
                 if (t == LMS_DTYPE_Q5_K)
@@ -390,17 +385,14 @@ static const lms__qkernels generic = {
 extern const lms__qkernels lms__qkernels_avx2_partial;
 extern const lms__qkernels lms__qkernels_avx512_partial;
 
-static bool cpu_avx2(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+/* The CPU features of the engine's float kernel sets (engine/cpu/kernels.c),
+ * plus VNNI for ours. */
+static bool cpu_avx2(void) { return lms__kernels_by_name("avx2") != NULL; }
 
 static bool cpu_avx512(void)
 {
     __builtin_cpu_init();
-    return cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    return cpu_avx2() && lms__kernels_by_name("avx512") && __builtin_cpu_supports("avx512vnni");
 }
 #endif
 

@@ -127,24 +127,12 @@ static INLINE T void dot32_2(lms_dtype t, const uint8_t *w0, const uint8_t *w1, 
 
 /* ---- K types against lms__q8k ---------------------------------------------------------------------- */
 
-static inline void k4_scales(const uint8_t *s, int sc[8], int mn[8])
-{
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            sc[j] = s[j] & 63;
-            mn[j] = s[j + 4] & 63;
-        } else {
-            sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-            mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-    }
-}
-
 /* Q4_K / Q5_K super-block against x: d*sum(sc*q.x) - dmin*sum(mn*bsums), scaled by x's d. */
 static INLINE T float dot_q45k_block(const uint8_t *b, const lms__q8k *x, bool five)
 {
     int sc[8], mn[8];
-    k4_scales(b + 4, sc, mn);
+    for (int j = 0; j < 8; j++)
+        lms__k4_scale_min(b + 4, j, &sc[j], &mn[j]);
     const uint8_t *qs = b + (five ? 48 : 16);
     __m256i acc = _mm256_setzero_si256(), m15 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
