@@ -94,6 +94,25 @@ static INLINE T __m256i block_dot(lms_dtype t, const uint8_t *p, __m256i xq)
     return DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(xq, q));
 }
 
+/* One block of rows w0 (and w1 unless NULL) against x[b] into the accumulators. */
+static INLINE T void block2(lms_dtype t, size_t bb, const uint8_t *w0, const uint8_t *w1, const lms__q8a *x, int b,
+                            __m256 *a0, __m256 *a1, float *s0, float *s1)
+{
+    const bool minimum = t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1;
+    const uint8_t *p0 = w0 + (size_t)b * bb;
+    __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
+    float dx = x[b].d;
+    *a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p0, xq)), _mm256_set1_ps(h2f(p0) * dx), *a0);
+    if (minimum)
+        *s0 += h2f(p0 + 2) * dx * (float)x[b].sum;
+    if (w1) {
+        const uint8_t *p1 = w1 + (size_t)b * bb;
+        *a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p1, xq)), _mm256_set1_ps(h2f(p1) * dx), *a1);
+        if (minimum)
+            *s1 += h2f(p1 + 2) * dx * (float)x[b].sum;
+    }
+}
+
 /* Rows w0 (and w1 unless NULL) against x, two blocks per step on separate
  * accumulators so the float additions do not wait on each other.
  * Always inlined: each caller passes a constant t, so the tests on it go away. */
@@ -102,27 +121,18 @@ static INLINE T void dot32_2(lms_dtype t, const uint8_t *w0, const uint8_t *w1, 
 {
     const size_t bb = t == LMS_DTYPE_Q4_0 ? 18 : t == LMS_DTYPE_Q4_1 ? 20 : t == LMS_DTYPE_Q5_0 ? 22
                       : t == LMS_DTYPE_Q5_1 ? 24 : 34;
-    const bool minimum = t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1;
-    __m256 a0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, a1[2] = {a0[0], a0[0]};
-    float s0[2] = {0, 0}, s1[2] = {0, 0};
-    for (int b = 0; b < nblk; b++) {
-        const int u = b & 1;
-        const uint8_t *p0 = w0 + (size_t)b * bb;
-        __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
-        float dx = x[b].d;
-        a0[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p0, xq)), _mm256_set1_ps(h2f(p0) * dx), a0[u]);
-        if (minimum)
-            s0[u] += h2f(p0 + 2) * dx * (float)x[b].sum;
-        if (w1) {
-            const uint8_t *p1 = w1 + (size_t)b * bb;
-            a1[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p1, xq)), _mm256_set1_ps(h2f(p1) * dx), a1[u]);
-            if (minimum)
-                s1[u] += h2f(p1 + 2) * dx * (float)x[b].sum;
-        }
+    __m256 a0 = _mm256_setzero_ps(), a0b = a0, a1 = a0, a1b = a0;
+    float s0 = 0, s0b = 0, s1 = 0, s1b = 0;
+    int b = 0;
+    for (; b + 2 <= nblk; b += 2) {
+        block2(t, bb, w0, w1, x, b, &a0, &a1, &s0, &s1);
+        block2(t, bb, w0, w1, x, b + 1, &a0b, &a1b, &s0b, &s1b);
     }
-    *r0 = hsum_ps(_mm256_add_ps(a0[0], a0[1])) + (s0[0] + s0[1]);
+    if (b < nblk)
+        block2(t, bb, w0, w1, x, b, &a0, &a1, &s0, &s1);
+    *r0 = hsum_ps(_mm256_add_ps(a0, a0b)) + (s0 + s0b);
     if (w1)
-        *r1 = hsum_ps(_mm256_add_ps(a1[0], a1[1])) + (s1[0] + s1[1]);
+        *r1 = hsum_ps(_mm256_add_ps(a1, a1b)) + (s1 + s1b);
 }
 
 /* ---- K types against lms__q8k ---------------------------------------------------------------------- */
