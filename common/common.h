@@ -206,6 +206,13 @@ double lms__now(void);              /* monotonic seconds */
 uint64_t lms__unix_time(void);      /* wall clock seconds since the epoch */
 uint64_t lms__peak_rss_bytes(void); /* VmHWM */
 
+/* ---- 16-bit floats (common/half.c; round to nearest even, NaN stays NaN) ---- */
+
+float lms__bf16_to_f32(uint16_t h);
+uint16_t lms__f32_to_bf16(float f);
+float lms__f16_to_f32(uint16_t h);
+uint16_t lms__f32_to_f16(float f); /* overflow gives infinity */
+
 /* ---- UTF-8 ------------------------------------------------------------- */
 
 /* True if [s, s+n) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */

@@ -100,6 +100,32 @@ void lms__read_barrier_leave(int fd);
 /* gc's side: true when every reader inside the barrier left within `seconds`. */
 bool lms__read_barrier_wait(lms_store *s, double seconds);
 
+/* ---- a model's tensors for export (export.c) ---------------------------------------------- */
+
+typedef struct lms__etensor {
+    char *name;
+    lms__tensor_rec tr;
+    lms__blob_rec br;
+    const uint8_t *bytes; /* in the mapped segment, valid until lms__emodel_free */
+    uint32_t shard;       /* export's placement */
+    uint64_t begin;
+} lms__etensor;
+
+typedef struct lms__emodel {
+    lms_store *s;
+    const char *model;
+    lms__etensor *t;      /* storage order */
+    size_t n, cap;
+    char *st_meta;        /* __metadata__ JSON or NULL */
+    lms__segset segs;     /* mapped segments (shared locks) */
+} lms__emodel;
+
+/* Read a model's tensor records in one snapshot and map their segments.
+ * LMS_ENOENT, LMS_ECORRUPT (blob missing or outside its segment), LMS_EIO.
+ * Free with lms__emodel_free also after a failure. */
+int lms__emodel_load(lms_store *s, const char *model, lms__emodel *e);
+void lms__emodel_free(lms__emodel *e);
+
 /* 32 hex digits of a 16-byte key, byte by byte (as `lmstore info` prints
  * blob hashes and page keys), NUL-terminated. */
 void lms__admin_hex16(const void *key, char out[33]);

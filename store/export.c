@@ -30,21 +30,11 @@ lms_export_params lms_export_default_params(void)
     return p;
 }
 
-typedef struct etensor {
-    char *name;
-    lms__tensor_rec tr;
-    lms__blob_rec br;
-    uint32_t shard;
-    uint64_t begin; /* data_offsets within the shard */
-} etensor;
+typedef lms__etensor etensor;
 
 typedef struct exp {
-    lms_store *s;
+    lms__emodel m;      /* the model's tensors, in storage order, segments mapped */
     const char *model, *dir;
-    etensor *t;
-    size_t n, cap;
-    char *st_meta;      /* __metadata__ JSON or NULL */
-    lms__segset segs;   /* mapped segments */
     char **written;     /* files created, for cleanup */
     size_t n_written;
     bool made_dir;
@@ -60,7 +50,7 @@ static int cmp_order(const void *a, const void *b)
 static int collect_tensor(lms_store *s, MDB_txn *txn, void *ctx, const char *name, size_t name_len,
                           const MDB_val *d)
 {
-    exp *e = ctx;
+    lms__emodel *e = ctx;
     int rc;
     if (e->n == e->cap) {
         size_t cap = e->cap ? e->cap * 2 : 64;
@@ -85,29 +75,31 @@ static int collect_tensor(lms_store *s, MDB_txn *txn, void *ctx, const char *nam
 
 /* One snapshot: model record, tensors, their blobs; the segments are mapped
  * (shared lock) before it ends, so gc cannot take the bytes away. */
-static int load(exp *e)
+int lms__emodel_load(lms_store *s, const char *model, lms__emodel *e)
 {
-    lms_store *s = e->s;
     MDB_txn *txn;
     MDB_val d;
+    memset(e, 0, sizeof *e);
+    e->s = s;
+    e->model = model;
     int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, e->model, strlen(e->model), &d);
+    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &d);
     if (rc == LMS_ENOENT)
-        rc = lms__err(LMS_ENOENT, "no model '%s' in %s", e->model, s->path);
+        rc = lms__err(LMS_ENOENT, "no model '%s' in %s", model, s->path);
     if (rc)
         goto out;
     lms__model_rec mr;
     if ((rc = lms__model_rec_decode(d.mv_data, d.mv_size, &mr))) {
-        rc = lms__err_prefix(rc, "model '%s': ", e->model);
+        rc = lms__err_prefix(rc, "model '%s': ", model);
         goto out;
     }
     if (mr.st_meta_len && !(e->st_meta = lms__strndup(mr.st_meta, mr.st_meta_len))) {
         rc = LMS_ENOMEM;
         goto out;
     }
-    if ((rc = lms__db_prefix_each(s, txn, LMS__DB_TENSORS, e->model, collect_tensor, e)))
+    if ((rc = lms__db_prefix_each(s, txn, LMS__DB_TENSORS, model, collect_tensor, e)))
         goto out;
     if ((rc = lms__segset_load(s, &e->segs)))
         goto out;
@@ -115,17 +107,18 @@ static int load(exp *e)
         etensor *t = &e->t[i];
         lms__segent *g = lms__segset_find(&e->segs, t->br.segment);
         if (!g) {
-            rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': segment %u is missing", e->model, t->name,
+            rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': segment %u is missing", model, t->name,
                           t->br.segment);
             goto out;
         }
         if (!g->map.base && (rc = lms__segment_map(s, g->id, &g->map)))
             goto out;
         if (t->br.offset + t->br.size > g->map.size || t->br.size != t->tr.nbytes) {
-            rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': blob lies outside segment %u", e->model, t->name,
+            rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': blob lies outside segment %u", model, t->name,
                           g->id);
             goto out;
         }
+        t->bytes = lms__segmap_at(&g->map, t->br.offset, t->br.size);
     }
     if (e->n)
         qsort(e->t, e->n, sizeof *e->t, cmp_order);
@@ -133,6 +126,16 @@ static int load(exp *e)
 out:
     lms__txn_end(s, txn);
     return rc;
+}
+
+void lms__emodel_free(lms__emodel *e)
+{
+    for (size_t i = 0; i < e->n; i++)
+        lms__free(e->t[i].name);
+    lms__free(e->t);
+    lms__free(e->st_meta);
+    lms__segset_free(&e->segs);
+    memset(e, 0, sizeof *e);
 }
 
 static int remember(exp *e, const char *path)
@@ -171,15 +174,15 @@ static char *shard_header(exp *e, uint32_t k, size_t *len)
     if (!root)
         return NULL;
     cJSON *meta = NULL;
-    if (e->st_meta && e->st_meta[0]) {
-        meta = cJSON_Parse(e->st_meta);
+    if (e->m.st_meta && e->m.st_meta[0]) {
+        meta = cJSON_Parse(e->m.st_meta);
         if (meta && cJSON_IsObject(meta))
             cJSON_AddItemToObject(root, "__metadata__", meta);
         else
             cJSON_Delete(meta);
     }
-    for (size_t i = 0; i < e->n; i++) {
-        etensor *t = &e->t[i];
+    for (size_t i = 0; i < e->m.n; i++) {
+        etensor *t = &e->m.t[i];
         if (t->shard != k)
             continue;
         cJSON *o = cJSON_CreateObject();
@@ -192,9 +195,15 @@ static char *shard_header(exp *e, uint32_t k, size_t *len)
             goto fail;
         }
         cJSON_AddItemToObject(root, t->name, o);
-        cJSON_AddStringToObject(o, "dtype", lms_dtype_name(t->tr.dtype));
-        for (uint32_t j = 0; j < t->tr.ndim; j++)
-            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->tr.shape[j]));
+        /* MLX_AFFINE goes out as MLX saves it: U32 words of packed codes */
+        bool mlx = t->tr.dtype == LMS_DTYPE_MLX_AFFINE;
+        cJSON_AddStringToObject(o, "dtype", mlx ? "U32" : lms_dtype_name(t->tr.dtype));
+        for (uint32_t j = 0; j < t->tr.ndim; j++) {
+            uint64_t d = t->tr.shape[j];
+            if (mlx && j + 1 == t->tr.ndim)
+                d = d * t->tr.bits / 32;
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)d));
+        }
         cJSON_AddItemToObject(o, "shape", shape);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)t->begin));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(t->begin + t->tr.nbytes)));
@@ -242,12 +251,11 @@ static int write_shard(exp *e, uint32_t k, const char *name, lms_hasher *h, lms_
     if ((rc = lms__pwrite_all(fd, len8, 8, 0, path)) || (rc = lms__pwrite_all(fd, hdr, hlen, 8, path)))
         goto out;
     uint64_t base = 8 + hlen;
-    for (size_t i = 0; i < e->n; i++) {
-        etensor *t = &e->t[i];
+    for (size_t i = 0; i < e->m.n; i++) {
+        etensor *t = &e->m.t[i];
         if (t->shard != k)
             continue;
-        lms__segent *g = lms__segset_find(&e->segs, t->br.segment);
-        const uint8_t *p = lms__segmap_at(&g->map, t->br.offset, t->br.size); /* checked at open */
+        const uint8_t *p = t->bytes;
         lms__hasher_reset(h);
         for (uint64_t done = 0; done < t->tr.nbytes;) {
             size_t n = (size_t)LMS_MIN(t->tr.nbytes - done, (uint64_t)EXPORT_CHUNK);
@@ -308,7 +316,7 @@ static bool safe_file_name(const char *f)
 static int write_side_files(exp *e, uint64_t *count)
 {
     files_ctx c = {e, NULL, 0, 0};
-    int rc = lms_store_files(e->s, e->model, collect_file, &c);
+    int rc = lms_store_files(e->m.s, e->model, collect_file, &c);
     if (!rc)
         rc = c.rc;
     for (size_t i = 0; !rc && i < c.n; i++) {
@@ -316,7 +324,7 @@ static int write_side_files(exp *e, uint64_t *count)
             continue;
         void *data = NULL;
         size_t len = 0;
-        if ((rc = lms_store_file(e->s, e->model, c.names[i], &data, &len)))
+        if ((rc = lms_store_file(e->m.s, e->model, c.names[i], &data, &len)))
             break;
         rc = write_file(e, c.names[i], data, len);
         lms_free(data);
@@ -341,10 +349,10 @@ static int write_index(exp *e, uint32_t n_shards, uint64_t total)
     cJSON_AddItemToObject(root, "metadata", meta);
     cJSON_AddItemToObject(root, "weight_map", map);
     cJSON_AddNumberToObject(meta, "total_size", (double)total);
-    for (size_t i = 0; i < e->n; i++) {
+    for (size_t i = 0; i < e->m.n; i++) {
         char name[64];
-        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", e->t[i].shard + 1, n_shards);
-        cJSON_AddStringToObject(map, e->t[i].name, name);
+        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", e->m.t[i].shard + 1, n_shards);
+        cJSON_AddStringToObject(map, e->m.t[i].name, name);
     }
     char *json = cJSON_Print(root);
     if (json) {
@@ -371,7 +379,6 @@ int lms_model_export(lms_store *s, const char *model, const char *dir, const lms
     double t0 = lms__now();
     uint64_t max = params->max_shard_size ? params->max_shard_size : (5ull << 30);
     exp e = {0};
-    e.s = s;
     e.model = model;
     e.dir = dir;
     lms_hasher *h = NULL;
@@ -392,8 +399,15 @@ int lms_model_export(lms_store *s, const char *model, const char *dir, const lms
         if (!empty)
             return lms__err(LMS_EEXIST, "%s: not empty; export writes into a new or empty folder", dir);
     }
-    if ((rc = load(&e)))
+    if ((rc = lms__emodel_load(s, model, &e.m)))
         goto out;
+    for (size_t i = 0; i < e.m.n; i++)
+        if (lms_dtype_is_quantized(e.m.t[i].tr.dtype) && e.m.t[i].tr.dtype != LMS_DTYPE_MLX_AFFINE) {
+            rc = lms__err(LMS_EUNSUPPORTED, "model '%s' tensor '%s' is %s, which safetensors cannot hold: export the "
+                          "model as GGUF (a path ending in .gguf)", model, e.m.t[i].name,
+                          lms_dtype_name(e.m.t[i].tr.dtype));
+            goto out;
+        }
     if (!lms__path_exists(dir)) {
         if ((rc = lms__mkdir_p(dir, 0755)))
             goto out;
@@ -403,8 +417,8 @@ int lms_model_export(lms_store *s, const char *model, const char *dir, const lms
     /* shards: greedy in storage order */
     uint32_t shard = 0;
     uint64_t used = 0, total = 0;
-    for (size_t i = 0; i < e.n; i++) {
-        etensor *t = &e.t[i];
+    for (size_t i = 0; i < e.m.n; i++) {
+        etensor *t = &e.m.t[i];
         if (used && used + t->tr.nbytes > max) {
             shard++;
             used = 0;
@@ -414,7 +428,7 @@ int lms_model_export(lms_store *s, const char *model, const char *dir, const lms
         used += t->tr.nbytes;
         total += t->tr.nbytes;
     }
-    uint32_t n_shards = e.n ? shard + 1 : 1;
+    uint32_t n_shards = e.m.n ? shard + 1 : 1;
     if (!(h = lms__hasher_new())) {
         rc = LMS_ENOMEM;
         goto out;
@@ -434,7 +448,7 @@ int lms_model_export(lms_store *s, const char *model, const char *dir, const lms
         goto out;
     if ((rc = write_side_files(&e, &stats->files)))
         goto out;
-    stats->tensors = e.n;
+    stats->tensors = e.m.n;
     stats->bytes = total;
     stats->shards = n_shards;
 out:
@@ -448,11 +462,7 @@ out:
     for (size_t i = 0; i < e.n_written; i++)
         lms__free(e.written[i]);
     lms__free(e.written);
-    for (size_t i = 0; i < e.n; i++)
-        lms__free(e.t[i].name);
-    lms__free(e.t);
-    lms__free(e.st_meta);
-    lms__segset_free(&e.segs);
+    lms__emodel_free(&e.m);
     lms__hasher_free(h);
     stats->seconds = lms__now() - t0;
     return rc;

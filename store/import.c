@@ -46,6 +46,8 @@
 #include <unistd.h>
 
 #include "common/crashpoint.h"
+#include "store/gguf.h"
+#include "store/mlx.h"
 #include "store/names.h"
 #include "store/safetensors.h"
 #include "store/store_internal.h"
@@ -74,11 +76,7 @@ typedef struct itensor {
     size_t blob;        /* index into blobs */
 } itensor;
 
-typedef struct side_file {
-    char *name;
-    uint8_t *rec; /* encoded file record */
-    size_t rec_len;
-} side_file;
+typedef lms__named_rec side_file; /* name, encoded file record */
 
 typedef struct shard_map {
     int fd;
@@ -230,12 +228,6 @@ static int cmp_storage(const void *a, const void *b, void *ctx)
     return strcmp(x->st->name, y->st->name);
 }
 
-static int cmp_name(const void *a, const void *b, void *ctx)
-{
-    const imp *m = ctx;
-    return strcmp(m->t[*(const size_t *)a].st->name, m->t[*(const size_t *)b].st->name);
-}
-
 /* ---- source ------------------------------------------------------------------------ */
 
 static bool side_file_wanted(const char *nm)
@@ -253,6 +245,58 @@ static bool side_file_wanted(const char *nm)
 }
 
 static int cmp_side(const void *a, const void *b) { return strcmp(((const side_file *)a)->name, ((const side_file *)b)->name); }
+
+/* Check and encode one side file; `path` names it in errors. */
+static int add_side_file(imp *m, const char *name, const char *data, size_t len, const char *path, size_t *cap)
+{
+    int rc = 0;
+    size_t nl = strlen(name);
+    if (nl > 5 && !strcmp(name + nl - 5, ".json")) {
+        cJSON *j = cJSON_ParseWithLength(data, len);
+        if (!j) {
+            rc = lms__err(LMS_EFORMAT, "%s: not valid JSON", path);
+        } else if (!strcmp(name, "config.json")) {
+            if (!cJSON_IsObject(j)) {
+                rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);
+            } else {
+                const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+                const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+                const char *arch = cJSON_IsArray(a) && cJSON_IsString(a->child) ? a->child->valuestring
+                                   : cJSON_IsString(mt)                         ? mt->valuestring
+                                                                                : "";
+                if (!lms__utf8_valid(arch, strlen(arch)))
+                    arch = "";
+                m->arch = lms__strdup(arch);
+                m->config = lms__malloc(len ? len : 1);
+                if (!m->arch || !m->config)
+                    rc = LMS_ENOMEM;
+                else {
+                    memcpy(m->config, data, len);
+                    m->config_len = len;
+                }
+            }
+        }
+        cJSON_Delete(j);
+    }
+    if (!rc && m->nf == *cap) {
+        *cap = *cap ? *cap * 2 : 16;
+        side_file *nv = lms__realloc(m->files, *cap * sizeof *nv);
+        if (!nv)
+            rc = LMS_ENOMEM;
+        else
+            m->files = nv;
+    }
+    if (!rc) {
+        side_file *f = &m->files[m->nf];
+        memset(f, 0, sizeof *f);
+        f->name = lms__strdup(name);
+        rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->len) : LMS_ENOMEM;
+        m->nf++;
+        if (rc)
+            rc = lms__err_prefix(rc, "%s: ", path);
+    }
+    return rc;
+}
 
 static int read_side_files(imp *m)
 {
@@ -284,63 +328,31 @@ static int read_side_files(imp *m)
         char *data;
         size_t len;
         rc = lms__read_file(path, SIDE_FILE_MAX, &data, &len);
-        if (rc) {
-            lms__free(path);
-            break;
-        }
-        size_t nl = strlen(e->d_name);
-        if (nl > 5 && !strcmp(e->d_name + nl - 5, ".json")) {
-            cJSON *j = cJSON_ParseWithLength(data, len);
-            if (!j) {
-                rc = lms__err(LMS_EFORMAT, "%s: not valid JSON", path);
-            } else if (!strcmp(e->d_name, "config.json")) {
-                if (!cJSON_IsObject(j)) {
-                    rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);
-                } else {
-                    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
-                    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-                    const char *arch = cJSON_IsArray(a) && cJSON_IsString(a->child) ? a->child->valuestring
-                                       : cJSON_IsString(mt)                         ? mt->valuestring
-                                                                                    : "";
-                    if (!lms__utf8_valid(arch, strlen(arch)))
-                        arch = "";
-                    m->arch = lms__strdup(arch);
-                    m->config = lms__malloc(len ? len : 1);
-                    if (!m->arch || !m->config)
-                        rc = LMS_ENOMEM;
-                    else {
-                        memcpy(m->config, data, len);
-                        m->config_len = len;
-                    }
-                }
-            }
-            cJSON_Delete(j);
-        }
         if (!rc) {
-            if (m->nf == cap) {
-                cap = cap ? cap * 2 : 16;
-                side_file *nv = lms__realloc(m->files, cap * sizeof *nv);
-                if (!nv)
-                    rc = LMS_ENOMEM;
-                else
-                    m->files = nv;
-            }
+            rc = add_side_file(m, e->d_name, data, len, path, &cap);
+            lms__free(data);
         }
-        if (!rc) {
-            side_file *f = &m->files[m->nf];
-            memset(f, 0, sizeof *f);
-            f->name = lms__strdup(e->d_name);
-            rc = f->name ? lms__file_rec_encode(data, len, 3, &f->rec, &f->rec_len) : LMS_ENOMEM;
-            m->nf++;
-            if (rc)
-                rc = lms__err_prefix(rc, "%s: ", path);
-        }
-        lms__free(data);
         lms__free(path);
         if (rc)
             break;
     }
     closedir(d);
+    if (!rc && m->nf)
+        qsort(m->files, m->nf, sizeof *m->files, cmp_side);
+    return rc;
+}
+
+/* The side files a reader made (GGUF metadata -> config.json, ...). */
+static int add_gen_files(imp *m)
+{
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t i = 0; i < m->src->n_gen_files && !rc; i++) {
+        const lms__gen_file *g = &m->src->gen_files[i];
+        char what[400];
+        snprintf(what, sizeof what, "%s (%s made from %s metadata)", g->name, m->src->src, m->src->kind);
+        rc = add_side_file(m, g->name, g->data, g->len, what, &cap);
+    }
     if (!rc && m->nf)
         qsort(m->files, m->nf, sizeof *m->files, cmp_side);
     return rc;
@@ -378,10 +390,36 @@ static int open_shards(imp *m)
  * rewritten under the import then gives an error, never SIGBUS. */
 #define IO_CHUNK ((size_t)4 << 20)
 
+/* Source row of HF row r of a tensor whose rows are in llama.cpp's rotary
+ * order, in heads of d rows (gguf_model.c): gguf row 2i + j of a head holds
+ * HF row j*d/2 + i. */
+static uint64_t rotary_src_row(uint64_t r, uint64_t d)
+{
+    uint64_t h = r / d, w = r % d;
+    return h * d + 2 * (w % (d / 2)) + w / (d / 2);
+}
+
+/* Bytes [off, off + n) of tensor t as stored: the source bytes, or for a
+ * permuted tensor its rows in HF order. */
 static int src_read(const imp *m, const itensor *t, uint64_t off, void *buf, size_t n)
 {
     const lms__st_file *f = m->src->shards[t->shard];
-    return lms__pread_all(m->maps[t->shard].fd, buf, n, f->data_off + t->st->begin + off, f->path);
+    uint64_t base = f->data_off + t->st->begin;
+    if (!t->st->perm_heads)
+        return lms__pread_all(m->maps[t->shard].fd, buf, n, base + off, f->path);
+    uint64_t rows = t->st->shape[0], rb = t->st->nbytes / rows, d = rows / t->st->perm_heads;
+    uint8_t *out = buf;
+    while (n) {
+        uint64_t r = off / rb, in = off % rb;
+        size_t k = (size_t)LMS_MIN((uint64_t)n, rb - in);
+        int rc = lms__pread_all(m->maps[t->shard].fd, out, k, base + rotary_src_row(r, d) * rb + in, f->path);
+        if (rc)
+            return rc;
+        out += k;
+        off += k;
+        n -= k;
+    }
+    return 0;
 }
 
 /* 0 when tensor t's bytes equal `other` (another tensor when mem is NULL,
@@ -441,7 +479,7 @@ static void hash_one(imp *m, size_t i, int worker)
     t->hash = lms__hasher_digest(h);
 }
 
-static void copy_one(imp *m, size_t i)
+static void copy_one(imp *m, size_t i, int worker)
 {
     if (m->wrc)
         return;
@@ -452,9 +490,18 @@ static void copy_one(imp *m, size_t i)
     int fd;
     const char *path;
     int rc = lms__append_fd(m->app, b->segment, &fd, &path);
-    if (!rc)
+    if (!rc && !t->st->perm_heads) {
         rc = lms__copy_range(m->maps[t->shard].fd, f->data_off + t->st->begin + j->off, fd, b->offset + j->off,
                              j->len, f->path, path);
+    } else {
+        /* rows in another order: through the worker's buffer */
+        for (uint64_t o = 0; !rc && o < j->len; o += IO_CHUNK) {
+            size_t k = (size_t)LMS_MIN((uint64_t)IO_CHUNK, j->len - o);
+            rc = src_read(m, t, j->off + o, m->bufs[worker], k);
+            if (!rc)
+                rc = lms__append_write(m->app, b->segment, b->offset + j->off + o, m->bufs[worker], k);
+        }
+    }
     /* Start writeback now so the disk works while we copy the next chunks
      * and the final fsync only waits for the tail. A hint: errors surface in
      * that fsync (lms__append_sync). */
@@ -472,7 +519,7 @@ static void run_task(void *arg, size_t i, int worker)
     if (tk->kind == 0)
         hash_one(m, tk->i, worker);
     else
-        copy_one(m, tk->i);
+        copy_one(m, tk->i, worker);
 }
 
 static int add_task(imp *m, int kind, size_t i)
@@ -684,38 +731,24 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
     return 0;
 }
 
-static int model_id(imp *m, size_t *by_name)
+static int model_id(imp *m)
 {
-    lms_hasher *h = lms__hasher_new();
-    uint8_t b[16];
-    if (!h)
-        return LMS_ENOMEM;
-    lms__hasher_update(h, "lmstore-model-v1", 16);
-    lms__put_u64(b, m->config ? m->config_len : 0);
-    lms__hasher_update(h, b, 8);
-    if (m->config)
-        lms__hasher_update(h, m->config, m->config_len);
-    for (size_t k = 0; k < m->nt; k++) {
-        const itensor *t = &m->t[by_name[k]];
-        uint32_t nl = (uint32_t)strlen(t->st->name);
-        lms__put_u32(b, nl);
-        lms__hasher_update(h, b, 4);
-        lms__hasher_update(h, t->st->name, nl);
-        b[0] = (uint8_t)t->st->dtype;
-        b[1] = (uint8_t)t->st->ndim;
-        lms__hasher_update(h, b, 2);
-        for (uint32_t d = 0; d < t->st->ndim; d++) {
-            lms__put_u64(b, t->st->shape[d]);
-            lms__hasher_update(h, b, 8);
-        }
-        lms__put_u64(b, t->st->nbytes);
-        lms__hasher_update(h, b, 8);
-        lms__hash128_put(b, t->hash);
-        lms__hasher_update(h, b, 16);
+    lms__tensor_rec *recs = lms__calloc(m->nt ? m->nt : 1, sizeof *recs);
+    lms__id_tensor *ids = lms__calloc(m->nt ? m->nt : 1, sizeof *ids);
+    int rc = recs && ids ? 0 : LMS_ENOMEM;
+    for (size_t k = 0; !rc && k < m->nt; k++) {
+        const itensor *t = &m->t[k];
+        recs[k] = (lms__tensor_rec){.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
+                                    .bits = t->st->bits, .group = t->st->group};
+        memcpy(recs[k].shape, t->st->shape, sizeof recs[k].shape);
+        lms__hash128_put(recs[k].hash, t->hash);
+        ids[k] = (lms__id_tensor){t->st->name, &recs[k]};
     }
-    lms__hash128_put(m->id, lms__hasher_digest(h));
-    lms__hasher_free(h);
-    return 0;
+    if (!rc)
+        rc = lms__model_id(m->config, m->config ? m->config_len : 0, ids, m->nt, m->id);
+    lms__free(recs);
+    lms__free(ids);
+    return rc;
 }
 
 /* ---- commit ------------------------------------------------------------------------ */
@@ -773,46 +806,27 @@ static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
         if (rc)
             return rc;
     }
-    uint64_t n_params = 0, bytes = 0;
-    uint32_t mask = 0;
-    char key[512];
-    uint8_t tb[LMS__TENSOR_REC_FIXED + 8 * LMS_MAX_DIMS];
+    const char **names = lms__malloc((m->nt ? m->nt : 1) * sizeof *names);
+    lms__tensor_rec *recs = lms__calloc(m->nt ? m->nt : 1, sizeof *recs);
+    if (!names || !recs) {
+        lms__free(names);
+        lms__free(recs);
+        return LMS_ENOMEM;
+    }
     for (size_t k = 0; k < m->nt; k++) {
         const itensor *t = &m->t[m->order[k]];
-        lms__tensor_rec tr = {.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
-                              .layer = t->layer, .order = (uint32_t)k};
-        memcpy(tr.shape, t->st->shape, sizeof tr.shape);
-        memcpy(tr.hash, m->blobs[t->blob].key, 16);
-        size_t tl = lms__tensor_rec_encode(&tr, tb);
-        size_t kl = lms__key_item(key, sizeof key, m->name, t->st->name);
-        if (!kl)
-            return lms__err(LMS_EINVAL, "model '%s' tensor '%s': key longer than 511 bytes", m->name, t->st->name);
-        if ((rc = lms__db_put(s, txn, LMS__DB_TENSORS, key, kl, tb, tl, 0)))
-            return rc;
-        n_params += t->st->nelem;
-        bytes += t->st->nbytes;
-        mask |= 1u << t->st->dtype;
+        recs[k] = (lms__tensor_rec){.dtype = t->st->dtype, .ndim = t->st->ndim, .nbytes = t->st->nbytes,
+                                    .layer = t->layer, .bits = t->st->bits, .group = t->st->group};
+        memcpy(recs[k].shape, t->st->shape, sizeof recs[k].shape);
+        memcpy(recs[k].hash, m->blobs[t->blob].key, 16);
+        names[k] = t->st->name;
     }
-    for (size_t i = 0; i < m->nf; i++) {
-        size_t kl = lms__key_item(key, sizeof key, m->name, m->files[i].name);
-        if (!kl)
-            return lms__err(LMS_EINVAL, "model '%s' file '%s': key too long", m->name, m->files[i].name);
-        if ((rc = lms__db_put(s, txn, LMS__DB_FILES, key, kl, m->files[i].rec, m->files[i].rec_len, 0)))
-            return rc;
-    }
-    lms__model_rec mr = {.created = lms__unix_time(), .n_tensors = m->nt, .n_params = n_params,
-                         .tensor_bytes = bytes, .dtype_mask = mask, .n_files = (uint32_t)m->nf,
-                         .arch = m->arch ? m->arch : "", .arch_len = m->arch ? (uint32_t)strlen(m->arch) : 0,
-                         .source = m->source, .source_len = (uint32_t)strlen(m->source),
-                         .st_meta = m->st_meta ? m->st_meta : "",
-                         .st_meta_len = m->st_meta ? (uint32_t)strlen(m->st_meta) : 0};
-    memcpy(mr.id, m->id, 16);
-    uint8_t *rec;
-    size_t rl;
-    if ((rc = lms__model_rec_encode(&mr, &rec, &rl)))
-        return rc;
-    rc = lms__db_put(s, txn, LMS__DB_MODELS, m->name, strlen(m->name), rec, rl, 0);
-    lms__free(rec);
+    lms__model_put mp = {.name = m->name, .arch = m->arch, .source = m->source, .st_meta = m->st_meta,
+                         .id = m->id, .nt = m->nt, .tnames = names, .trecs = recs, .nf = m->nf,
+                         .files = m->files};
+    rc = lms__model_put_records(s, txn, &mp);
+    lms__free(names);
+    lms__free(recs);
     if (!rc)
         lms__crashpoint("import:before-commit");
     return rc;
@@ -832,6 +846,12 @@ static char *default_name(const char *src, bool is_dir)
     size_t bl = (size_t)(src + n - b);
     if (!is_dir && bl > 12 && !memcmp(b + bl - 12, ".safetensors", 12))
         bl -= 12;
+    if (!is_dir && bl > 5 && !memcmp(b + bl - 5, ".gguf", 5)) {
+        bl -= 5;
+        /* the first of a split set: NAME-00001-of-0000N */
+        if (bl > 15 && b[bl - 15] == '-' && !memcmp(b + bl - 9, "-of-", 4))
+            bl -= 15;
+    }
     return lms__strndup(b, bl);
 }
 
@@ -845,7 +865,6 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     m.p = params ? *params : lms_import_default_params();
     char *owned_name = NULL;
     lms_pool *pool = NULL;
-    size_t *by_name = NULL;
     uint64_t bytes_total = 0, bytes_new = 0;
     int rc;
     if (stats)
@@ -856,7 +875,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
 
     /* 1. source */
-    if ((rc = lms__st_source_open(src, &m.src)))
+    if ((rc = lms__gguf_is_source(src) ? lms__gguf_source_open(src, &m.src) : lms__st_source_open(src, &m.src)))
         goto out;
     if (m.p.name) {
         m.name = m.p.name;
@@ -878,7 +897,16 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         rc = LMS_ENOMEM;
         goto out;
     }
-    if (m.src->is_dir && (rc = read_side_files(&m)))
+    if (m.src->n_gen_files)
+        rc = add_gen_files(&m);
+    else if (m.src->is_dir)
+        rc = read_side_files(&m);
+    if (!rc && !m.src->n_gen_files) { /* MLX quantized safetensors: packed weights -> MLX_AFFINE */
+        char *cpath = lms__asprintf("%s/config.json", m.src->src);
+        rc = cpath ? lms__mlx_bind(m.config, m.config_len, cpath, m.src) : LMS_ENOMEM;
+        lms__free(cpath);
+    }
+    if (rc)
         goto out;
     for (size_t i = 0; i < m.src->n_shards; i++) {
         m.nt += m.src->shards[i]->n_tensors;
@@ -893,8 +921,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     }
     m.t = lms__calloc(m.nt, sizeof *m.t);
     m.order = lms__malloc(m.nt * sizeof *m.order);
-    by_name = lms__malloc(m.nt * sizeof *by_name);
-    if (!m.t || !m.order || !by_name) {
+    if (!m.t || !m.order) {
         rc = LMS_ENOMEM;
         goto out;
     }
@@ -908,14 +935,13 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
             t->st = &f->tensors[j];
             t->shard = i;
             classify(t);
-            m.order[k] = by_name[k] = k;
+            m.order[k] = k;
             bytes_total += t->st->nbytes;
         }
     }
 
     /* 2. storage order */
     qsort_r(m.order, m.nt, sizeof *m.order, cmp_storage, &m);
-    qsort_r(by_name, m.nt, sizeof *by_name, cmp_name, &m);
     if ((rc = lms__pool_create(m.p.threads, &pool)))
         goto out;
     if (m.p.progress)
@@ -929,7 +955,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         goto out;
     lms__debug("import: hashed %llu bytes and copied %llu in %.3f s", (unsigned long long)bytes_total,
                (unsigned long long)bytes_new, lms__now() - t_copy);
-    if ((rc = model_id(&m, by_name)))
+    if ((rc = model_id(&m)))
         goto out;
     double t_sync = lms__now();
     if ((rc = lms__append_sync(m.app)))
@@ -968,11 +994,7 @@ out:
         }
         lms__free(m.maps);
     }
-    for (size_t i = 0; i < m.nf; i++) {
-        lms__free(m.files[i].name);
-        lms__free(m.files[i].rec);
-    }
-    lms__free(m.files);
+    lms__named_recs_free(m.files, m.nf);
     lms__free(m.jobs);
     lms__free(m.tasks);
     for (int w = 0; w < m.nworkers; w++) {
@@ -990,7 +1012,6 @@ out:
     lms__free(m.blobs);
     lms__free(m.t);
     lms__free(m.order);
-    lms__free(by_name);
     lms__free(m.config);
     lms__free(m.arch);
     lms__free(m.st_meta);

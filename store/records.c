@@ -5,12 +5,15 @@
  * Pure functions over bytes: decoders treat their input as untrusted (a
  * fuzzer calls them directly) and check every length before reading.
  */
+#include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 
+#include "quant/quant.h"
 #include "store/store_internal.h"
 
 #define REC_V1 1u
+#define TENSOR_REC_V2 2u /* tensor records of quantized dtypes */
 
 static int bad(const char *what, const char *why)
 {
@@ -68,12 +71,15 @@ size_t lms__tensor_rec_size(uint32_t ndim) { return LMS__TENSOR_REC_FIXED + 8 * 
 
 size_t lms__tensor_rec_encode(const lms__tensor_rec *r, uint8_t *out)
 {
-    lms__put_u16(out, REC_V1);
+    bool quant = lms_dtype_is_quantized(r->dtype);
+    lms__put_u16(out, quant ? TENSOR_REC_V2 : REC_V1);
     out[2] = (uint8_t)r->dtype;
     out[3] = (uint8_t)r->ndim;
     lms__put_u32(out + 4, (uint32_t)r->layer);
     lms__put_u32(out + 8, r->order);
-    lms__put_u32(out + 12, 0);
+    out[12] = quant ? (uint8_t)r->bits : 0;
+    out[13] = 0;
+    lms__put_u16(out + 14, quant ? (uint16_t)r->group : 0);
     lms__put_u64(out + 16, r->nbytes);
     memcpy(out + 24, r->hash, 16);
     for (uint32_t i = 0; i < r->ndim; i++)
@@ -84,9 +90,13 @@ size_t lms__tensor_rec_encode(const lms__tensor_rec *r, uint8_t *out)
 int lms__tensor_rec_decode(const void *buf, size_t len, lms__tensor_rec *r)
 {
     const uint8_t *p = buf;
-    int rc = check_version(p, len, "tensor");
-    if (rc)
-        return rc;
+    if (len < 2)
+        return bad("tensor", "shorter than its version field");
+    uint16_t v = lms__get_u16(p);
+    if (v == 0)
+        return bad("tensor", "version 0");
+    if (v > TENSOR_REC_V2)
+        return lms__err(LMS_EVERSION, "tensor record: version %u is newer than this build (%u)", v, TENSOR_REC_V2);
     if (len < LMS__TENSOR_REC_FIXED)
         return bad("tensor", "too short");
     memset(r, 0, sizeof *r);
@@ -94,22 +104,81 @@ int lms__tensor_rec_decode(const void *buf, size_t len, lms__tensor_rec *r)
     r->ndim = p[3];
     if (p[2] >= LMS_DTYPE_COUNT_)
         return bad("tensor", "unknown dtype");
+    bool quant = lms_dtype_is_quantized(r->dtype);
+    if (quant != (v == TENSOR_REC_V2))
+        return bad("tensor", quant ? "quantized dtype in a version 1 record" : "plain dtype in a version 2 record");
     if (r->ndim > LMS_MAX_DIMS)
         return bad("tensor", "more than 8 dimensions");
     if (len != lms__tensor_rec_size(r->ndim))
         return bad("tensor", "wrong length");
     r->layer = (int32_t)lms__get_u32(p + 4);
     r->order = lms__get_u32(p + 8);
+    r->bits = p[12];
+    r->group = lms__get_u16(p + 14);
+    if (p[13] != 0 || (!quant && lms__get_u32(p + 12) != 0))
+        return bad("tensor", "reserved bytes are not zero");
+    if (r->dtype == LMS_DTYPE_MLX_AFFINE) {
+        if (!lms__mlx_bits_ok(r->bits) || !lms__mlx_group_ok(r->group))
+            return bad("tensor", "MLX_AFFINE bits or group size out of range");
+    } else if (r->bits || r->group) {
+        return bad("tensor", "quantization parameters on a dtype without them");
+    }
     r->nbytes = lms__get_u64(p + 16);
     memcpy(r->hash, p + 24, 16);
-    uint64_t n = 1;
-    for (uint32_t i = 0; i < r->ndim; i++) {
+    for (uint32_t i = 0; i < r->ndim; i++)
         r->shape[i] = lms__get_u64(p + 40 + 8 * i);
-        if (lms__mul_overflow(n, r->shape[i], &n))
-            return bad("tensor", "shape product overflows");
-    }
-    if (lms__mul_overflow(n, lms_dtype_size(r->dtype), &n) || n != r->nbytes)
+    if (r->dtype == LMS_DTYPE_MLX_AFFINE && (r->ndim == 0 || r->shape[r->ndim - 1] % r->group))
+        return bad("tensor", "MLX_AFFINE row is not a whole number of groups");
+    uint64_t n;
+    if (lms_dtype_nbytes(r->dtype, r->bits, r->shape, r->ndim, &n) || n != r->nbytes)
         return bad("tensor", "byte size does not match shape and dtype");
+    return 0;
+}
+
+/* ---- model id ---------------------------------------------------------------- */
+
+static int cmp_id_tensor(const void *a, const void *b)
+{
+    return strcmp(((const lms__id_tensor *)a)->name, ((const lms__id_tensor *)b)->name);
+}
+
+int lms__model_id(const void *config, size_t config_len, lms__id_tensor *t, size_t n, uint8_t out[16])
+{
+    lms_hasher *h = lms__hasher_new();
+    uint8_t b[16];
+    if (!h)
+        return LMS_ENOMEM;
+    if (n)
+        qsort(t, n, sizeof *t, cmp_id_tensor);
+    lms__hasher_update(h, "lmstore-model-v1", 16);
+    lms__put_u64(b, config ? config_len : 0);
+    lms__hasher_update(h, b, 8);
+    if (config)
+        lms__hasher_update(h, config, config_len);
+    for (size_t k = 0; k < n; k++) {
+        const lms__tensor_rec *r = t[k].rec;
+        uint32_t nl = (uint32_t)strlen(t[k].name);
+        lms__put_u32(b, nl);
+        lms__hasher_update(h, b, 4);
+        lms__hasher_update(h, t[k].name, nl);
+        b[0] = (uint8_t)r->dtype;
+        b[1] = (uint8_t)r->ndim;
+        lms__hasher_update(h, b, 2);
+        if (r->dtype == LMS_DTYPE_MLX_AFFINE) { /* only for MLX_AFFINE: older ids stay */
+            b[0] = (uint8_t)r->bits;
+            lms__put_u16(b + 1, (uint16_t)r->group);
+            lms__hasher_update(h, b, 3);
+        }
+        for (uint32_t d = 0; d < r->ndim; d++) {
+            lms__put_u64(b, r->shape[d]);
+            lms__hasher_update(h, b, 8);
+        }
+        lms__put_u64(b, r->nbytes);
+        lms__hasher_update(h, b, 8);
+        lms__hasher_update(h, r->hash, 16);
+    }
+    lms__hash128_put(out, lms__hasher_digest(h));
+    lms__hasher_free(h);
     return 0;
 }
 

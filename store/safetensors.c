@@ -115,7 +115,7 @@ static int parse_tensor(const char *path, const cJSON *e, lms__st_tensor *t, uin
     }
     if (!cJSON_IsString(dtype))
         return lms__err(LMS_EFORMAT, "%s: tensor '%s': \"dtype\" is missing or not a string", path, nm);
-    if (lms_dtype_from_name(dtype->valuestring, &t->dtype)) {
+    if (lms_dtype_from_name(dtype->valuestring, &t->dtype) || lms_dtype_is_quantized(t->dtype)) {
         char pd[64];
         printable(dtype->valuestring, pd, sizeof pd);
         return lms__err(LMS_EFORMAT, "%s: tensor '%s': unknown dtype '%s'", path, nm, pd);
@@ -483,6 +483,11 @@ void lms__st_source_free(lms__st_source *s)
     for (size_t i = 0; i < s->n_shards; i++)
         lms__st_free(s->shards[i]);
     lms__free(s->shards);
+    for (size_t i = 0; i < s->n_gen_files; i++) {
+        lms__free(s->gen_files[i].name);
+        lms__free(s->gen_files[i].data);
+    }
+    lms__free(s->gen_files);
     lms__free(s->index_path);
     lms__free(s->src);
     lms__free(s);
@@ -557,6 +562,7 @@ int lms__st_source_open(const char *src, lms__st_source **out)
         goto out;
     }
     s->is_dir = lms__is_dir(src);
+    s->kind = "safetensors";
     if (!s->is_dir) {
         if (!lms__path_exists(src)) {
             rc = lms__err(LMS_ENOENT, "%s: no such file or folder", src);

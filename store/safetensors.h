@@ -27,6 +27,10 @@ typedef struct lms__st_tensor {
     uint64_t nelem;      /* product of shape */
     uint64_t nbytes;     /* nelem * dtype size == end - begin */
     uint64_t begin, end; /* data_offsets, relative to the data region */
+    /* Set by the readers of other containers (gguf.c, mlx.c), 0 for safetensors: */
+    uint32_t bits, group; /* MLX_AFFINE: bits per code, codes per scale (lms__tensor_rec) */
+    uint32_t perm_heads;  /* rows are stored in llama.cpp's rotary order in heads of
+                           * shape[0] / perm_heads rows; import writes them in HF order */
 } lms__st_tensor;
 
 typedef struct lms__st_file {
@@ -52,6 +56,13 @@ void lms__st_file_clear(lms__st_file *f);
 int lms__st_open(const char *path, lms__st_file **out);
 void lms__st_free(lms__st_file *f); /* NULL ok */
 
+/* A side file made by a reader (GGUF metadata -> config.json, ...). */
+typedef struct lms__gen_file {
+    char *name;
+    char *data;
+    size_t len;
+} lms__gen_file;
+
 /* A model source: one file, or a folder of shards (with or without an index). */
 typedef struct lms__st_source {
     char *src;              /* as given */
@@ -59,6 +70,10 @@ typedef struct lms__st_source {
     char *index_path;       /* model.safetensors.index.json when used, else NULL */
     lms__st_file **shards;  /* sorted by file name */
     size_t n_shards;
+    const char *kind;       /* "safetensors" or "GGUF" (static) */
+    lms__gen_file *gen_files; /* side files made from a GGUF's metadata; the import stores
+                               * these instead of reading the folder's */
+    size_t n_gen_files;
 } lms__st_source;
 
 /*

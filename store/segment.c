@@ -391,6 +391,17 @@ static seg_state *find_seg(lms__appender *a, uint32_t id)
     return NULL;
 }
 
+int lms__append_unreserve(lms__appender *a, uint32_t segment, uint64_t offset, uint64_t size)
+{
+    seg_state *g = find_seg(a, segment);
+    if (!g || !a->have_cur || g != &a->segs[a->cur_i] || offset + size != g->end)
+        return lms__err(LMS_EINVAL, "only the last range reserved in an append session can be given back");
+    a->reserved -= size;
+    g->end = offset;
+    /* nothing committed lies past offset (invariant 2 holds) */
+    return lms__ftruncate(g->fd, offset, g->path);
+}
+
 int lms__append_fd(lms__appender *a, uint32_t segment, int *fd, const char **path)
 {
     seg_state *g = find_seg(a, segment);

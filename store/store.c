@@ -22,31 +22,7 @@ const char *const lms__db_names[LMS__DB_COUNT] = {
     "meta", "models", "tensors", "blobs", "files", "kvpages", "sessions",
 };
 
-/* ---- dtypes ---------------------------------------------------------------------- */
-
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[LMS_DTYPE_COUNT_] = {
-    [LMS_DTYPE_BOOL] = {"BOOL", 1},   [LMS_DTYPE_U8] = {"U8", 1},        [LMS_DTYPE_I8] = {"I8", 1},
-    [LMS_DTYPE_U16] = {"U16", 2},     [LMS_DTYPE_I16] = {"I16", 2},      [LMS_DTYPE_F16] = {"F16", 2},
-    [LMS_DTYPE_BF16] = {"BF16", 2},   [LMS_DTYPE_U32] = {"U32", 4},      [LMS_DTYPE_I32] = {"I32", 4},
-    [LMS_DTYPE_F32] = {"F32", 4},     [LMS_DTYPE_U64] = {"U64", 8},      [LMS_DTYPE_I64] = {"I64", 8},
-    [LMS_DTYPE_F64] = {"F64", 8},     [LMS_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [LMS_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
-};
-
-const char *lms_dtype_name(lms_dtype t) { return (unsigned)t < LMS_DTYPE_COUNT_ ? dtypes[t].name : NULL; }
-size_t lms_dtype_size(lms_dtype t) { return (unsigned)t < LMS_DTYPE_COUNT_ ? dtypes[t].size : 0; }
-
-int lms_dtype_from_name(const char *name, lms_dtype *out)
-{
-    for (int i = 0; i < LMS_DTYPE_COUNT_; i++)
-        if (name && !strcmp(name, dtypes[i].name)) {
-            *out = (lms_dtype)i;
-            return 0;
-        }
-    return lms__err(LMS_EFORMAT, "unknown dtype '%s'", name ? name : "(null)");
-}
+/* dtypes: quant/dtype.c */
 
 void lms_free(void *p) { lms__free(p); }
 
@@ -756,6 +732,8 @@ static int tensor_collect(lms_store *s, MDB_txn *txn, void *vctx, const char *tn
     memcpy(t->rec.hash, tr.hash, 16);
     t->rec.segment = br.segment;
     t->rec.offset = br.offset;
+    t->rec.bits = tr.bits;
+    t->rec.group_size = tr.group;
     return 0;
 }
 
@@ -854,5 +832,63 @@ int lms_store_file(lms_store *s, const char *model, const char *file, void **dat
     rc = lms__file_rec_inflate(&fr, what, (char **)data, len);
 out:
     lms__txn_end(s, txn);
+    return rc;
+}
+
+void lms__named_recs_free(lms__named_rec *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++) {
+        lms__free(v[i].name);
+        lms__free(v[i].rec);
+    }
+    lms__free(v);
+}
+
+/* ---- a new model's records ------------------------------------------------------------------- */
+
+int lms__model_put_records(lms_store *s, MDB_txn *txn, const lms__model_put *mp)
+{
+    uint64_t n_params = 0, bytes = 0;
+    uint32_t mask = 0;
+    char key[512];
+    uint8_t tb[LMS__TENSOR_REC_FIXED + 8 * LMS_MAX_DIMS];
+    int rc;
+    for (size_t k = 0; k < mp->nt; k++) {
+        lms__tensor_rec tr = mp->trecs[k];
+        tr.order = (uint32_t)k;
+        size_t tl = lms__tensor_rec_encode(&tr, tb);
+        size_t kl = lms__key_item(key, sizeof key, mp->name, mp->tnames[k]);
+        if (!kl)
+            return lms__err(LMS_EINVAL, "model '%s' tensor '%s': key longer than 511 bytes", mp->name,
+                            mp->tnames[k]);
+        if ((rc = lms__db_put(s, txn, LMS__DB_TENSORS, key, kl, tb, tl, 0)))
+            return rc;
+        uint64_t ne = 1;
+        for (uint32_t d = 0; d < tr.ndim; d++)
+            ne *= tr.shape[d];
+        n_params += ne;
+        bytes += tr.nbytes;
+        mask |= 1u << tr.dtype;
+    }
+    for (size_t i = 0; i < mp->nf; i++) {
+        size_t kl = lms__key_item(key, sizeof key, mp->name, mp->files[i].name);
+        if (!kl)
+            return lms__err(LMS_EINVAL, "model '%s' file '%s': key too long", mp->name, mp->files[i].name);
+        if ((rc = lms__db_put(s, txn, LMS__DB_FILES, key, kl, mp->files[i].rec, mp->files[i].len, 0)))
+            return rc;
+    }
+    const char *arch = mp->arch ? mp->arch : "", *meta = mp->st_meta ? mp->st_meta : "";
+    lms__model_rec mr = {.created = lms__unix_time(), .n_tensors = mp->nt, .n_params = n_params,
+                         .tensor_bytes = bytes, .dtype_mask = mask, .n_files = (uint32_t)mp->nf, .arch = arch,
+                         .arch_len = (uint32_t)strlen(arch), .source = mp->source,
+                         .source_len = (uint32_t)strlen(mp->source), .st_meta = meta,
+                         .st_meta_len = (uint32_t)strlen(meta)};
+    memcpy(mr.id, mp->id, 16);
+    uint8_t *rec;
+    size_t rl;
+    if ((rc = lms__model_rec_encode(&mr, &rec, &rl)))
+        return rc;
+    rc = lms__db_put(s, txn, LMS__DB_MODELS, mp->name, strlen(mp->name), rec, rl, 0);
+    lms__free(rec);
     return rc;
 }

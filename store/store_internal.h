@@ -186,19 +186,32 @@ void lms__blob_rec_encode(const lms__blob_rec *r, uint8_t out[LMS__BLOB_REC_SIZE
 int lms__blob_rec_decode(const void *buf, size_t len, lms__blob_rec *r);
 
 #define LMS__TENSOR_REC_FIXED 40
+/* Version 1 holds plain dtypes; version 2, written for the quantized
+ * encodings only, adds their parameters (docs/FORMAT.md 3.3). */
 typedef struct lms__tensor_rec {
     lms_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[LMS_MAX_DIMS];
+    uint64_t shape[LMS_MAX_DIMS]; /* elements (for quantized dtypes too), outermost first */
     uint64_t nbytes;
     int32_t layer;     /* -1 before the blocks, INT32_MAX after */
     uint32_t order;    /* position in the model's storage (forward-pass) order */
     uint8_t hash[16];  /* blob key */
+    uint32_t bits;     /* MLX_AFFINE: bits per code (2..8); else 0 */
+    uint32_t group;    /* MLX_AFFINE: codes per scale and bias (32, 64, 128); else 0 */
 } lms__tensor_rec;
 size_t lms__tensor_rec_size(uint32_t ndim);
 /* out must hold lms__tensor_rec_size(r->ndim) bytes; returns that size. */
 size_t lms__tensor_rec_encode(const lms__tensor_rec *r, uint8_t *out);
 int lms__tensor_rec_decode(const void *buf, size_t len, lms__tensor_rec *r);
+
+/* The model id (docs/FORMAT.md 3.2) over config.json's bytes (NULL: none)
+ * and n tensors given by name and record (dtype, shape, byte size, blob
+ * hash, MLX parameters); sorts t by name. LMS_ENOMEM. */
+typedef struct lms__id_tensor {
+    const char *name;
+    const lms__tensor_rec *rec;
+} lms__id_tensor;
+int lms__model_id(const void *config, size_t config_len, lms__id_tensor *t, size_t n, uint8_t out[16]);
 
 typedef struct lms__model_rec {
     uint8_t id[LMS_MODEL_ID_LEN];
@@ -234,6 +247,30 @@ int lms__file_rec_decode(const void *buf, size_t len, lms__file_rec *r);
  * raw payload's length), it is LMS_ECORRUPT. `what` names the model and
  * file in errors. */
 int lms__file_rec_inflate(const lms__file_rec *r, const char *what, char **data, size_t *len);
+
+/* A named record: a side file's encoded record (files db). */
+typedef struct lms__named_rec {
+    char *name;
+    uint8_t *rec;
+    size_t len;
+} lms__named_rec;
+void lms__named_recs_free(lms__named_rec *v, size_t n); /* the names, records and v; NULL ok */
+
+/* What a new model's records are made of (import, quantize). */
+typedef struct lms__model_put {
+    const char *name, *arch, *source, *st_meta; /* arch, st_meta may be NULL */
+    const uint8_t *id;                           /* 16 bytes: lms__model_id */
+    size_t nt;
+    const char *const *tnames;                   /* storage order */
+    const lms__tensor_rec *trecs;                /* blob hashes set; order is the index */
+    size_t nf;
+    const lms__named_rec *files;
+} lms__model_put;
+
+/* Put the tensor, file and model records of a new model (docs/FORMAT.md
+ * 3.2, 3.3, 3.5) in txn; the caller puts or references the blobs.
+ * LMS_EINVAL (a key longer than 511 bytes), LMS_EDB, LMS_ENOSPACE, LMS_ENOMEM. */
+int lms__model_put_records(lms_store *s, MDB_txn *txn, const lms__model_put *mp);
 
 /* meta values */
 int lms__meta_get_u32(lms_store *s, MDB_txn *txn, const char *key, uint32_t *v);
@@ -296,6 +333,9 @@ int lms__append_reserve(lms__appender *a, uint64_t size, uint32_t *segment, uint
 int lms__append_fd(lms__appender *a, uint32_t segment, int *fd, const char **path);
 /* pwrite into a reserved range; thread-safe for disjoint ranges. */
 int lms__append_write(lms__appender *a, uint32_t segment, uint64_t offset, const void *buf, size_t len);
+/* Give back the last range reserved (a blob that turned out to be stored
+ * already): the segment ends at `offset` again. LMS_EINVAL for any other range. */
+int lms__append_unreserve(lms__appender *a, uint32_t segment, uint64_t offset, uint64_t size);
 /* fsync every segment written (and the folder when segments were created). */
 int lms__append_sync(lms__appender *a);
 /* Bytes reserved so far in this session (padding included). */

@@ -8,13 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LMS_JOBS:-$(nproc)}
 
-# Python tests compare against numpy, safetensors and HF tokenizers. Use the
+# Python tests compare against numpy, safetensors, HF tokenizers and gguf-py
+# (PyPI gguf: GGUF reading and the reference (de)quantizers). Use the
 # python3 on PATH when it has them, else a private virtual environment.
 py=python3
-if ! $py -c 'import numpy, safetensors, tokenizers' 2>/dev/null; then
-  if [ ! -x .venv-test/bin/python ]; then
+if ! $py -c 'import numpy, safetensors, tokenizers, gguf' 2>/dev/null; then
+  if ! .venv-test/bin/python -c 'import numpy, safetensors, tokenizers, gguf' 2>/dev/null; then
     python3 -m venv .venv-test
-    .venv-test/bin/python -m pip install -q numpy safetensors tokenizers
+    .venv-test/bin/python -m pip install -q numpy safetensors tokenizers gguf
   fi
   py=$PWD/.venv-test/bin/python
 fi

@@ -3,11 +3,13 @@
  * write a stored model back out as a HuggingFace folder.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "lmstore/store.h"
 #include "tools/cli.h"
 
-const char lms_cmd_export_help[] = "write a model as a HuggingFace folder: export MODEL DIR [--max-shard-size SIZE]";
+const char lms_cmd_export_help[] =
+    "write a model as a HuggingFace (or MLX) folder or a GGUF file: export MODEL DIR|FILE.gguf [--max-shard-size SIZE]";
 
 int lms_cmd_export(int argc, char **argv)
 {
@@ -20,11 +22,14 @@ int lms_cmd_export(int argc, char **argv)
         if (lms_cli_flag(argv, i, "--quiet") || lms_cli_flag(argv, i, "-q")) {
             quiet = true;
         } else if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
-            printf("usage: lmstore export MODEL DIR [--store DIR] [--max-shard-size SIZE] [--quiet]\n\n"
+            printf("usage: lmstore export MODEL DIR [--store DIR] [--max-shard-size SIZE] [--quiet]\n"
+                   "       lmstore export MODEL FILE.gguf [--store DIR] [--quiet]\n\n"
                    "Writes model.safetensors (or model-0000K-of-0000N.safetensors shards of at most\n"
                    "SIZE tensor bytes, default 5G, and model.safetensors.index.json) and the stored\n"
-                   "config, tokenizer and template files into DIR (new or empty). Tensor bytes are\n"
-                   "checked against their hashes on the way out.\n");
+                   "config, tokenizer and template files into DIR (new or empty); MLX-quantized\n"
+                   "models go out in the mlx-community layout. A path ending in .gguf gets one\n"
+                   "GGUF file for llama.cpp (models with GGUF-quantized tensors export only so).\n"
+                   "Tensor bytes are checked against their hashes on the way out.\n");
             return LMS_EXIT_OK;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return lms_cli_usage("export", "unknown option %s", argv[i]);
@@ -48,7 +53,9 @@ int lms_cmd_export(int argc, char **argv)
     if (rc)
         return lms_cli_fail("export", rc, "open store");
     lms_export_stats st;
-    rc = lms_model_export(s, model, dir, &ep, &st);
+    size_t dl = strlen(dir);
+    bool gguf = dl > 5 && !strcmp(dir + dl - 5, ".gguf");
+    rc = gguf ? lms_model_export_gguf(s, model, dir, &ep, &st) : lms_model_export(s, model, dir, &ep, &st);
     lms_store_close(s);
     if (rc)
         return lms_cli_fail("export", rc, model);

@@ -11,7 +11,7 @@
 #include "tools/cli.h"
 
 const char lms_cmd_import_help[] =
-    "import a HuggingFace model folder or .safetensors file: import SRC [--name NAME] [--replace] [--threads N]";
+    "import a HuggingFace or MLX model folder, a .safetensors file or a GGUF model: import SRC [--name NAME] [--replace]";
 
 static void human(double b, char *out, size_t n)
 {
@@ -42,8 +42,10 @@ int lms_cmd_import(int argc, char **argv)
             printf("usage: lmstore import SRC [--store DIR] [--name NAME] [--replace] [--threads N]\n"
                    "                      [--alignment BYTES] [--segment-max BYTES] [--quiet]\n\n"
                    "SRC is a HuggingFace model folder (*.safetensors shards, optional\n"
-                   "model.safetensors.index.json, config.json, tokenizer and chat template files)\n"
-                   "or a single .safetensors file. NAME defaults to SRC's base name.\n"
+                   "model.safetensors.index.json, config.json, tokenizer and chat template files;\n"
+                   "MLX quantized folders too), a single .safetensors file, or a GGUF model (a .gguf\n"
+                   "file, the first file of a split set, or a folder of them: config and tokenizer\n"
+                   "files are rebuilt from its metadata). NAME defaults to SRC's base name.\n"
                    "--replace       replace a model of the same name\n"
                    "--threads N     hashing/copying threads (default: online CPUs)\n"
                    "--alignment B   blob alignment of a NEW store (default 4096)\n"

@@ -65,13 +65,22 @@ static int on_tensor(void *vctx, const lms_tensor_record *t)
             snprintf(layer, sizeof layer, "post");
         else
             snprintf(layer, sizeof layer, "%d", t->layer);
-        printf("  %-56s %-7s [%s] layer %s seg %u off %llu bytes %llu\n", t->name, lms_dtype_name(t->dtype), shape,
-               layer, t->segment, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+        char dt[32]; /* MLX_AFFINE with its bits and group size: MLX4/g64 */
+        if (t->dtype == LMS_DTYPE_MLX_AFFINE)
+            snprintf(dt, sizeof dt, "MLX%u/g%u", t->bits, t->group_size);
+        else
+            snprintf(dt, sizeof dt, "%s", lms_dtype_name(t->dtype));
+        printf("  %-56s %-7s [%s] layer %s seg %u off %llu bytes %llu\n", t->name, dt, shape, layer, t->segment,
+               (unsigned long long)t->offset, (unsigned long long)t->nbytes);
         return 0;
     }
     cJSON *o2 = cJSON_CreateObject();
     cJSON_AddStringToObject(o2, "name", t->name);
     cJSON_AddStringToObject(o2, "dtype", lms_dtype_name(t->dtype));
+    if (t->bits) {
+        cJSON_AddNumberToObject(o2, "bits", t->bits);
+        cJSON_AddNumberToObject(o2, "group_size", t->group_size);
+    }
     cJSON *sh = cJSON_AddArrayToObject(o2, "shape");
     for (uint32_t i = 0; i < t->ndim; i++)
         cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[i]));

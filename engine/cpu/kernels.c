@@ -1,8 +1,7 @@
 /*
- * engine/cpu/kernels.c - the portable kernels, 16-bit float conversions, and
- * the run-time choice of the best kernel set for this CPU (AVX-512, then
- * AVX2/FMA/F16C, then portable C), overridable with LMSTORE_KERNELS for
- * tests and benchmarks.
+ * engine/cpu/kernels.c - the portable kernels and the run-time choice of the
+ * best kernel set for this CPU (AVX-512, then AVX2/FMA/F16C, then portable
+ * C), overridable with LMSTORE_KERNELS for tests and benchmarks.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -10,70 +9,7 @@
 
 #include "engine/internal.h"
 
-/* ---- conversions ------------------------------------------------------------------ */
-
-float lms__bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-uint16_t lms__f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a NaN */
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-float lms__f16_to_f32(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    if (e == 0) {
-        if (m == 0) {
-            u = s;
-        } else { /* subnormal: renormalize */
-            e = 127 - 15 + 1;
-            while (!(m & 0x400)) {
-                m <<= 1;
-                e--;
-            }
-            u = s | (e << 23) | ((m & 0x3ff) << 13);
-        }
-    } else if (e == 31) {
-        u = s | 0x7f800000u | (m << 13);
-    } else {
-        u = s | ((e + 127 - 15) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-uint16_t lms__f32_to_f16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t s = (u >> 16) & 0x8000;
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (uint16_t)(s | 0x7e00); /* NaN */
-    if (a >= 0x477ff000u)              /* rounds to >= 65520: inf */
-        return (uint16_t)(s | 0x7c00);
-    if (a < 0x38800000u) { /* subnormal or zero in f16 */
-        float af;
-        memcpy(&af, &a, 4);
-        /* scale so that the f16 subnormal step (2^-24) becomes 1, round to nearest even */
-        float r = nearbyintf(af * 16777216.0f);
-        return (uint16_t)(s | (uint32_t)r);
-    }
-    uint32_t m = a + 0xfffu + ((a >> 13) & 1); /* round mantissa to 10 bits, nearest even */
-    return (uint16_t)(s | (((m >> 13) - ((127 - 15) << 10)) & 0x7fff));
-}
+/* lms__bf16_to_f32, lms__f32_to_bf16, lms__f16_to_f32, lms__f32_to_f16: common/half.c */
 
 void lms__row_to_f32(const lms__wt *w, uint32_t row, float *out)
 {

@@ -106,12 +106,15 @@ typedef struct lms_tensor_record {
     const char *name;
     lms_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[LMS_MAX_DIMS];
-    uint64_t nbytes;
+    uint64_t shape[LMS_MAX_DIMS]; /* in elements, also for quantized dtypes */
+    uint64_t nbytes;          /* from the shape and dtype: lms_dtype_nbytes(dtype, bits, shape, ndim) */
     int32_t layer;            /* transformer block index; -1 before the blocks, INT32_MAX after */
     uint8_t hash[16];         /* XXH3-128 of the bytes (blob key) */
     uint32_t segment;         /* segment file number */
     uint64_t offset;          /* byte offset in the segment, a multiple of the alignment */
+    uint32_t bits;            /* MLX_AFFINE: bits per code; 0 for other dtypes */
+    uint32_t group_size;      /* MLX_AFFINE: codes per scale and bias (the tensors NAME.scales and
+                               * NAME.biases, for a weight NAME.weight); 0 for other dtypes */
 } lms_tensor_record;
 
 /* Callbacks return 0 to go on, non-zero to stop (that value is returned). */
@@ -299,7 +302,10 @@ typedef struct lms_export_stats {
  * must be an empty folder): model.safetensors, or model-0000K-of-0000N
  * .safetensors shards plus model.safetensors.index.json, and the stored side
  * files. The tensors are byte-identical to those imported: each is
- * hash-checked while copied. params and stats may be NULL.
+ * hash-checked while copied. MLX_AFFINE tensors go out as MLX saves them
+ * (U32 words of packed codes) beside their scales and biases, so an MLX
+ * model exports as an mlx-community folder; GGUF block types are refused
+ * (LMS_EUNSUPPORTED: see lms_model_export_gguf). params and stats may be NULL.
  * Errors: LMS_ENOENT (no such model), LMS_EEXIST (`dir` is not an empty
  * folder), LMS_ECORRUPT (a blob fails its hash; the message names the
  * tensor), LMS_EIO, LMS_ENOMEM, LMS_EINVAL. On failure the files written
@@ -308,6 +314,64 @@ typedef struct lms_export_stats {
  */
 int lms_model_export(lms_store *store, const char *model, const char *dir, const lms_export_params *params,
                      lms_export_stats *stats);
+
+/*
+ * Write `model` (a Llama, Qwen2 or Qwen3 model) as one GGUF v3 file at
+ * `path` (which must not exist), for llama.cpp: tensors in their stored
+ * encoding (F32, F16, BF16, GGUF block types; MLX_AFFINE is refused) under
+ * GGUF names, llama's Q/K rows in llama.cpp's rotary order; metadata from
+ * config.json, tokenizer.json and tokenizer_config.json. A model exported
+ * as HF safetensors (lms_model_export) that holds GGUF block types is
+ * refused with LMS_EUNSUPPORTED: export it here. params->max_shard_size is
+ * ignored. Errors as lms_model_export (LMS_EEXIST when path exists), plus
+ * LMS_EUNSUPPORTED for what GGUF or llama.cpp cannot hold. On failure
+ * nothing is left at path.
+ */
+int lms_model_export_gguf(lms_store *store, const char *model, const char *path, const lms_export_params *params,
+                          lms_export_stats *stats);
+
+/* ---- quantize ------------------------------------------------------------------------ */
+
+typedef struct lms_quantize_params {
+    lms_dtype type;        /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or MLX_AFFINE */
+    uint32_t bits;         /* MLX_AFFINE: 2, 3, 4, 5, 6 or 8; ignored otherwise */
+    uint32_t group_size;   /* MLX_AFFINE: 32, 64 or 128; 0 = 64 (mlx-lm's default) */
+    bool keep_embeddings;  /* leave the token embedding and the LM head as they are */
+    int threads;           /* quantizing threads; 0 = online CPUs */
+    bool progress;         /* progress bar on stderr when it is a terminal */
+} lms_quantize_params;
+
+lms_quantize_params lms_quantize_default_params(void); /* Q8_0 */
+
+typedef struct lms_quantize_stats {
+    uint64_t tensors;        /* tensors of the new model */
+    uint64_t quantized;      /* of them, newly quantized */
+    uint64_t bytes_total;    /* tensor bytes of the new model */
+    uint64_t bytes_written;  /* appended to segments */
+    uint64_t bytes_shared;   /* tensors shared with stored blobs (the source's, through dedup) */
+    double seconds;
+} lms_quantize_stats;
+
+/*
+ * Make model `dst` from model `src`: every 2-D `.weight` matrix (the
+ * embedding and LM head too, unless keep_embeddings) quantized to
+ * params->type, everything else (norms, biases, matrices whose rows are not
+ * whole blocks, tensors already of that type) shared with the source
+ * through the store's deduplication. GGUF types: the bytes of the reference
+ * quantizers (quant/quant.h); Q4_K takes Q5_0 for rows that are not a whole
+ * number of 256-element blocks, as llama-quantize does. MLX_AFFINE: each
+ * quantized X.weight gets X.scales and X.biases (the source's float dtype;
+ * F16 for a GGUF-quantized source) and config.json a "quantization" object,
+ * as mlx-lm writes them. Sources quantized to GGUF types are dequantized
+ * first; MLX_AFFINE sources are refused. Side files are copied.
+ * All-or-nothing like lms_import (same append lock and one commit); params
+ * may be NULL (Q8_0), stats may be NULL.
+ * Errors: LMS_ENOENT (no `src`), LMS_EEXIST (`dst` exists), LMS_EINVAL
+ * (bad name or params), LMS_EUNSUPPORTED, LMS_ECORRUPT, LMS_EIO,
+ * LMS_ENOMEM, LMS_EDB, LMS_ENOSPACE.
+ */
+int lms_model_quantize(lms_store *store, const char *src, const char *dst, const lms_quantize_params *params,
+                       lms_quantize_stats *stats);
 
 #ifdef __cplusplus
 }
