@@ -57,6 +57,14 @@ struct lms__bk {
     float *hbuf;        /* [GEMV_MAX_ROWS][n_ff] act(gate) * up, the down projection's input */
     bool h_valid;       /* hbuf holds act(G) * U of the current G and U */
     int h_act;
+    /* a one-token step's RoPE, deferred into the attention that follows it */
+    struct {
+        bool pending;
+        uint32_t layer;
+        const float *q_norm, *k_norm;
+        int rope;
+    } rope;
+    bool no_fuse;       /* LMSTORE_CUDA_FUSE_ROPE=0 */
     float *dvec;        /* mirror of w->vec_store */
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
@@ -64,6 +72,7 @@ struct lms__bk {
     float *dlogits;     /* [LOGIT_ROWS][V] */
     float *hlogits;     /* pinned [LOGIT_ROWS][V] */
     int32_t *did, *hid; /* argmax */
+    void *amax_scratch;
     float *part;        /* split-attention partials */
     int *counters;
     int splits, chunk;
@@ -99,6 +108,8 @@ static int cu_err(cudaError_t e, const char *what)
     } while (0)
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
+
+static void flush_rope(lms__bk *b);
 
 static int cu_type(lms_dtype dt)
 {
@@ -153,6 +164,7 @@ static void cuda_destroy(lms__bk *b)
     cudaFree(b->dstep);
     cudaFree(b->dlogits);
     cudaFree(b->did);
+    cudaFree(b->amax_scratch);
     cudaFree(b->part);
     cudaFree(b->counters);
     cudaFree(b->blas_ws);
@@ -211,7 +223,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->n_ctx = cfg->n_ctx;
     b->max_pages = (cfg->n_ctx + cfg->kv->page_tokens - 1) / cfg->kv->page_tokens + 1;
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
-    lms_cu_set_pdl(!env_off("LMSTORE_CUDA_PDL"));
+    b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
+    lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
     if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||
         (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) || (e = lms_cu_kernels_init())) {
         rc = cu_err(e, "engine setup");
@@ -231,8 +244,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         cudaMemset(b->buf[i], 0, B * b->width[i] * 4);
     }
     size_t V = hp->n_vocab, hd = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
-    /* split decoding: splits of chunk positions (64, more for contexts past 16k) cover n_ctx */
-    b->chunk = (int)LMS_MAX(64u, (cfg->n_ctx + 255) / 256);
+    /* split decoding: splits of chunk positions (128, more for contexts past 32k) cover n_ctx */
+    b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
     size_t nstep = LMS_CU_STEP_TOKENS + B + b->max_pages;
     ALLOC(b->xin, B * b->maxw * 4);
@@ -244,7 +257,9 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     ALLOC(b->dstep, nstep * 4);
     ALLOC(b->dlogits, (size_t)LOGIT_ROWS * V * 4);
     ALLOC(b->did, 4);
-    ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits * G * (hd + 2) * 4);
+    ALLOC(b->amax_scratch, LMS_CU_ARGMAX_SCRATCH);
+    cudaMemset(b->amax_scratch, 0, LMS_CU_ARGMAX_SCRATCH);
+    ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits * G * (hd + 4) * 4);
     ALLOC(b->counters, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * 4);
     ALLOC(b->blas_ws, BLAS_WS);
     if ((e = cudaHostAlloc((void **)&b->hstep, nstep * 4, cudaHostAllocDefault)) ||
@@ -333,6 +348,7 @@ static int cuda_end(lms__bk *b)
 {
     cudaError_t e = cudaSuccess;
     int rc = 0;
+    flush_rope(b);
     if (b->capturing) {
         cudaGraph_t g = NULL;
         b->capturing = false;
@@ -364,6 +380,7 @@ static int cuda_end(lms__bk *b)
 
 static void cuda_embed(lms__bk *b, float scale)
 {
+    flush_rope(b);
     const lms__wt *e = &b->w->embed;
     CU_TRY(b, lms_cu_embed_launch(b->buf[LMS__B_X], e->dp, cu_type(e->dt), (int)b->hp->n_embd, scale, b->dstep,
                                   (int)b->st->nb, b->stream),
@@ -462,12 +479,13 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
 
 static void cuda_matmul(lms__bk *b, const lms__mm *jobs, int n)
 {
+    flush_rope(b);
     assert(n >= 1 && n <= LMS_CU_GEMV_JOBS);
     for (int i = 1; i < n; i++) assert(jobs[i].x == jobs[0].x && jobs[i].norm == jobs[0].norm && jobs[i].act == jobs[0].act);
     mm_run(b, jobs, n, 0, 0, NULL, 0);
 }
 
-static void cuda_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
+static void rope_launch(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
 {
     const lms__hparams *hp = b->hp;
     lms_cu_rope a = {b->buf[LMS__B_Q], b->buf[LMS__B_K], b->buf[LMS__B_V], dv(b, q_norm), dv(b, k_norm),
@@ -477,17 +495,70 @@ static void cuda_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const 
     CU_TRY(b, lms_cu_rope_launch(&a, b->stream), "rope");
 }
 
+/* A deferred RoPE that no attention took: run it now (before anything reads Q, K or the cache). */
+static void flush_rope(lms__bk *b)
+{
+    if (!b->rope.pending)
+        return;
+    b->rope.pending = false;
+    rope_launch(b, b->rope.layer, b->rope.q_norm, b->rope.k_norm, b->rope.rope);
+}
+
+/* One-token steps defer RoPE into the attention of the same layer (the attention kernel
+ * rotates q and k itself and writes the token's K/V): one launch fewer per layer. Q then
+ * holds the un-rotated q after the attention (nothing reads it). */
+static void cuda_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
+{
+    flush_rope(b);
+    if (b->st->nb == 1 && !b->no_fuse) {
+        b->rope.pending = true;
+        b->rope.layer = layer;
+        b->rope.q_norm = q_norm;
+        b->rope.k_norm = k_norm;
+        b->rope.rope = rope;
+        return;
+    }
+    rope_launch(b, layer, q_norm, k_norm, rope);
+}
+
 static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)
 {
     const lms__hparams *hp = b->hp;
-    lms_cu_attn a = {b->buf[LMS__B_Q], b->buf[LMS__B_ATT], (int)hp->n_heads, (int)hp->n_kv_heads, (int)hp->head_dim,
-                     (int)layer, (int)window, scale, softcap, b->kvg, b->dstep, (int)b->B, b->part, b->counters,
-                     b->splits, b->chunk};
+    lms_cu_attn a;
+    memset(&a, 0, sizeof a);
+    a.q = b->buf[LMS__B_Q];
+    a.out = b->buf[LMS__B_ATT];
+    a.n_heads = (int)hp->n_heads;
+    a.n_kv = (int)hp->n_kv_heads;
+    a.hd = (int)hp->head_dim;
+    a.layer = (int)layer;
+    a.window = (int)window;
+    a.scale = scale;
+    a.softcap = softcap;
+    a.kv = b->kvg;
+    a.step = b->dstep;
+    a.max_block = (int)b->B;
+    a.part = b->part;
+    a.counters = b->counters;
+    a.splits = b->splits;
+    a.chunk = b->chunk;
+    if (b->rope.pending && b->rope.layer == layer) {
+        b->rope.pending = false;
+        a.fuse_rope = 1;
+        a.k_new = b->buf[LMS__B_K];
+        a.v_new = b->buf[LMS__B_V];
+        a.q_norm = dv(b, b->rope.q_norm);
+        a.k_norm = dv(b, b->rope.k_norm);
+        a.inv_freq = b->inv_freq + (b->rope.rope == LMS__ROPE_LOCAL ? hp->head_dim / 2 : 0);
+        a.eps = hp->eps;
+    }
+    flush_rope(b);
     CU_TRY(b, lms_cu_attn_launch(&a, (int)b->st->nb, b->stream), "attention");
 }
 
 static void cuda_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
 {
+    flush_rope(b);
     CU_TRY(b, lms_cu_norm_add_launch(b->buf[y], b->buf[x], dv(b, w), (int)b->hp->n_embd, b->hp->eps, b->dstep,
                                      (int)b->st->nb, b->stream),
            "norm add");
@@ -495,6 +566,7 @@ static void cuda_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
 
 static void cuda_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, float softcap, float *host_out)
 {
+    flush_rope(b);
     size_t V = j->w->rows;
     assert(n >= 1 && n <= LOGIT_ROWS && row0 + n <= b->st->nb);
     mm_run(b, j, 1, row0, n, b->dlogits, (int)V);
@@ -511,12 +583,13 @@ static void cuda_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, f
 
 static void cuda_head_argmax(lms__bk *b, const lms__mm *j, float softcap, int32_t *id)
 {
+    flush_rope(b);
     size_t V = j->w->rows;
     (void)id; /* delivered by end() into step.argmax */
     mm_run(b, j, 1, b->st->nb - 1, 1, b->dlogits, (int)V);
     if (softcap > 0)
         CU_TRY(b, lms_cu_softcap_launch(b->dlogits, V, softcap, b->stream), "softcap");
-    CU_TRY(b, lms_cu_argmax_launch(b->dlogits, (int)V, b->did, b->stream), "argmax");
+    CU_TRY(b, lms_cu_argmax_launch(b->dlogits, (int)V, b->did, b->amax_scratch, b->stream), "argmax");
     CU_TRY(b, cudaMemcpyAsync(b->hid, b->did, 4, cudaMemcpyDeviceToHost, b->stream), "argmax copy");
 }
 
@@ -552,6 +625,10 @@ out:
 
 static int cuda_read(lms__bk *b, lms__buf id, uint32_t n, float *host)
 {
+    if (b->st) { /* inside a step: the deferred RoPE first */
+        flush_rope(b);
+        cudaStreamSynchronize(b->stream);
+    }
     cudaError_t e = cudaMemcpy(host, b->buf[id], (size_t)n * b->width[id] * 4, cudaMemcpyDeviceToHost);
     return e ? cu_err(e, "read activations") : 0;
 }

@@ -34,7 +34,7 @@
 
 namespace {
 
-int g_pdl = 1;
+int g_pdl = 0;
 
 __device__ __forceinline__ void griddep_wait()
 {
@@ -566,34 +566,61 @@ __global__ void softcap_kernel(float *v, size_t n, float c)
         v[i] = c * tanhf(v[i] / c);
 }
 
-__global__ void argmax_kernel(const float *v, int n, int32_t *id)
+/* (value, index) pairs, first index on ties; NaN values never win. */
+__device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i)
+{
+    if (v > bv || (v == bv && i < bi))
+        bv = v, bi = i;
+}
+
+/*
+ * Arg max in one launch: block k scans its slice and writes (max, index) to
+ * part[k]; the last block to finish (atomic ticket) merges the parts and
+ * resets the ticket for the next launch.
+ */
+__global__ void argmax_kernel(const float *v, int n, int32_t *id, float2 *part, int *ticket)
 {
     __shared__ float bv[32];
     __shared__ int bi[32];
+    __shared__ bool last;
+    griddep_launch();
     griddep_wait();
     float best = -INFINITY;
     int bidx = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float x = v[i]; /* a NaN compares false: never chosen */
-        if (x > best || (x == best && i < bidx))
-            best = x, bidx = i;
-    }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) amax_merge(best, bidx, v[i], i);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-        if (ov > best || (ov == best && oi < bidx))
-            best = ov, bidx = oi;
-    }
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    for (int o = 16; o > 0; o >>= 1)
+        amax_merge(best, bidx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bidx, o));
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (l == 0)
         bv[w] = best, bi[w] = bidx;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int i = 1; i < (int)(blockDim.x >> 5); i++)
-            if (bv[i] > best || (bv[i] == best && bi[i] < bidx))
-                best = bv[i], bidx = bi[i];
+        for (int i = 1; i < nw; i++) amax_merge(best, bidx, bv[i], bi[i]);
+        part[blockIdx.x] = make_float2(best, __int_as_float(bidx));
+        __threadfence();
+        last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    best = -INFINITY, bidx = 0x7fffffff;
+    for (int k = threadIdx.x; k < (int)gridDim.x; k += blockDim.x) {
+        float2 p = __ldcg(&part[k]);
+        amax_merge(best, bidx, p.x, __float_as_int(p.y));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax_merge(best, bidx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bidx, o));
+    __syncthreads();
+    if (l == 0)
+        bv[w] = best, bi[w] = bidx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < nw; i++) amax_merge(best, bidx, bv[i], bi[i]);
         *id = bidx == 0x7fffffff ? 0 : bidx;
+        *ticket = 0;
     }
 }
 
@@ -671,25 +698,56 @@ __global__ void rope_kernel(const lms_cu_rope a)
 
 /* ---- attention: decoding ------------------------------------------------------------------------ */
 
-#define ATT_GMAX 16 /* query heads per kv head */
-#define ATT_SUB 64  /* positions staged in shared memory at once */
+#define ATT_GMAX 16  /* query heads per kv head */
+#define ATT_SUB 128  /* positions staged in shared memory at once (64 for rows over 512 bytes) */
+#define ATT_PSTRIDE(hd) ((hd) + 4) /* floats of a split's partial per head: m, l, 2 unused, acc[hd] */
+
+/* Positions staged at once for K/V rows of tb bytes. */
+__host__ __device__ inline int attn_sub(int64_t tb) { return tb > 512 ? 64 : ATT_SUB; }
 
 /* Dynamic shared memory of the decoding kernel. */
 __host__ __device__ inline size_t attn_decode_smem(int G, int hd, int64_t token_bytes)
 {
-    return (size_t)G * hd * 4 + ATT_SUB * (size_t)(token_bytes + 16) + ATT_SUB * (size_t)token_bytes +
+    int sub = attn_sub(token_bytes);
+    return (size_t)G * hd * 4 + sub * (size_t)(token_bytes + 16) + sub * (size_t)token_bytes +
            (size_t)ATT_GMAX * ATT_SUB * 4;
+}
+
+/* RMSNorm (weight nw, optional) and RoPE of one head of hd floats at position pos, by one
+ * warp; the result times `scale` into dst (may be src). */
+__device__ void warp_norm_rope(float *dst, const float *src, const float *nw, const float *inv_freq, int hd, int pos,
+                               float eps, float scale, int lane)
+{
+    float r = 1.f;
+    if (nw) {
+        float ss = 0;
+        for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
+        r = 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps);
+    }
+    const int half = hd / 2;
+    for (int i = lane; i < half; i += 32) {
+        float x1 = src[i], x2 = src[i + half];
+        if (nw)
+            x1 = nw[i] * (x1 * r), x2 = nw[i + half] * (x2 * r);
+        float fr = (float)pos * inv_freq[i], c = cosf(fr), sn = sinf(fr);
+        dst[i] = (x1 * c - x2 * sn) * scale;
+        dst[i + half] = (x2 * c + x1 * sn) * scale;
+    }
 }
 
 /*
  * Block (h, s, b): kv head h, split s, token b. A split is `chunk` positions
- * of the attended range [lo, P); blocks of splits past the range exit at
- * once. The split's K and V rows are staged in shared memory ATT_SUB at a
- * time (16-byte loads, all issued before any is used), scored by the G query
- * heads of the kv head (warps over positions, lanes over dimensions), and
- * summed with an online softmax. The last block of (h, b) to finish merges
- * the splits' partial sums. HD > 0: head_dim HD with HD threads; HD == 0:
- * a.hd (<= 256) with a.hd rounded up to a warp.
+ * of the attended range [lo, P) (one split for ranges up to ATT_SUB
+ * positions: no merge); blocks of splits past the range exit at once. The
+ * split's K and V rows are staged in shared memory (page offsets read once,
+ * 8 16-byte loads per thread in flight), scored with lanes over positions
+ * and warps over the G query heads of the kv head, and summed with an online
+ * softmax. The last block of (h, b) to finish merges the splits' partials,
+ * all threads at once. With fuse_rope (one-token steps), the block applies
+ * q/k RMSNorm and RoPE itself, and the last split writes the token's K and
+ * V into the cache first (it alone reads that position): no RoPE launch.
+ * HD > 0: head_dim HD with HD threads; HD == 0: a.hd (<= 256) rounded up to
+ * a warp.
  */
 template <int KT, int HD>
 __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu_attn a)
@@ -707,41 +765,59 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
         return;
     const int hd = HD ? HD : a.hd;
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    const int P = a.step[LMS_CU_STEP_POS0] + b + 1;
-    const int lo = a.window > 0 && P > a.window ? P - a.window : 0;
-    const int chunk = gridDim.y == 1 ? P - lo : a.chunk;
-    const int S = (P - lo + chunk - 1) / chunk; /* splits with positions */
+    const int pos = a.step[LMS_CU_STEP_POS0] + b, P = pos + 1;
+    const int lo = a.window > 0 && P > a.window ? P - a.window : 0, len = P - lo;
+    const int chunk = gridDim.y == 1 || len <= ATT_SUB ? len : a.chunk;
+    const int S = (len + chunk - 1) / chunk; /* splits with positions */
     if (s >= S)
         return;
     const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
     const lms_cu_kv *kv = &a.kv;
-    const int tb = (int)kv->token_bytes;
+    const int tb = (int)kv->token_bytes, tbp = tb + 16, sub_n = attn_sub(tb);
     const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
-    const size_t qd = (size_t)a.n_heads * hd;
+    const size_t qd = (size_t)a.n_heads * hd, kvd = (size_t)a.n_kv * hd;
     const uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
-    const int tbp = tb + 16;                                     /* K rows padded: lanes read rows */
-    float *qs = (float *)smem;                                   /* [G][hd] */
-    uint8_t *ks = smem + (size_t)G * hd * 4;                     /* [ATT_SUB][tbp] */
-    uint8_t *vs = ks + (size_t)ATT_SUB * tbp;                    /* [ATT_SUB][tb] */
-    float *sc = (float *)(vs + (size_t)ATT_SUB * tb);            /* [ATT_GMAX][ATT_SUB] */
+    float *qs = (float *)smem;                                /* [G][hd] */
+    uint8_t *ks = smem + (size_t)G * hd * 4;                  /* [sub_n][tbp]: rows padded, lanes read rows */
+    uint8_t *vs = ks + (size_t)sub_n * tbp;                   /* [sub_n][tb] */
+    float *sc = (float *)(vs + (size_t)sub_n * tb);           /* [ATT_GMAX][ATT_SUB] */
+    const float *qb = a.q + b * qd + (size_t)(h * G) * hd;
 
-    for (int i = tid; i < G * hd; i += blockDim.x) qs[i] = a.q[b * qd + (size_t)(h * G) * hd + i] * a.scale;
+    if (a.fuse_rope) {
+        for (int g = warp; g < G; g += nw)
+            warp_norm_rope(qs + (size_t)g * hd, qb + (size_t)g * hd, a.q_norm, a.inv_freq, hd, pos, a.eps, a.scale,
+                           lane);
+        if (s == S - 1 && warp == 0) { /* this token's K and V into the cache, before any row is read */
+            float *kn = a.k_new + b * kvd + (size_t)h * hd;
+            warp_norm_rope(kn, kn, a.k_norm, a.inv_freq, hd, pos, a.eps, 1.f, lane);
+            __syncwarp();
+            uint8_t *row = (uint8_t *)kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+                           (size_t)(pos % kv->page_tokens) * tb;
+            const float *vn = a.v_new + b * kvd + (size_t)h * hd;
+            for (int i = lane; i < hd; i += 32) {
+                E::put(row, i, kn[i]);
+                E::put(row + kv->v_offset, i, vn[i]);
+            }
+        }
+    } else {
+        for (int i = tid; i < G * hd; i += blockDim.x) qs[i] = qb[i] * a.scale;
+    }
     if (tid < ATT_GMAX)
         sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
     float acc[ATT_GMAX];
 #pragma unroll
     for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
 
-    for (int sub = t0; sub < t1; sub += ATT_SUB) {
-        const int n = min(ATT_SUB, t1 - sub);
-        __syncthreads(); /* the previous round's readers are done (and qs is written) */
+    for (int sub = t0; sub < t1; sub += sub_n) {
+        const int n = min(sub_n, t1 - sub);
+        __syncthreads(); /* the previous round's readers are done (qs, the new K/V row written) */
         /* each position's row offset (one page-table read per position, in parallel) */
         for (int t = tid; t < n; t += blockDim.x) {
-            int pos = sub + t;
-            srow[t] = (int64_t)pages[pos / kv->page_tokens] * kv->page_bytes + (int64_t)(pos % kv->page_tokens) * tb;
+            int p = sub + t;
+            srow[t] = (int64_t)pages[p / kv->page_tokens] * kv->page_bytes + (int64_t)(p % kv->page_tokens) * tb;
         }
         __syncthreads();
-        /* K and V rows into shared memory: up to 8 loads per thread in flight, then the stores */
+        /* K and V rows into shared memory: 8 loads per thread in flight, then the stores */
         if (tb % 16 == 0) {
             const int cpr = tb / 16, total = n * cpr;
             for (int i0 = tid; i0 < total; i0 += 4 * blockDim.x) {
@@ -846,15 +922,15 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
                     out[g * hd + tid] = acc[g] / sm_l[g];
         return;
     }
-    /* partials: [b][h][s][g] = (m, l, acc[hd]) */
-    const size_t stride = hd + 2;
+    /* partials: [b][h][s][g] = (m, l, -, -, acc[hd]) */
+    const size_t stride = ATT_PSTRIDE(hd);
     const int SM = gridDim.y;
     float *part = a.part + (((size_t)b * a.n_kv + h) * SM + s) * G * stride;
     if (tid < hd)
 #pragma unroll
         for (int g = 0; g < ATT_GMAX; g++)
             if (g < G)
-                part[g * stride + 2 + tid] = acc[g];
+                part[g * stride + 4 + tid] = acc[g];
     if (tid < G)
         part[tid * stride] = sm_m[tid], part[tid * stride + 1] = sm_l[tid];
     __threadfence();
@@ -867,22 +943,48 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     if (!sm_last)
         return;
     __threadfence();
+    /* the merge, every thread at once: weights exp(m_s - M) into shared memory, then
+     * each thread sums 4 dimensions of one head over the splits */
     const float *p0 = a.part + ((size_t)b * a.n_kv + h) * SM * G * stride;
-    if (tid < hd)
-        for (int g = 0; g < G; g++) {
-            float M = -INFINITY;
-#pragma unroll 8
-            for (int j = 0; j < S; j++) M = fmaxf(M, __ldcg(p0 + ((size_t)j * G + g) * stride));
-            float L = 0, o = 0;
+    float *wsm = (float *)ks; /* [S][G] weights, then [G] sums of l */
+    for (int i = tid; i < S * G; i += blockDim.x) wsm[i] = __ldcg(p0 + (size_t)i * stride);
+    __syncthreads();
+    for (int g = warp; g < G; g += nw) {
+        float M = -INFINITY;
+        for (int j = lane; j < S; j += 32) M = fmaxf(M, wsm[j * G + g]);
+        M = warp_max(M);
+        float L = 0.f;
+        for (int j = lane; j < S; j += 32) {
+            float w = expf(wsm[j * G + g] - M);
+            L += __ldcg(p0 + ((size_t)j * G + g) * stride + 1) * w;
+            wsm[j * G + g] = w;
+        }
+        L = warp_sum(L);
+        if (lane == 0)
+            sm_l[g] = L;
+    }
+    __syncthreads();
+    if (hd % 4 == 0) {
+        for (int i = tid; i < G * (hd / 4); i += blockDim.x) {
+            const int g = i / (hd / 4), d = (i % (hd / 4)) * 4;
+            float4 o = make_float4(0, 0, 0, 0);
 #pragma unroll 8
             for (int j = 0; j < S; j++) {
-                const float *pp = p0 + ((size_t)j * G + g) * stride;
-                float w = expf(__ldcg(pp) - M);
-                L += __ldcg(pp + 1) * w;
-                o += __ldcg(pp + 2 + tid) * w;
+                float w = wsm[j * G + g];
+                float4 v = __ldcg((const float4 *)(p0 + ((size_t)j * G + g) * stride + 4 + d));
+                o.x = fmaf(w, v.x, o.x), o.y = fmaf(w, v.y, o.y), o.z = fmaf(w, v.z, o.z), o.w = fmaf(w, v.w, o.w);
             }
-            out[g * hd + tid] = o / L;
+            float inv = 1.f / sm_l[g];
+            *(float4 *)(out + g * hd + d) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
         }
+    } else {
+        for (int i = tid; i < G * hd; i += blockDim.x) {
+            const int g = i / hd, d = i % hd;
+            float o = 0.f;
+            for (int j = 0; j < S; j++) o = fmaf(wsm[j * G + g], __ldcg(p0 + ((size_t)j * G + g) * stride + 4 + d), o);
+            out[g * hd + d] = o / sm_l[g];
+        }
+    }
     if (tid == 0)
         a.counters[b * a.n_kv + h] = 0;
 }
@@ -1222,9 +1324,12 @@ extern "C" int lms_cu_softcap_launch(float *v, size_t n, float c, void *stream)
     return launch(softcap_kernel, dim3(blocks > 4096 ? 4096 : (unsigned)blocks), dim3(256), 0, stream, v, n, c);
 }
 
-extern "C" int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *stream)
+extern "C" int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *scratch, void *stream)
 {
-    return launch(argmax_kernel, dim3(1), dim3(1024), 0, stream, v, n, id);
+    /* scratch: LMS_CU_ARGMAX_BLOCKS float2 parts, then the ticket (zero between launches) */
+    float2 *part = (float2 *)scratch;
+    return launch(argmax_kernel, dim3(LMS_CU_ARGMAX_BLOCKS), dim3(256), 0, stream, v, n, id, part,
+                  (int *)(part + LMS_CU_ARGMAX_BLOCKS));
 }
 
 extern "C" int lms_cu_readbw_launch(const void *p, size_t n16, uint32_t *sink, int sms, void *stream)

@@ -118,10 +118,16 @@ typedef struct lms_cu_attn {
     const int32_t *step;
     int max_block;
     /* split decoding (nb <= 8): partials of splits x (m, l, acc[hd]) and counters */
-    float *part;      /* [8][n_kv][splits][G][hd + 2] */
+    float *part;      /* [8][n_kv][splits][G][hd + 4] */
     int *counters;    /* [8][n_kv], zero between launches */
     int splits;       /* blocks per kv head and token */
     int chunk;        /* positions per split: splits x chunk >= the context */
+    /* one-token steps: RoPE (and q/k RMSNorm) done here instead of a RoPE launch */
+    int fuse_rope;
+    float *k_new;            /* [nb][n_kv*hd] this token's k (before RoPE; written back after) */
+    const float *v_new;      /* [nb][n_kv*hd] */
+    const float *q_norm, *k_norm, *inv_freq;
+    float eps;
 } lms_cu_attn;
 /* nb_max <= 8: flash-decoding over `splits` blocks per kv head and token;
  * larger: the tensor-core prefill kernel (16-bit K/V) or, for F32 K/V, the
@@ -136,8 +142,11 @@ int lms_cu_bias_launch(float *y, int ldy, const float *bias, int rows, const int
                        void *stream);
 /* v[i] = c * tanh(v[i] / c), i < n. */
 int lms_cu_softcap_launch(float *v, size_t n, float c, void *stream);
-/* *id = the index of the largest of v[0..n) (the first on ties). */
-int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *stream);
+/* *id = the index of the largest of v[0..n) (the first on ties; NaN never wins).
+ * scratch: LMS_CU_ARGMAX_SCRATCH bytes of device memory, zeroed once. */
+#define LMS_CU_ARGMAX_BLOCKS 128
+#define LMS_CU_ARGMAX_SCRATCH (LMS_CU_ARGMAX_BLOCKS * 8 + 16)
+int lms_cu_argmax_launch(const float *v, int n, int32_t *id, void *scratch, void *stream);
 
 /* Read n16 16-byte words of p (a bandwidth probe); *sink is written only when
  * their xor is a value no real data gives, so the reads cannot be dropped. */
@@ -145,7 +154,8 @@ int lms_cu_readbw_launch(const void *p, size_t n16, uint32_t *sink, int sms, voi
 
 /* Kernel attributes (shared-memory limits) set once; 0 or a cudaError_t. */
 int lms_cu_kernels_init(void);
-/* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0). */
+/* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0, the
+ * default: measured slower on the H200, bench/RESULTS.md). */
 void lms_cu_set_pdl(int on);
 
 #ifdef __cplusplus

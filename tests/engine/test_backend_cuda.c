@@ -413,6 +413,20 @@ static void test_ops_shape(const shape *s)
                 compare_buf(&p, av[ai].name, LMS__B_ATT, s, nb, pos0, at);
             }
 
+            /* RoPE then attention in one step: one-token steps fuse them on the device */
+            write2(&p, LMS__B_Q, nb, q);
+            write2(&p, LMS__B_K, nb, k);
+            write2(&p, LMS__B_V, nb, v);
+            begin2(&p, &ss);
+            lms__fwd_cpu.qk_rope(p.cpu, 0, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
+            lms__fwd_cuda->qk_rope(p.gpu, 0, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
+            lms__fwd_cpu.attention(p.cpu, 0, 0, hp->attn_scale, 0);
+            lms__fwd_cuda->attention(p.gpu, 0, 0, hp->attn_scale, 0);
+            end2(&p);
+            compare_buf(&p, "rope + attention", LMS__B_ATT, s, nb, pos0,
+                        nb <= 8 || s->kvdt == LMS_DTYPE_F32 ? 1e-4 : 2e-2);
+            compare_kv(&p, s, 0, nb, pos0, kv_tol);
+
             /* o projection with residual add; gate/up; down with the gated activation */
             float *att = rows(nb, qd, 1.0f);
             write2(&p, LMS__B_ATT, nb, att);
@@ -426,6 +440,22 @@ static void test_ops_shape(const shape *s)
             float *g = rows(nb, hp->n_ff, 3.0f), *u = rows(nb, hp->n_ff, 1.0f);
             write2(&p, LMS__B_G, nb, g);
             write2(&p, LMS__B_U, nb, u);
+            write2(&p, LMS__B_X, nb, x);
+            /* gate/up then down in one step: the device takes down's input from the gate/up epilogue */
+            write2(&p, LMS__B_X, nb, x);
+            {
+                lms__mm gu[2] = {{&L->w_gate, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_G, NULL, false},
+                                 {&L->w_up, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_U, NULL, false}};
+                lms__mm dn = {&L->w_down, LMS__B_G, NULL, p.m->hp.act, LMS__B_U, LMS__B_X, NULL, true};
+                begin2(&p, &ss);
+                lms__fwd_cpu.matmul(p.cpu, gu, 2);
+                lms__fwd_cuda->matmul(p.gpu, gu, 2);
+                lms__fwd_cpu.matmul(p.cpu, &dn, 1);
+                lms__fwd_cuda->matmul(p.gpu, &dn, 1);
+                end2(&p);
+                compare_buf(&p, "gate/up + down", LMS__B_X, s, nb, pos0, mm_tol(s, nb));
+                compare_buf(&p, "gate", LMS__B_G, s, nb, pos0, mm_tol(s, nb));
+            }
             write2(&p, LMS__B_X, nb, x);
             lms__act acts[2] = {LMS__ACT_SILU, LMS__ACT_GELU_TANH};
             for (int ai = 0; ai < 2; ai++) {
