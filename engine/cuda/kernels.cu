@@ -1034,6 +1034,14 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+/* Four 8x8 16-bit matrices: lane L gives the address of row L % 8 of matrix L / 8. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
 /* Four 8x8 16-bit matrices, transposed: lane L gives the address of row L % 8 of matrix L / 8. */
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *p)
 {
@@ -1132,13 +1140,20 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
 
         /* S = Q K^T: BK/8 tiles of 16 x 8 */
         float sc[BK / 8][4];
+        {
+            /* B from K rows by ldmatrix: matrix m of lane L covers keys j*8 + L%8, dimensions
+             * (kk + m/2)*16 + (m%2)*8: fragments of two k-steps per load */
+            const int mtx = lane >> 3, r = lane & 7;
 #pragma unroll
-        for (int j = 0; j < BK / 8; j++) {
-            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+            for (int j = 0; j < BK / 8; j++) {
+                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const T16 *kr = &Kt[(j * 8 + g) * KS + kk * 16 + 2 * t];
-                M::mma(sc[j], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                for (int kk = 0; kk < HD / 16; kk += 2) {
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, &Kt[(j * 8 + r) * KS + (kk + (mtx >> 1)) * 16 + (mtx & 1) * 8]);
+                    M::mma(sc[j], qa[kk], kb[0], kb[1]);
+                    M::mma(sc[j], qa[kk + 1], kb[2], kb[3]);
+                }
             }
         }
         /* softcap, mask (causal and window), row maxima, in log2 units */
