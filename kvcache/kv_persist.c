@@ -96,18 +96,26 @@ static void keep_detail(char *dst, size_t n, int rc)
 }
 
 /* The workers of a save or a resume: a pool, and per worker a codec
- * context (its scratch one raw page) and up to KV_WBUFS buffers. */
+ * context (its scratch one raw page) and up to KV_WBUFS buffers. For a
+ * device arena the buffers are page-locked host memory from the device
+ * (when it has an allocator for it), so each worker's page copy is a DMA
+ * that overlaps the other workers' compression: no host copy of the whole
+ * cache is ever made. */
 #define KV_WBUFS 3
 typedef struct kv_workers {
     lms_pool *pool;
     int n;
     lms__kv_codec_ctx *codec;
     uint8_t **buf[KV_WBUFS]; /* buf[k][worker], sizes[k] bytes (none when 0) */
+    lms_device *pinned;      /* the device whose pinned memory buf[] is, or NULL (malloc) */
 } kv_workers;
 
 /* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
-static int workers_create(kv_workers *w, int asked, uint32_t jobs, size_t scratch, const size_t sizes[KV_WBUFS])
+static int workers_create(kv_workers *w, const lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
+                          const size_t sizes[KV_WBUFS])
 {
+    if (!host_arena(kv) && kv->dev->ops->alloc_host && kv->dev->ops->free_host)
+        w->pinned = kv->dev;
     int threads = asked > 0 ? asked : lms__cpu_count();
     if (threads > (int)jobs)
         threads = jobs ? (int)jobs : 1;
@@ -123,9 +131,18 @@ static int workers_create(kv_workers *w, int asked, uint32_t jobs, size_t scratc
     for (int i = 0; i < w->n; i++) {
         if (!(w->codec[i].scratch = lms__malloc(scratch)))
             return LMS_ENOMEM;
-        for (int k = 0; k < KV_WBUFS; k++)
-            if (sizes[k] && !(w->buf[k][i] = lms__malloc(sizes[k])))
+        for (int k = 0; k < KV_WBUFS; k++) {
+            if (!sizes[k])
+                continue;
+            if (w->pinned) {
+                void *p = NULL;
+                if (w->pinned->ops->alloc_host(w->pinned, sizes[k], &p))
+                    return LMS_ENOMEM;
+                w->buf[k][i] = p;
+            } else if (!(w->buf[k][i] = lms__malloc(sizes[k]))) {
                 return LMS_ENOMEM;
+            }
+        }
     }
     return 0;
 }
@@ -136,9 +153,14 @@ static void workers_free(kv_workers *w)
     for (int i = 0; i < w->n; i++) {
         if (w->codec)
             lms__kv_codec_ctx_free(&w->codec[i]);
-        for (int k = 0; k < KV_WBUFS; k++)
-            if (w->buf[k])
+        for (int k = 0; k < KV_WBUFS; k++) {
+            if (!w->buf[k] || !w->buf[k][i])
+                continue;
+            if (w->pinned)
+                w->pinned->ops->free_host(w->pinned, w->buf[k][i]);
+            else
                 lms__free(w->buf[k][i]);
+        }
     }
     lms__free(w->codec);
     for (int k = 0; k < KV_WBUFS; k++)
@@ -330,7 +352,7 @@ static int save_buffers(save_ctx *c)
 {
     lms_kv *kv = c->kv;
     const size_t sizes[KV_WBUFS] = {2 * kv->page_bytes, 0, 0};
-    int rc = workers_create(&c->wk, c->params.threads, c->to_write, kv->page_bytes, sizes);
+    int rc = workers_create(&c->wk, kv, c->params.threads, c->to_write, kv->page_bytes, sizes);
     if (rc)
         return rc;
     c->n_slots = (uint32_t)(4 * c->wk.n);
@@ -770,7 +792,7 @@ static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
     lms_kv *kv = c->kv;
     const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = kv->page_bytes, [RES_IN] = c->max_stored,
                                     [RES_IMAGE] = host_arena(kv) ? 0 : kv->page_bytes};
-    int rc = workers_create(&c->wk, params ? params->threads : 0, c->to_read, kv->page_bytes, sizes);
+    int rc = workers_create(&c->wk, kv, params ? params->threads : 0, c->to_read, kv->page_bytes, sizes);
     if (rc)
         return rc;
     lms__pool_run(c->wk.pool, c->n_pages, res_decode_one, c);
