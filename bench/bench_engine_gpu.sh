@@ -15,6 +15,8 @@
 #                    cache compiled), prefill 2048; greedy ids against lmstore's
 #   smollm2 GGUF     the default model from its GGUF: greedy ids of lmstore on
 #                    cuda against transformers bf16 on the same GPU
+#   coldstart        whole process to the first token, warm and cold, and
+#                    transformers as a whole process
 #   profile          per-kernel times and DRAM traffic (Nsight Compute) of
 #                    decode steps and of a 2048-token prefill
 #
@@ -77,6 +79,28 @@ peers8b() {
     $PY bench/compare_greedy.py "$OUT/greedy_llama8b.json" "$LMS" "$ST" llama8b cuda | jl
 }
 
+# Whole process to the first token (bench/cold_start.py), prompt of 32 ids:
+# lmstore run on the GPU with the page cache warm and dropped, the time to
+# cat the segment files after a drop, and transformers as a whole process.
+coldstart() {
+    say "cold start to the first token (llama8b, 32-token prompt)"
+    local ids segs
+    ids=$($PY -c 'print(",".join(str(i + 1) for i in range(32)))')
+    segs=$(ls "$ST"/segments/*.seg)
+    cat $segs >/dev/null
+    $PY bench/cold_start.py --reps 5 --label lmstore_cuda_warm -- "$LMS" run llama8b --store "$ST" --device cuda \
+        --prompt-ids "$ids" --max-tokens 1 --json | jl
+    $PY bench/cold_start.py --reps 3 --label transformers_warm -- $PY bench/bench_engine_hf.py first "$HF" 32 | jl
+    if [ "${LMS_BENCH_DROP:-0}" = 1 ]; then
+        local s e
+        sync; echo 3 >/proc/sys/vm/drop_caches
+        s=$(date +%s%N); cat $segs >/dev/null; e=$(date +%s%N)
+        echo "{\"what\": \"cat_segments_cold\", \"s\": $(( (e - s) / 1000000 )).0e-3}" | jl
+        $PY bench/cold_start.py --reps 3 --drop --label lmstore_cuda_cold -- "$LMS" run llama8b --store "$ST" \
+            --device cuda --prompt-ids "$ids" --max-tokens 1 --json | jl
+    fi
+}
+
 # Per-kernel times and DRAM traffic (Nsight Compute) of a 128-token prefill
 # and 3 decode steps, and of a 2048-token prefill, without graphs.
 profile() {
@@ -118,6 +142,7 @@ while [ $# -gt 0 ]; do
     peers8b) peers8b ;;
     smollm2) smollm2 "$2"; shift ;;
     profile) profile ;;
+    coldstart) coldstart ;;
     *) echo "unknown phase $1" >&2; exit 2 ;;
     esac
     shift

@@ -10,6 +10,9 @@ bench/bench_engine_gpu.sh), one JSON line per measurement:
                         (transformers compiles the decode step, CUDA graphs); the
                         decode rate is (t(1+N tokens) - t(1 token)) / N
   prefill DIR N         transformers forward over N tokens (bf16, sdpa), median ms
+  first DIR N           the whole-process peer of a cold start: import, load
+                        (from_pretrained device_map="cuda"), generate 1 token after N
+                        prompt ids, print it (bench/cold_start.py times the process)
   greedy DIR OUT [REF]  32 greedy ids for three prompts, with the top-2 logit
                         margin of every step, into OUT (JSON); the prompts are the
                         first three cases' prompt_ids of REF (a tests/fixtures
@@ -120,6 +123,14 @@ def prefill(d, n):
           "ms_all": [1e3 * t for t in times]})
 
 
+def first(d, n):
+    torch, m = load(d)
+    ids = torch.arange(1, n + 1, device="cuda").unsqueeze(0)
+    with torch.no_grad():
+        out = m.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+    print(int(out[0, -1]), flush=True)
+
+
 def greedy(d, out_path, ref=None):
     torch, m = load(d)
     g = torch.Generator().manual_seed(3)
@@ -157,6 +168,8 @@ if __name__ == "__main__":
         decode(a[1], int(a[2]) if len(a) > 2 else 128)
     elif a[:1] == ["prefill"]:
         prefill(a[1], int(a[2]))
+    elif a[:1] == ["first"]:
+        first(a[1], int(a[2]))
     elif a[:1] == ["greedy"]:
         greedy(a[1], a[2], a[3] if len(a) > 3 else None)
     else:
