@@ -1000,7 +1000,7 @@ template <> struct mma16<LMS_CU_F16> {
     }
     static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
     {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                      "{%0,%1,%2,%3};"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -1014,7 +1014,7 @@ template <> struct mma16<LMS_CU_BF16> {
     }
     static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
     {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                      "{%0,%1,%2,%3};"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -1142,18 +1142,22 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
         float sc[BK / 8][4];
         {
             /* B from K rows by ldmatrix: matrix m of lane L covers keys j*8 + L%8, dimensions
-             * (kk + m/2)*16 + (m%2)*8: fragments of two k-steps per load */
+             * (kk + m/2)*16 + (m%2)*8: fragments of two k-steps per load. The BK/8 tiles are
+             * independent accumulators: issued tile after tile, the products do not wait on
+             * each other. */
             const int mtx = lane >> 3, r = lane & 7;
 #pragma unroll
-            for (int j = 0; j < BK / 8; j++) {
-                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+            for (int j = 0; j < BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk += 2) {
-                    uint32_t kb[4];
-                    ldmatrix_x4(kb, &Kt[(j * 8 + r) * KS + (kk + (mtx >> 1)) * 16 + (mtx & 1) * 8]);
-                    M::mma(sc[j], qa[kk], kb[0], kb[1]);
-                    M::mma(sc[j], qa[kk + 1], kb[2], kb[3]);
-                }
+            for (int kk = 0; kk < HD / 16; kk += 2) {
+                uint32_t kb[BK / 8][4];
+#pragma unroll
+                for (int j = 0; j < BK / 8; j++)
+                    ldmatrix_x4(kb[j], &Kt[(j * 8 + r) * KS + (kk + (mtx >> 1)) * 16 + (mtx & 1) * 8]);
+#pragma unroll
+                for (int j = 0; j < BK / 8; j++) M::mma(sc[j], qa[kk], kb[j][0], kb[j][1]);
+#pragma unroll
+                for (int j = 0; j < BK / 8; j++) M::mma(sc[j], qa[kk + 1], kb[j][2], kb[j][3]);
             }
         }
         /* softcap, mask (causal and window), row maxima, in log2 units */
