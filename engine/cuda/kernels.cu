@@ -1092,16 +1092,23 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     const int kmin = a.window > 0 ? max(0, qmin - a.window + 1) : 0;
     const int kfirst = (kmin / BK) * BK;
 
-    /* one tile of K and V rows into buffer `buf` (positions past qmax: zeros) */
+    /* one tile of K and V rows into buffer `buf` (positions past qmax: zeros). Thread i always
+     * copies 16-byte chunk i % (HD/8) of keys i / (HD/8), + 128 / (HD/8), ...: one page lookup
+     * per key it copies, a shift when the page size is a power of two. */
+    const int pt = kv->page_tokens, pt_shift = (pt & (pt - 1)) == 0 ? __ffs(pt) - 1 : -1;
     auto load_tile = [&](int buf, int k0) {
         T16 *kd = Ks + buf * BK * KS, *vd = Vs + buf * BK * KS;
-        for (int i = tid; i < BK * (HD / 8); i += 128) {
-            int key = i / (HD / 8), c = i % (HD / 8), kp = k0 + key;
-            bool ok = kp <= qmax;
-            const uint8_t *row = lbase + (ok ? (size_t)pages[kp / kv->page_tokens] * kv->page_bytes +
-                                                   (size_t)(kp % kv->page_tokens) * kv->token_bytes
-                                             : 0) +
-                                 (size_t)c * 16;
+        constexpr int CPR = HD / 8, KSTEP = 128 / CPR;
+        const int c = tid % CPR;
+        for (int key = tid / CPR; key < BK; key += KSTEP) {
+            const int kp = k0 + key;
+            const bool ok = kp <= qmax;
+            size_t off = 0;
+            if (ok) {
+                int pg = pt_shift >= 0 ? kp >> pt_shift : kp / pt, sl = pt_shift >= 0 ? kp & (pt - 1) : kp % pt;
+                off = (size_t)pages[pg] * kv->page_bytes + (size_t)sl * kv->token_bytes;
+            }
+            const uint8_t *row = lbase + off + (size_t)c * 16;
             cp_async16(kd + key * KS + c * 8, row, ok ? 16 : 0);
             cp_async16(vd + key * KS + c * 8, row + kv->v_offset, ok ? 16 : 0);
         }
@@ -1160,24 +1167,43 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
                 for (int j = 0; j < BK / 8; j++) M::mma(sc[j], qa[kk + 1], kb[j][2], kb[j][3]);
             }
         }
-        /* softcap, mask (causal and window), row maxima, in log2 units */
+        /* softcap, mask (causal and window), row maxima, in log2 units; tiles wholly
+         * below the diagonal and inside the window need no mask */
         float mx0 = -INFINITY, mx1 = -INFINITY;
+        const bool full = k0 + BK - 1 <= qmin && (a.window <= 0 || k0 > qmax - a.window);
+        if (full) {
 #pragma unroll
-        for (int j = 0; j < BK / 8; j++)
+            for (int j = 0; j < BK / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int kp = k0 + j * 8 + 2 * t + (e & 1), qp = e < 2 ? qpos0 : qpos1;
-                float v = sc[j][e];
-                if (a.softcap > 0.f)
-                    v = a.softcap * tanhf(v / a.softcap);
-                bool ok = kp <= qp && (a.window <= 0 || kp > qp - a.window);
-                v = ok ? v * LOG2E : -INFINITY;
-                sc[j][e] = v;
-                if (e < 2)
-                    mx0 = fmaxf(mx0, v);
-                else
-                    mx1 = fmaxf(mx1, v);
-            }
+                for (int e = 0; e < 4; e++) {
+                    float v = sc[j][e];
+                    if (a.softcap > 0.f)
+                        v = a.softcap * tanhf(v / a.softcap);
+                    v *= LOG2E;
+                    sc[j][e] = v;
+                    if (e < 2)
+                        mx0 = fmaxf(mx0, v);
+                    else
+                        mx1 = fmaxf(mx1, v);
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int kp = k0 + j * 8 + 2 * t + (e & 1), qp = e < 2 ? qpos0 : qpos1;
+                    float v = sc[j][e];
+                    if (a.softcap > 0.f)
+                        v = a.softcap * tanhf(v / a.softcap);
+                    bool ok = kp <= qp && (a.window <= 0 || kp > qp - a.window);
+                    v = ok ? v * LOG2E : -INFINITY;
+                    sc[j][e] = v;
+                    if (e < 2)
+                        mx0 = fmaxf(mx0, v);
+                    else
+                        mx1 = fmaxf(mx1, v);
+                }
+        }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
