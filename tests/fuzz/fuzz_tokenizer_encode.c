@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_tokenizer_encode.c - libFuzzer target for encode, decode
- * and the streaming detokenizer (engine/tokenizer/): prompts are untrusted
+ * and the streaming detokenizer (tokenizer/): prompts are untrusted
  * text, and generated ids reach the detokenizer unchecked.
  *
  * Tokenizers: the real Qwen3, Llama 3 and Gemma 3 files from
