@@ -10,6 +10,8 @@
 #ifndef LMSTORE_ERROR_H
 #define LMSTORE_ERROR_H
 
+#include "lmstore/types.h" /* LMS_API */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
