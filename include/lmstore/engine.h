@@ -54,7 +54,7 @@ typedef struct lms_engine_params {
     bool no_tokenizer;      /* do not load tokenizer.json (ids only; pieces are NULL) */
 } lms_engine_params;
 
-lms_engine_params lms_engine_default_params(void);
+LMS_API lms_engine_params lms_engine_default_params(void);
 
 /*
  * Create an engine for `model` (borrowed: it must stay open until
@@ -68,8 +68,8 @@ lms_engine_params lms_engine_default_params(void);
  * tensor (named), LMS_ENOMEM. On failure *out is NULL and nothing needs
  * freeing.
  */
-int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_engine **out);
-void lms_engine_free(lms_engine *eng); /* NULL ok */
+LMS_API int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_engine **out);
+LMS_API void lms_engine_free(lms_engine *eng); /* NULL ok */
 
 /* ---- what is in effect --------------------------------------------------------- */
 
@@ -89,12 +89,12 @@ typedef struct lms_engine_info {
     double load_ms;          /* time spent in lms_engine_create */
 } lms_engine_info;
 
-void lms_engine_get_info(const lms_engine *eng, lms_engine_info *out);
+LMS_API void lms_engine_get_info(const lms_engine *eng, lms_engine_info *out);
 
 /* The model's tokenizer (owned by the engine, valid while eng lives), or
  * NULL when created with no_tokenizer or when the tokenizer module is
  * unavailable. */
-lms_tokenizer *lms_engine_tokenizer(lms_engine *eng);
+LMS_API lms_tokenizer *lms_engine_tokenizer(lms_engine *eng);
 
 /* ---- step API --------------------------------------------------------------- */
 
@@ -111,15 +111,15 @@ enum lms_eval_flags {
  * (the sequence would pass n_ctx or the KV budget is exhausted). After a
  * failure the sequence is as it was before the call.
  */
-int lms_engine_eval(lms_engine *eng, const int32_t *tokens, size_t n, float *logits, unsigned flags);
+LMS_API int lms_engine_eval(lms_engine *eng, const int32_t *tokens, size_t n, float *logits, unsigned flags);
 
 /* Tokens of the sequence (borrowed, valid until the next call that changes it). */
-const int32_t *lms_engine_tokens(const lms_engine *eng, size_t *n);
+LMS_API const int32_t *lms_engine_tokens(const lms_engine *eng, size_t *n);
 /* Keep the first n_keep tokens (n_keep <= length). */
-int lms_engine_truncate(lms_engine *eng, size_t n_keep);
+LMS_API int lms_engine_truncate(lms_engine *eng, size_t n_keep);
 /* Empty the sequence. Its full pages stay in the KV prefix cache (LRU) so a
  * later prompt starting the same way reuses them. */
-void lms_engine_reset(lms_engine *eng);
+LMS_API void lms_engine_reset(lms_engine *eng);
 
 /* ---- sessions -------------------------------------------------------------- */
 
@@ -131,8 +131,8 @@ void lms_engine_reset(lms_engine *eng);
  * model or KV layout, detail names both), LMS_ECORRUPT (page index named).
  * After a failed load the sequence is as before.
  */
-int lms_engine_session_save(lms_engine *eng, lms_store *store, const char *name);
-int lms_engine_session_load(lms_engine *eng, lms_store *store, const char *name);
+LMS_API int lms_engine_session_save(lms_engine *eng, lms_store *store, const char *name);
+LMS_API int lms_engine_session_load(lms_engine *eng, lms_store *store, const char *name);
 
 /* ---- generation ------------------------------------------------------------- */
 
@@ -151,7 +151,7 @@ typedef struct lms_gen_params {
     bool no_prefix_reuse;    /* recompute the whole prompt */
 } lms_gen_params;
 
-lms_gen_params lms_gen_default_params(void);
+LMS_API lms_gen_params lms_gen_default_params(void);
 
 enum lms_stop_reason {
     LMS_STOP_NONE = 0,
@@ -199,7 +199,7 @@ typedef int (*lms_token_cb)(void *user, int32_t id, const char *piece, size_t le
  * session save). metrics may be NULL. Errors as lms_engine_eval; a stop is
  * not an error.
  */
-int lms_generate(lms_engine *eng, const lms_gen_params *gp, const int32_t *prompt, size_t n_prompt,
+LMS_API int lms_generate(lms_engine *eng, const lms_gen_params *gp, const int32_t *prompt, size_t n_prompt,
                  lms_token_cb cb, void *user, lms_gen_metrics *metrics);
 
 #ifdef __cplusplus

@@ -54,8 +54,8 @@ extern "C" {
  * LMS_EDEVICE (no such device, e.g. no GPU on this machine). Close with
  * lms_device_close (NULL ok). A device must outlive every model opened on it.
  */
-int lms_device_open_name(const char *name, lms_device **out);
-void lms_device_close(lms_device *dev);
+LMS_API int lms_device_open_name(const char *name, lms_device **out);
+LMS_API void lms_device_close(lms_device *dev);
 
 /*
  * Pin `bytes` of host memory for staging copies to `dev` now and keep it
@@ -71,7 +71,7 @@ void lms_device_close(lms_device *dev);
  * LMS_ENOMEM, LMS_EDEVICE. Thread-safe, also against loads running on the
  * device; not against lms_device_close.
  */
-int lms_device_reserve_staging(lms_device *dev, size_t bytes);
+LMS_API int lms_device_reserve_staging(lms_device *dev, size_t bytes);
 
 typedef enum lms_placement {
     LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT */
@@ -147,12 +147,12 @@ typedef struct lms_model_params {
                               * 0 = 8; >= ring_slots = the whole ring from the start */
 } lms_model_params;
 
-lms_model_params lms_model_default_params(void);
+LMS_API lms_model_params lms_model_default_params(void);
 
 /* Bytes of pinned staging memory a resident load with params `p` (NULL =
  * defaults) copies through: ring_slots x (chunk + 8 KiB). The size to give
  * lms_device_reserve_staging so that such loads borrow the device's pool. */
-size_t lms_model_staging_bytes(const lms_model_params *p);
+LMS_API size_t lms_model_staging_bytes(const lms_model_params *p);
 
 /*
  * A tensor of an open model. Owned by the model; valid until lms_model_close.
@@ -186,7 +186,7 @@ typedef struct lms_tensor {
  * For RESIDENT placement without params.sync, open returns once the copies
  * are under way; a copy error is then reported by lms_model_wait_layer.
  */
-int lms_model_open(lms_store *store, const char *name, const lms_model_params *params, lms_model **out);
+LMS_API int lms_model_open(lms_store *store, const char *name, const lms_model_params *params, lms_model **out);
 
 /*
  * Close the model: waits for copies still in flight, unregisters its host
@@ -194,31 +194,31 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
  * references on the store's mappings (the last model of a store handle
  * unmaps them and releases the segment locks). NULL ok.
  */
-void lms_model_close(lms_model *model);
+LMS_API void lms_model_close(lms_model *model);
 
 /* The tensor called `name`, or NULL with LMS_ENOENT naming model and tensor. */
-const lms_tensor *lms_model_tensor(const lms_model *model, const char *name);
+LMS_API const lms_tensor *lms_model_tensor(const lms_model *model, const char *name);
 /* Tensors in storage (forward-pass) order: i in [0, count). NULL past the end. */
-size_t lms_model_tensor_count(const lms_model *model);
-const lms_tensor *lms_model_tensor_at(const lms_model *model, size_t i);
+LMS_API size_t lms_model_tensor_count(const lms_model *model);
+LMS_API const lms_tensor *lms_model_tensor_at(const lms_model *model, size_t i);
 
 /*
  * A stored side file of the model ("config.json", "tokenizer.json", ...),
  * decompressed and NUL-terminated; *data is the caller's, freed with
  * lms_free. LMS_ENOENT naming the model and file when absent.
  */
-int lms_model_file(const lms_model *model, const char *file, void **data, size_t *len);
+LMS_API int lms_model_file(const lms_model *model, const char *file, void **data, size_t *len);
 
 /* The model's content id (LMS_MODEL_ID_LEN bytes, valid until close). */
-const uint8_t *lms_model_id(const lms_model *model);
+LMS_API const uint8_t *lms_model_id(const lms_model *model);
 /* The name it was opened by (valid until close). */
-const char *lms_model_name(const lms_model *model);
+LMS_API const char *lms_model_name(const lms_model *model);
 /* Number of transformer blocks: 1 + the largest block index (0 if none). */
-int lms_model_n_layers(const lms_model *model);
+LMS_API int lms_model_n_layers(const lms_model *model);
 /* The device it was opened on (NULL for the CPU default). */
-lms_device *lms_model_device(const lms_model *model);
+LMS_API lms_device *lms_model_device(const lms_model *model);
 /* The placement in effect (never AUTO). */
-lms_placement lms_model_placement(const lms_model *model);
+LMS_API lms_placement lms_model_placement(const lms_model *model);
 
 /*
  * Wait until every tensor of block `layer` (or LMS_LAYER_PRE / _POST, or
@@ -227,9 +227,9 @@ lms_placement lms_model_placement(const lms_model *model);
  * LMS_EINVAL (no such layer), LMS_EDEVICE / LMS_EIO (the copy failed; the
  * detail says where; every later wait fails the same way).
  */
-int lms_model_wait_layer(lms_model *model, int32_t layer);
+LMS_API int lms_model_wait_layer(lms_model *model, int32_t layer);
 /* true when lms_model_wait_layer(model, layer) would return 0 at once. */
-bool lms_model_layer_ready(lms_model *model, int32_t layer);
+LMS_API bool lms_model_layer_ready(lms_model *model, int32_t layer);
 
 /* How a load went (for benchmarks and logs). Times are seconds since the
  * start of lms_model_open; a field is 0 until the event happened. */
@@ -252,7 +252,7 @@ typedef struct lms_model_stats {
     bool direct_io;            /* the readers used O_DIRECT */
 } lms_model_stats;
 
-int lms_model_stats_get(lms_model *model, lms_model_stats *out);
+LMS_API int lms_model_stats_get(lms_model *model, lms_model_stats *out);
 
 #ifdef __cplusplus
 }

@@ -41,11 +41,11 @@ typedef enum lms_dtype {
 } lms_dtype;
 
 /* "BF16", ... ; NULL for an unknown value. */
-const char *lms_dtype_name(lms_dtype t);
+LMS_API const char *lms_dtype_name(lms_dtype t);
 /* bytes per element; 0 for an unknown value. */
-size_t lms_dtype_size(lms_dtype t);
+LMS_API size_t lms_dtype_size(lms_dtype t);
 /* LMS_EFORMAT for a name safetensors does not define. */
-int lms_dtype_from_name(const char *name, lms_dtype *out);
+LMS_API int lms_dtype_from_name(const char *name, lms_dtype *out);
 
 #define LMS_MAX_DIMS 8
 #define LMS_MODEL_ID_LEN 16 /* bytes of a model id (XXH3-128) */
