@@ -1,6 +1,7 @@
 /*
  * tools/cli.c - helpers shared by the subcommands (see cli.h).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -12,12 +13,20 @@
 #include "lmstore/store.h"
 #include "tools/cli.h"
 
+static const char *global_store;
+
+void lms_cli_set_store(const char *dir) { global_store = dir; }
+
+bool lms_cli_store_explicit(const char *opt) { return (opt && *opt) || (global_store && *global_store); }
+
 const char *lms_cli_store_path(const char *opt)
 {
     static char buf[PATH_MAX];
     const char *s;
     if (opt && *opt)
         return opt;
+    if (global_store && *global_store)
+        return global_store;
     if ((s = getenv("LMSTORE_HOME")) && *s)
         return s;
     if ((s = getenv("XDG_DATA_HOME")) && *s) {
@@ -29,12 +38,38 @@ const char *lms_cli_store_path(const char *opt)
     return buf;
 }
 
+/* An absent folder, or one with nothing in it. */
+static bool nothing_there(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(d)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+int lms_cli_store_open_list(const char *cmd, const char *opt, lms_store **st)
+{
+    const char *path = lms_cli_store_path(opt);
+    *st = NULL;
+    if (!lms_cli_store_explicit(opt) && nothing_there(path))
+        return LMS_EXIT_OK;
+    int rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, st);
+    if (rc)
+        return lms_cli_fail(cmd, rc, path);
+    return LMS_EXIT_OK;
+}
+
 int lms_cli_fail(const char *cmd, int code, const char *what)
 {
     const char *detail = lms_last_error();
     if (!detail || !*detail)
         detail = lms_strerror(code);
-    if (what && *what)
+    if (what && *what && !strstr(detail, what))
         fprintf(stderr, "lmstore %s: error: %s: %s\n", cmd, what, detail);
     else
         fprintf(stderr, "lmstore %s: error: %s\n", cmd, detail);

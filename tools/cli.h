@@ -18,13 +18,27 @@
 enum { LMS_EXIT_OK = 0, LMS_EXIT_FAIL = 1, LMS_EXIT_USAGE = 2 };
 
 /*
- * Store folder: the --store argument if given, else $LMSTORE_HOME, else
+ * Store folder: the command's --store argument if given, else the global one
+ * (`lmstore --store DIR CMD`, lms_cli_set_store), else $LMSTORE_HOME, else
  * $XDG_DATA_HOME/lmstore, else ~/.local/share/lmstore. Static buffer.
  */
 const char *lms_cli_store_path(const char *opt);
+void lms_cli_set_store(const char *dir);
+/* Whether the store was named with --store (before or after the command). */
+bool lms_cli_store_explicit(const char *opt);
+
+struct lms_store;
+/*
+ * Open the store read-only for a listing (ls, kv ls). The default store
+ * (no --store) that does not exist yet, or is an empty folder, holds
+ * nothing: *st is NULL and the result LMS_EXIT_OK, as `ollama ls` on a new
+ * machine. Anything else that is not a store is an error: printed,
+ * LMS_EXIT_FAIL.
+ */
+int lms_cli_store_open_list(const char *cmd, const char *opt, struct lms_store **st);
 
 /* Print "lmstore CMD: error: <what>: <lms_last_error() or strerror>" and
- * return LMS_EXIT_FAIL. */
+ * return LMS_EXIT_FAIL. <what> is left out when the detail names it already. */
 int lms_cli_fail(const char *cmd, int code, const char *what);
 /* Print "lmstore CMD: <message>" and the usage hint; return LMS_EXIT_USAGE. */
 int lms_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -44,7 +58,6 @@ bool lms_cli_parse_size(const char *s, uint64_t *out);
  * open the store read-write, run op(store, MODEL, NEWNAME) and print
  * "<done> MODEL -> NEWNAME". Returns the exit status.
  */
-struct lms_store;
 int lms_cli_model_pair(const char *cmd, int argc, char **argv,
                        int (*op)(struct lms_store *s, const char *src, const char *dst), const char *done);
 
