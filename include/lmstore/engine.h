@@ -153,6 +153,19 @@ typedef struct lms_gen_params {
 
 LMS_API lms_gen_params lms_gen_default_params(void);
 
+/*
+ * The model's own sampling defaults: lms_gen_default_params() with the
+ * settings of its generation_config.json read as transformers does. With
+ * "do_sample": true, temperature (default 1.0), top_k (default 50), top_p
+ * (default 1.0) and min_p (default 0) come from the file; without the file
+ * or without do_sample, decoding is greedy (temperature 0). A
+ * "repetition_penalty" applies either way. Everything else in *out (max
+ * tokens, seed, stops) is as lms_gen_default_params() sets it.
+ * Errors: LMS_EFORMAT naming the model and the field when a value is not a
+ * number in range (*out is then the greedy defaults), LMS_EINVAL.
+ */
+LMS_API int lms_engine_default_gen_params(const lms_engine *eng, lms_gen_params *out);
+
 enum lms_stop_reason {
     LMS_STOP_NONE = 0,
     LMS_STOP_EOS,         /* an EOS id was sampled (not passed to the callback) */
