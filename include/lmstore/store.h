@@ -253,7 +253,8 @@ typedef struct lms_gc_report {
     uint64_t segments_busy;       /* skipped: mapped by another process or reachable from an old snapshot */
     uint64_t bytes_punched;       /* disk blocks of dead ranges inside segments given back (size kept) */
     uint64_t bytes_before, bytes_after; /* total size of the segment files */
-    uint64_t bytes_freed;         /* bytes_before - bytes_after; dry run: what would be freed */
+    uint64_t bytes_freed;         /* disk space given back: bytes_before - bytes_after, plus bytes_punched;
+                                   * dry run: what would be given back */
     double seconds;
 } lms_gc_report;
 
