@@ -38,8 +38,7 @@ const char *lms_cli_store_path(const char *opt)
     return buf;
 }
 
-/* An absent folder, or one with nothing in it. */
-static bool nothing_there(const char *path)
+bool lms_cli_nothing_at(const char *path)
 {
     DIR *d = opendir(path);
     if (!d)
@@ -56,7 +55,7 @@ int lms_cli_store_open_list(const char *cmd, const char *opt, lms_store **st)
 {
     const char *path = lms_cli_store_path(opt);
     *st = NULL;
-    if (!lms_cli_store_explicit(opt) && nothing_there(path))
+    if (!lms_cli_store_explicit(opt) && lms_cli_nothing_at(path))
         return LMS_EXIT_OK;
     int rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, st);
     if (rc)
@@ -76,8 +75,36 @@ int lms_cli_fail(const char *cmd, int code, const char *what)
     return LMS_EXIT_FAIL;
 }
 
+static int (*help_fn)(void);
+static int help_argc;
+static char **help_argv;
+
+void lms_cli_set_help(int (*help)(void), int argc, char **argv)
+{
+    help_fn = help;
+    help_argc = argc;
+    help_argv = argv;
+}
+
+static bool help_wanted(void)
+{
+    for (int i = 1; i < help_argc && strcmp(help_argv[i], "--"); i++)
+        if (!strcmp(help_argv[i], "-h") || !strcmp(help_argv[i], "--help"))
+            return true;
+    return false;
+}
+
 int lms_cli_usage(const char *cmd, const char *fmt, ...)
 {
+    if (help_fn && help_wanted()) {
+        /* the help instead of the mistake, and the command ends here (its
+         * parser is in the middle of the line: nothing to return into) */
+        int (*fn)(void) = help_fn;
+        help_fn = NULL;
+        int st = fn();
+        fflush(stdout);
+        exit(st);
+    }
     va_list ap;
     fprintf(stderr, "lmstore %s: ", cmd);
     va_start(ap, fmt);

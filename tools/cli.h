@@ -27,6 +27,9 @@ void lms_cli_set_store(const char *dir);
 /* Whether the store was named with --store (before or after the command). */
 bool lms_cli_store_explicit(const char *opt);
 
+/* An absent folder, or an empty one. */
+bool lms_cli_nothing_at(const char *path);
+
 struct lms_store;
 /*
  * Open the store read-only for a listing (ls, kv ls). The default store
@@ -40,7 +43,11 @@ int lms_cli_store_open_list(const char *cmd, const char *opt, struct lms_store *
 /* Print "lmstore CMD: error: <what>: <lms_last_error() or strerror>" and
  * return LMS_EXIT_FAIL. <what> is left out when the detail names it already. */
 int lms_cli_fail(const char *cmd, int code, const char *what);
-/* Print "lmstore CMD: <message>" and the usage hint; return LMS_EXIT_USAGE. */
+/* The command line of the command being run and its help (tools/main.c). */
+void lms_cli_set_help(int (*help)(void), int argc, char **argv);
+/* Print "lmstore CMD: <message>" and the usage hint; return LMS_EXIT_USAGE.
+ * When the command line asks for help (-h or --help before any "--"), the
+ * command's help is shown instead and the program exits with its status. */
 int lms_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Option helpers: match "--name VALUE" or "--name=VALUE" at argv[*i];

@@ -6,8 +6,9 @@
  *   lmstore [--store DIR] [--version] [-h|--help] COMMAND [ARGS]
  *
  * -h/--help anywhere after the command shows that command's help (for kv and
- * bench, the subcommand's), whatever else the line holds; after "--" it is
- * an argument like any other.
+ * bench, the subcommand's), also when the line holds a mistake before it;
+ * as the value of an option (--text -h) or after "--" it is an argument
+ * like any other.
  */
 #include <stdio.h>
 #include <string.h>
@@ -62,6 +63,12 @@ static int command_help(const command *c, int argc, char **argv)
     return c->fn(n, hargv);
 }
 
+static const command *current;
+static int current_argc;
+static char **current_argv;
+
+static int current_help(void) { return command_help(current, current_argc, current_argv); }
+
 int main(int argc, char **argv)
 {
     int i = 1;
@@ -105,8 +112,11 @@ int main(int argc, char **argv)
         usage(stderr);
         return LMS_EXIT_USAGE;
     }
-    for (int k = 1; k < argc && strcmp(argv[k], "--"); k++)
-        if (!strcmp(argv[k], "-h") || !strcmp(argv[k], "--help"))
-            return command_help(c, argc, argv);
+    /* the command's parser shows its help on -h; when it stops at a mistake
+     * first, lms_cli_usage shows the help instead of the mistake */
+    current = c;
+    current_argc = argc;
+    current_argv = argv;
+    lms_cli_set_help(current_help, argc, argv);
     return c->fn(argc, argv);
 }
