@@ -3,7 +3,8 @@
 # `cmake --install` of this build into a scratch prefix gives the CLI, the
 # shared library (with its SONAME, exporting the public API and no lms__
 # symbol), the static library, the headers, lmstore.pc, the CMake package,
-# the man page and the bash completion. Then a program outside the project
+# the man page and the bash completion (tests/tools/test_manual.sh checks
+# their contents). Then a program outside the project
 # (tests/tools/consumer/consumer.c: open a store and a model, generate) is
 # built and run against it four ways: pkg-config with the shared library,
 # pkg-config with the static one, find_package(lmstore), and add_subdirectory
@@ -28,7 +29,8 @@ cmake --install "$LMS_BUILD_DIR" --prefix "$P" > "$T/install.log"
 libdir=$(cd "$P" && dirname "$(find . -name liblmstore.so -print -quit)")
 [ -n "$libdir" ] || fail "no liblmstore.so installed"
 for f in bin/lmstore "$libdir/liblmstore.a" "$libdir/pkgconfig/lmstore.pc" "$libdir/cmake/lmstore/lmstoreConfig.cmake" \
-         include/lmstore/lmstore.h include/lmstore/types.h; do
+         include/lmstore/lmstore.h include/lmstore/types.h share/man/man1/lmstore.1 \
+         share/bash-completion/completions/lmstore; do
   [ -e "$P/$f" ] || fail "not installed: $f"
 done
 
