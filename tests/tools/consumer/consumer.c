@@ -38,8 +38,7 @@ int main(int argc, char **argv)
     size_t n = 0, pieces = 0;
     int rc, status = 1;
     const char *prompt = "The capital of France is";
-    lms_gen_params gp = lms_gen_default_params();
-    gp.max_tokens = 4;
+    lms_gen_params gp;
     if ((rc = lms_store_open(argv[1], LMS_STORE_RDONLY, NULL, &st)))
         return fail("open store", rc);
     if ((rc = lms_model_open(st, argv[2], NULL, &m))) {
@@ -50,6 +49,11 @@ int main(int argc, char **argv)
         fail("create engine", rc);
         goto out;
     }
+    if ((rc = lms_engine_default_gen_params(e, &gp))) { /* the model's sampling defaults */
+        fail("sampling defaults", rc);
+        goto out;
+    }
+    gp.max_tokens = 4;
     if ((rc = lms_tokenizer_encode(lms_engine_tokenizer(e), prompt, strlen(prompt), LMS_TOK_ADD_SPECIAL, &ids,
                                    &n))) {
         fail("encode", rc);
