@@ -183,6 +183,29 @@ bool lms_cli_parse_size(const char *s, uint64_t *out)
     return true;
 }
 
+void lms_cli_human_bytes(double b, char *out, size_t n)
+{
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int i = 0;
+    while (b >= 1000 && i < 4) {
+        b /= 1000;
+        i++;
+    }
+    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+void lms_cli_human_count(uint64_t p, char *out, size_t n)
+{
+    if (p >= 1000000000ull)
+        snprintf(out, n, "%.2fB", (double)p / 1e9);
+    else if (p >= 1000000ull)
+        snprintf(out, n, "%.1fM", (double)p / 1e6);
+    else if (p >= 1000ull)
+        snprintf(out, n, "%.1fK", (double)p / 1e3);
+    else
+        snprintf(out, n, "%llu", (unsigned long long)p);
+}
+
 int lms_cli_model_pair(const char *cmd, int argc, char **argv,
                        int (*op)(struct lms_store *s, const char *src, const char *dst), const char *done)
 {

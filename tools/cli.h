@@ -59,6 +59,10 @@ bool lms_cli_parse_i64(const char *s, int64_t *out);
 bool lms_cli_parse_f64(const char *s, double *out);
 /* Parse a size like 4096, 64K, 1M, 2G. */
 bool lms_cli_parse_size(const char *s, uint64_t *out);
+/* Byte counts and parameter counts for people: "269.03 MB", "0 B";
+ * "134.5M", "1.54B". */
+void lms_cli_human_bytes(double bytes, char *out, size_t n);
+void lms_cli_human_count(uint64_t count, char *out, size_t n);
 
 /*
  * `lmstore CMD MODEL NEWNAME [--store DIR]` (cp, mv): parse the arguments,

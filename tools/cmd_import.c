@@ -18,17 +18,6 @@
 const char lms_cmd_import_help[] =
     "import a HuggingFace model folder or .safetensors file: import SRC [--name NAME] [--replace] [--threads N]";
 
-static void human(double b, char *out, size_t n)
-{
-    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
-    int i = 0;
-    while (b >= 1000 && i < 4) {
-        b /= 1000;
-        i++;
-    }
-    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-}
-
 static int count_model(void *ctx, const lms_model_info *info)
 {
     (void)info;
@@ -166,9 +155,9 @@ int lms_cmd_import(int argc, char **argv)
     lms_store_close(st);
     warn_no_config(src);
     char w[32], d[32], t[32];
-    human((double)stats.bytes_written, w, sizeof w);
-    human((double)stats.bytes_dedup, d, sizeof d);
-    human((double)stats.bytes_total, t, sizeof t);
+    lms_cli_human_bytes((double)stats.bytes_written, w, sizeof w);
+    lms_cli_human_bytes((double)stats.bytes_dedup, d, sizeof d);
+    lms_cli_human_bytes((double)stats.bytes_total, t, sizeof t);
     double secs = stats.seconds > 0 ? stats.seconds : 1e-9;
     printf("imported %llu tensors (%s): %s written, %s deduplicated, %.2f s, %.2f GB/s\n",
            (unsigned long long)stats.tensors, t, w, d, stats.seconds, (double)stats.bytes_total / secs / 1e9);

@@ -38,27 +38,6 @@ static const char *cfg_str(const cJSON *cfg, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static void human(double b, char *out, size_t n)
-{
-    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
-    int i = 0;
-    while (b >= 1000 && i < 4) {
-        b /= 1000;
-        i++;
-    }
-    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-}
-
-static void params_str(uint64_t p, char *out, size_t n)
-{
-    if (p >= 1000000000ull)
-        snprintf(out, n, "%.2fB", (double)p / 1e9);
-    else if (p >= 1000000ull)
-        snprintf(out, n, "%.2fM", (double)p / 1e6);
-    else
-        snprintf(out, n, "%llu", (unsigned long long)p);
-}
-
 /* The summary: from the model record and config.json (when stored). */
 static void summary(info_ctx *c, const lms_model_info *m)
 {
@@ -106,8 +85,8 @@ static void summary(info_ctx *c, const lms_model_info *m)
         return;
     }
     char ps[32], by[32];
-    params_str(m->n_params, ps, sizeof ps);
-    human((double)m->tensor_bytes, by, sizeof by);
+    lms_cli_human_count(m->n_params, ps, sizeof ps);
+    lms_cli_human_bytes((double)m->tensor_bytes, by, sizeof by);
     printf("model:         %s\n", m->name);
     printf("architecture:  %s%s%s%s\n", *m->architecture ? m->architecture : "-", mtype ? " (" : "",
            mtype ? mtype : "", mtype ? ")" : "");

@@ -24,18 +24,6 @@ static void dtypes_str(uint32_t mask, char *out, size_t n)
             o += (size_t)snprintf(out + o, o < n ? n - o : 0, "%s%s", o ? "," : "", lms_dtype_name((lms_dtype)t));
 }
 
-static void params_str(uint64_t p, char *out, size_t n)
-{
-    if (p >= 1000000000ull)
-        snprintf(out, n, "%.2fB", (double)p / 1e9);
-    else if (p >= 1000000ull)
-        snprintf(out, n, "%.1fM", (double)p / 1e6);
-    else if (p >= 1000ull)
-        snprintf(out, n, "%.1fK", (double)p / 1e3);
-    else
-        snprintf(out, n, "%llu", (unsigned long long)p);
-}
-
 /* One model, copied out of the callback (its strings live only there). */
 typedef struct model_row {
     char *name, *arch, *source;
@@ -60,15 +48,6 @@ typedef struct ls_ctx {
     size_t cur; /* model whose tensors are being read */
 } ls_ctx;
 
-static char *dup(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
 static int on_model(void *vctx, const lms_model_info *mi)
 {
     ls_ctx *c = vctx;
@@ -82,9 +61,9 @@ static int on_model(void *vctx, const lms_model_info *mi)
     }
     model_row *r = &c->m[c->n];
     memset(r, 0, sizeof *r);
-    r->name = dup(mi->name);
-    r->arch = dup(mi->architecture);
-    r->source = dup(mi->source);
+    r->name = strdup(mi->name);
+    r->arch = strdup(mi->architecture);
+    r->source = strdup(mi->source);
     if (!r->name || !r->arch || !r->source) {
         free(r->name);
         free(r->arch);
@@ -130,7 +109,8 @@ static int cmp_ref(const void *a, const void *b)
  * no other model does, else as shared bytes of each of them. */
 static void account(ls_ctx *c)
 {
-    qsort(c->b, c->nb, sizeof *c->b, cmp_ref);
+    if (c->nb)
+        qsort(c->b, c->nb, sizeof *c->b, cmp_ref);
     for (size_t i = 0; i < c->nb;) {
         size_t j = i + 1, models = 1;
         for (; j < c->nb && !memcmp(c->b[j].hash, c->b[i].hash, 16); j++)
@@ -148,18 +128,6 @@ static void account(ls_ctx *c)
     }
 }
 
-static void human(uint64_t b, char *out, size_t n)
-{
-    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
-    double v = (double)b;
-    int i = 0;
-    while (v >= 1000 && i < 4) {
-        v /= 1000;
-        i++;
-    }
-    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", v, u[i]);
-}
-
 static void print_text(const ls_ctx *c)
 {
     printf("%-32s %-24s %8s %-10s %10s %10s %10s  %s\n", "NAME", "ARCHITECTURE", "PARAMS", "DTYPES", "SIZE", "OWN",
@@ -168,12 +136,12 @@ static void print_text(const ls_ctx *c)
         const model_row *r = &c->m[i];
         char dt[128], ps[32], id[33], sz[32], own[32], sh[32];
         dtypes_str(r->dtype_mask, dt, sizeof dt);
-        params_str(r->n_params, ps, sizeof ps);
+        lms_cli_human_count(r->n_params, ps, sizeof ps);
         for (int k = 0; k < LMS_MODEL_ID_LEN; k++)
             snprintf(id + 2 * k, 3, "%02x", r->id[k]);
-        human(r->tensor_bytes, sz, sizeof sz);
-        human(r->own, own, sizeof own);
-        human(r->shared, sh, sizeof sh);
+        lms_cli_human_bytes((double)r->tensor_bytes, sz, sizeof sz);
+        lms_cli_human_bytes((double)r->own, own, sizeof own);
+        lms_cli_human_bytes((double)r->shared, sh, sizeof sh);
         printf("%-32s %-24s %8s %-10s %10s %10s %10s  %s\n", r->name, *r->arch ? r->arch : "-", ps, dt, sz, own, sh,
                id);
     }

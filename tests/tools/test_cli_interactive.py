@@ -128,9 +128,11 @@ def test_chat_edits_lines_recalls_history_and_answers_help():
     t.type(UP + b"\r")
     t.read_until(HELP_LINE)
     assert t.out.count(HELP_LINE) == 2, t.out
-    # a message gets a reply and a metrics line; Ctrl-D leaves
+    # a message gets a reply and a metrics line; Ctrl-D at the next prompt
+    # leaves (typed only once the prompt is there: the line editor reads it)
     t.type(b"hello\r")
     t.read_until(b"stop: ")
+    t.read_until(b"> ")
     t.type(b"\x04")
     assert t.close() == 0, t.out
     hist = os.path.join(home, ".local", "state", "lmstore", "history")
@@ -142,6 +144,7 @@ def test_chat_edits_lines_recalls_history_and_answers_help():
     t.read_until(b"> ")
     t.type(UP + b"\r")
     t.read_until(b"stop: ")  # "hello" again: a reply
+    t.read_until(b"> ")
     t.type(b"/quit\r")
     assert t.close() == 0, t.out
 

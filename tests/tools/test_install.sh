@@ -36,7 +36,7 @@ done
 
 # ---- the shared library exports the public API and nothing else
 so=$P/$libdir/liblmstore.so
-readelf -d "$so" | grep -q 'SONAME.*\[liblmstore\.so\.0\]' || fail "SONAME is not liblmstore.so.0: $(readelf -d "$so" | grep SONAME)"
+readelf -d "$so" | grep 'SONAME.*\[liblmstore\.so\.0\]' > /dev/null || fail "SONAME is not liblmstore.so.0: $(readelf -d "$so" | grep SONAME)"
 nm -D --defined-only "$so" | awk '{print $3}' | sort > "$T/exported"
 if grep -q '^lms__' "$T/exported"; then
   fail "internal symbols exported: $(grep -c '^lms__' "$T/exported") (e.g. $(grep -m3 '^lms__' "$T/exported" | tr '\n' ' '))"
@@ -52,12 +52,12 @@ echo "exports: $(wc -l < "$T/declared") public functions, no lms__ symbol"
 python3 "$LMS_SRC_DIR/tests/gen_model.py" "$T/src" --arch qwen3 --hidden 32 --layers 1 --vocab 16384 \
     --tokenizer "$LMS_SRC_DIR/tests/fixtures/tokenizers/qwen3" > /dev/null
 "$P/bin/lmstore" import "$T/src" --store "$T/store" --name tiny -q > /dev/null
-"$P/bin/lmstore" --version | grep -q '^lmstore 0\.' || fail "installed lmstore --version: $("$P/bin/lmstore" --version)"
+"$P/bin/lmstore" --version | grep '^lmstore 0\.' > /dev/null || fail "installed lmstore --version: $("$P/bin/lmstore" --version)"
 
 run_consumer() { # NAME BINARY
   local out
   out=$("$2" "$T/store" tiny 2>&1) || fail "$1: consumer failed: $out"
-  echo "$out" | grep -q 'consumer: ok (5 prompt tokens, 4 pieces)' || fail "$1: unexpected output: $out"
+  echo "$out" | grep 'consumer: ok (5 prompt tokens, 4 pieces)' > /dev/null || fail "$1: unexpected output: $out"
   echo "$1: ok"
 }
 
@@ -66,17 +66,17 @@ export PKG_CONFIG_PATH=$P/$libdir/pkgconfig
 pkg-config --exists lmstore || fail "pkg-config does not find lmstore.pc"
 [ "$(pkg-config --modversion lmstore)" = "$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$LMS_BUILD_DIR/CMakeCache.txt")" ] ||
   fail "lmstore.pc version $(pkg-config --modversion lmstore)"
-pkg-config --print-requires-private lmstore | grep -q lmdb || fail "lmstore.pc lacks Requires.private"
+pkg-config --print-requires-private lmstore | grep lmdb > /dev/null || fail "lmstore.pc lacks Requires.private"
 # shellcheck disable=SC2046
 cc $cflags "$C/consumer.c" -o "$T/c_shared" $(pkg-config --cflags --libs lmstore)
-ldd "$T/c_shared" | grep -q "liblmstore.so.0 => $P/$libdir/liblmstore.so.0" 2>/dev/null ||
-  LD_LIBRARY_PATH=$P/$libdir ldd "$T/c_shared" | grep -q "liblmstore.so.0 => $P/$libdir/liblmstore.so.0" ||
+# (no grep -q after a pipe: with pipefail, its early exit would fail the writer)
+LD_LIBRARY_PATH=$P/$libdir ldd "$T/c_shared" | grep "liblmstore.so.0 => $P/$libdir/liblmstore.so.0" > /dev/null ||
   fail "pkg-config shared consumer does not load the installed liblmstore.so.0"
 LD_LIBRARY_PATH=$P/$libdir run_consumer "pkg-config shared" "$T/c_shared"
 # shellcheck disable=SC2046
 cc $cflags "$C/consumer.c" -o "$T/c_static" $(pkg-config --cflags lmstore) \
    $(pkg-config --static --libs lmstore | sed 's/-llmstore\b/-l:liblmstore.a/')
-if ldd "$T/c_static" | grep -q liblmstore; then fail "static consumer loads liblmstore.so"; fi
+if ldd "$T/c_static" | grep liblmstore > /dev/null; then fail "static consumer loads liblmstore.so"; fi
 run_consumer "pkg-config static" "$T/c_static"
 
 # ---- find_package(lmstore)
@@ -84,7 +84,7 @@ cmake -S "$C/find_package" -B "$T/fp" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_C_FLAGS="
   { cat "$T/fp.log" >&2; fail "find_package(lmstore) consumer: configure"; }
 cmake --build "$T/fp" >> "$T/fp.log" 2>&1 || { tail -30 "$T/fp.log" >&2; fail "find_package consumer: build"; }
 run_consumer "find_package shared" "$T/fp/consumer_shared"
-if ldd "$T/fp/consumer_static" | grep -q liblmstore; then fail "find_package static consumer loads liblmstore.so"; fi
+if ldd "$T/fp/consumer_static" | grep liblmstore > /dev/null; then fail "find_package static consumer loads liblmstore.so"; fi
 run_consumer "find_package static" "$T/fp/consumer_static"
 
 # ---- add_subdirectory(lmstore) (CPU only: the CMake plumbing is what is tested)
