@@ -13,7 +13,7 @@ dir=${1:-build/devlibs}
 mkdir -p "$dir"
 for bin in $(find "$(dirname "$dir")" -maxdepth 3 -type f -perm -u+x 2>/dev/null); do
   ldd "$bin" 2>/dev/null | awk '/=> \// {print $3}'
-done | sort -u | grep -E 'lib(lmdb|cjson|zstd|cmocka|xxhash|pcre2|utf8proc|uring|microhttpd|edit|bsd|md)\.' | while read -r lib; do
+done | sort -u | grep -E '/lib(lmdb|cjson|zstd|cmocka|xxhash|pcre2-8|utf8proc|uring|microhttpd|edit|bsd|md)\.so' | while read -r lib; do
   cp -L "$lib" "$dir/"
 done
 ls "$dir"
