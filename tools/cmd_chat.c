@@ -51,7 +51,7 @@ static void usage(FILE *f)
  * folders made as needed); NULL when there is no home. Static buffer. */
 static const char *history_path(void)
 {
-    static char path[PATH_MAX];
+    static char path[PATH_MAX + 16];
     const char *st = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
     char dir[PATH_MAX];
     if (st && *st)
