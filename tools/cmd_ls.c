@@ -48,17 +48,25 @@ typedef struct ls_ctx {
     size_t cur; /* model whose tensors are being read */
 } ls_ctx;
 
+/* Room for one more element in *v (n used of *cap, `size` bytes each). */
+static int room(void **v, size_t n, size_t *cap, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? 2 * *cap : 64;
+    void *nv = realloc(*v, nc * size);
+    if (!nv)
+        return LMS_ENOMEM;
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
+
 static int on_model(void *vctx, const lms_model_info *mi)
 {
     ls_ctx *c = vctx;
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 16;
-        model_row *nv = realloc(c->m, cap * sizeof *nv);
-        if (!nv)
-            return LMS_ENOMEM;
-        c->m = nv;
-        c->cap = cap;
-    }
+    if (room((void **)&c->m, c->n, &c->cap, sizeof *c->m))
+        return LMS_ENOMEM;
     model_row *r = &c->m[c->n];
     memset(r, 0, sizeof *r);
     r->name = strdup(mi->name);
@@ -83,14 +91,8 @@ static int on_model(void *vctx, const lms_model_info *mi)
 static int on_tensor(void *vctx, const lms_tensor_record *t)
 {
     ls_ctx *c = vctx;
-    if (c->nb == c->capb) {
-        size_t cap = c->capb ? 2 * c->capb : 1024;
-        blob_ref *nv = realloc(c->b, cap * sizeof *nv);
-        if (!nv)
-            return LMS_ENOMEM;
-        c->b = nv;
-        c->capb = cap;
-    }
+    if (room((void **)&c->b, c->nb, &c->capb, sizeof *c->b))
+        return LMS_ENOMEM;
     blob_ref *b = &c->b[c->nb++];
     memcpy(b->hash, t->hash, 16);
     b->nbytes = t->nbytes;
