@@ -18,7 +18,7 @@
 #   LMS_BUILD=build-cuda OUT=/tmp/out LMS_BENCH_DROP=1 bench/bench_load_gpu.sh [WORKDIR]
 # LMS_BENCH_DROP=1 lets it drop the page cache (root; a machine of your own);
 # without it the "cold" rows are not cold, and the log says so.
-# LD_LIBRARY_PATH must find the build's shared libraries (see carry-libs).
+# LD_LIBRARY_PATH must find the build's shared libraries (bench/carry-libs.sh copies them).
 set -u
 B=${LMS_BUILD:-build}
 OUT=${OUT:-/tmp/lms-bench-load}

@@ -134,7 +134,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True, help="build folder holding bench_tokenizer")
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--tokenizers", default=os.path.join(here, "..", "..", "shared", "tokenizers"))
+    ap.add_argument("--tokenizers", default=os.path.join(here, "..", "tests", "fixtures", "tokenizers"))
     ap.add_argument("--names", default="qwen3,llama3,gemma3")
     ap.add_argument("--mb", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)

@@ -45,10 +45,12 @@ static void draw(lms_progress *p, uint64_t done)
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '#' : '.';
     bar[width] = '\0';
-    if (p->unit[0] == 'B')
-        fprintf(stderr, "\r%s [%s] %5.1f%% %.2f/%.2f GB %.2f GB/s ", p->label, bar, frac * 100.0,
-                (double)done / 1e9, (double)p->total / 1e9, el > 0 ? (double)done / 1e9 / el : 0.0);
-    else
+    if (p->unit[0] == 'B') { /* bytes: in the unit that suits the total */
+        double u = p->total >= 1e9 ? 1e9 : p->total >= 1e6 ? 1e6 : 1e3;
+        const char *un = u == 1e9 ? "GB" : u == 1e6 ? "MB" : "KB";
+        fprintf(stderr, "\r%s [%s] %5.1f%% %.2f/%.2f %s %.2f %s/s ", p->label, bar, frac * 100.0, (double)done / u,
+                (double)p->total / u, un, el > 0 ? (double)done / u / el : 0.0, un);
+    } else
         fprintf(stderr, "\r%s [%s] %5.1f%% %llu/%llu %s ", p->label, bar, frac * 100.0,
                 (unsigned long long)done, (unsigned long long)p->total, p->unit);
     fflush(stderr);

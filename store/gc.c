@@ -562,11 +562,27 @@ out:
 
 /* ---- dry run -------------------------------------------------------------------------------------- */
 
+/* Bytes shrink would punch out of segment g (kept up to byte `keep`). */
+static uint64_t forecast_punch(lms_store *s, const lms__segent *g, const lms__blobset *bs, const size_t *idx,
+                               uint64_t keep)
+{
+    char path[4096];
+    if (lms__segment_path(s, g->id, path, sizeof path))
+        return 0;
+    int fd = lms__open(path, O_RDONLY, 0);
+    if (fd < 0)
+        return 0;
+    uint64_t n = punch_segment(fd, g, bs, idx, keep, true);
+    close(fd);
+    return n;
+}
+
 static int forecast(lms_store *s, double below, lms_gc_report *rep)
 {
     MDB_txn *txn = NULL;
     lms__blobset bs = {0};
     lms__segset ss = {0};
+    size_t *idx = NULL;
     drop_ctx dc = {.dry = true};
     int rc = lms__txn_read(s, &txn);
     if (rc)
@@ -582,6 +598,12 @@ static int forecast(lms_store *s, double below, lms_gc_report *rep)
     if ((rc = lms__segset_load(s, &ss)))
         goto out;
     place_blobs(&bs, &ss, true, s->alignment);
+    for (size_t i = 0; i < bs.n; i++) /* blobs the drop step deletes leave holes */
+        bs.v[i].bad = bs.v[i].bad || bs.v[i].rec.refs == 0;
+    if (!(idx = lms__blobset_by_place(&bs))) {
+        rc = LMS_ENOMEM;
+        goto out;
+    }
     const lms__segent *last = ss.n ? &ss.v[ss.n - 1] : NULL;
     for (size_t i = 0; i < ss.n; i++) {
         const lms__segent *g = &ss.v[i];
@@ -592,12 +614,19 @@ static int forecast(lms_store *s, double below, lms_gc_report *rep)
             rep->bytes_freed += g->size - LMS_MIN(g->live_bytes, g->size); /* the live bytes move elsewhere */
             rep->bytes_moved += g->live_bytes;
             rep->segments_removed++;
-        } else if (g->size > g->live_end) {
-            rep->bytes_freed += g->size - g->live_end;
-            rep->segments_truncated++;
+        } else {
+            uint64_t keep = LMS_MAX(g->live_end, (uint64_t)LMS__SEG_HEADER_SIZE);
+            if (g->header_ok)
+                rep->bytes_punched += forecast_punch(s, g, &bs, idx, keep);
+            if (g->size > keep) {
+                rep->bytes_freed += g->size - keep;
+                rep->segments_truncated++;
+            }
         }
     }
+    rep->bytes_freed += rep->bytes_punched;
 out:
+    lms__free(idx);
     lms__segset_free(&ss);
     lms__blobset_free(&bs);
     return rc;
@@ -653,8 +682,10 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
     if (report->blobs_moved && (rc = shrink(s, params, busy, ctx, report, &seen)))
         goto out;
     rc = lms_store_segment_bytes(s, &report->bytes_after, NULL);
-    if (!rc)
-        report->bytes_freed = report->bytes_before > report->bytes_after ? report->bytes_before - report->bytes_after : 0;
+    if (!rc) /* what the files shrank by, and the holes punched inside them (their size stays) */
+        report->bytes_freed = (report->bytes_before > report->bytes_after ? report->bytes_before - report->bytes_after
+                                                                          : 0) +
+                              report->bytes_punched;
 out:
     report->seconds = lms__now() - t0;
     return rc;

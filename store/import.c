@@ -474,7 +474,6 @@ static void hash_one(imp *m, size_t i, int worker)
             return;
         }
         lms__hasher_update(h, buf, k);
-        lms__progress_add(m->prog, k);
     }
     t->hash = lms__hasher_digest(h);
 }
@@ -945,7 +944,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     if ((rc = lms__pool_create(m.p.threads, &pool)))
         goto out;
     if (m.p.progress)
-        m.prog = lms__progress_start("import", bytes_total * 2, "B");
+        m.prog = lms__progress_start("import", bytes_total, "B"); /* each byte counts once: copied or deduplicated */
 
     /* 3-4. under the append lock: hash, dedup, append (pipelined), sync */
     if ((rc = lms__append_begin(s, &m.app)) || (rc = check_absent(&m)))

@@ -323,8 +323,20 @@ int lms__st_open(const char *path, lms__st_file **out)
         goto out;
     uint64_t n = lms__get_u64(lenbuf);
     if (n > LMS__ST_HEADER_CAP) {
-        rc = lms__err(LMS_EFORMAT, "%s: header length %llu exceeds the %llu-byte (100 MiB) cap", path,
-                      (unsigned long long)n, (unsigned long long)LMS__ST_HEADER_CAP);
+        /* name what the file is when it is not safetensors at all */
+        bool text = true;
+        for (int i = 0; i < 8; i++)
+            text = text && ((lenbuf[i] >= 0x20 && lenbuf[i] < 0x7f) || lenbuf[i] == '\n' || lenbuf[i] == '\t' ||
+                            lenbuf[i] == '\r');
+        if (!memcmp(lenbuf, "GGUF", 4))
+            rc = lms__err(LMS_EUNSUPPORTED, "%s: a GGUF file; GGUF import is not supported yet (import the "
+                          "model's HuggingFace folder of .safetensors files)", path);
+        else if (text)
+            rc = lms__err(LMS_EFORMAT, "%s: not a safetensors file (it begins with text, not with the 8-byte "
+                          "length of a JSON header)", path);
+        else
+            rc = lms__err(LMS_EFORMAT, "%s: header length %llu exceeds the %llu-byte (100 MiB) cap", path,
+                          (unsigned long long)n, (unsigned long long)LMS__ST_HEADER_CAP);
         goto out;
     }
     if (n > size - 8) {
@@ -549,6 +561,19 @@ static int list_shards(const char *dir, char ***out, size_t *n_out)
     return 0;
 }
 
+/* Whether folder dir holds a *.gguf file (for the message when it has no safetensors). */
+static bool has_gguf(const char *dir)
+{
+    DIR *d = opendir(dir);
+    bool found = false;
+    struct dirent *e;
+    while (d && !found && (e = readdir(d)))
+        found = e->d_name[0] != '.' && ends_with(e->d_name, ".gguf");
+    if (d)
+        closedir(d);
+    return found;
+}
+
 int lms__st_source_open(const char *src, lms__st_source **out)
 {
     *out = NULL;
@@ -630,7 +655,11 @@ int lms__st_source_open(const char *src, lms__st_source **out)
         if ((rc = list_shards(src, &files, &n_files)))
             goto out;
         if (n_files == 0) {
-            rc = lms__err(LMS_ENOENT, "%s: no .safetensors files in this folder", src);
+            if (has_gguf(src))
+                rc = lms__err(LMS_EUNSUPPORTED, "%s: no .safetensors files in this folder, only GGUF; GGUF import "
+                              "is not supported yet", src);
+            else
+                rc = lms__err(LMS_ENOENT, "%s: no .safetensors files in this folder", src);
             goto out;
         }
     }

@@ -192,7 +192,7 @@ def main(argv=None):
     ap.add_argument("--single-file", action="store_true", help="one model.safetensors, no index")
     ap.add_argument("--target-size", default=None, help="pick --layers so the weights are about this size")
     ap.add_argument("--tokenizer", default=None,
-                    help="prefix of tokenizer files to copy, e.g. shared/tokenizers/qwen3 "
+                    help="prefix of tokenizer files to copy, e.g. tests/fixtures/tokenizers/qwen3 "
                          "(PREFIX.tokenizer.json[.gz], PREFIX.tokenizer_config.json[.gz])")
     ap.add_argument("--chat-template", action="store_true", help="write a ChatML chat_template.jinja")
     ap.add_argument("--metadata", action="store_true", help='write {"format": "pt"} as __metadata__')

@@ -1,6 +1,7 @@
 /*
  * tools/cli.c - helpers shared by the subcommands (see cli.h).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -12,12 +13,20 @@
 #include "lmstore/store.h"
 #include "tools/cli.h"
 
+static const char *global_store;
+
+void lms_cli_set_store(const char *dir) { global_store = dir; }
+
+bool lms_cli_store_explicit(const char *opt) { return (opt && *opt) || (global_store && *global_store); }
+
 const char *lms_cli_store_path(const char *opt)
 {
     static char buf[PATH_MAX];
     const char *s;
     if (opt && *opt)
         return opt;
+    if (global_store && *global_store)
+        return global_store;
     if ((s = getenv("LMSTORE_HOME")) && *s)
         return s;
     if ((s = getenv("XDG_DATA_HOME")) && *s) {
@@ -29,20 +38,73 @@ const char *lms_cli_store_path(const char *opt)
     return buf;
 }
 
+bool lms_cli_nothing_at(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(d)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+int lms_cli_store_open_list(const char *cmd, const char *opt, lms_store **st)
+{
+    const char *path = lms_cli_store_path(opt);
+    *st = NULL;
+    if (!lms_cli_store_explicit(opt) && lms_cli_nothing_at(path))
+        return LMS_EXIT_OK;
+    int rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, st);
+    if (rc)
+        return lms_cli_fail(cmd, rc, path);
+    return LMS_EXIT_OK;
+}
+
 int lms_cli_fail(const char *cmd, int code, const char *what)
 {
     const char *detail = lms_last_error();
     if (!detail || !*detail)
         detail = lms_strerror(code);
-    if (what && *what)
+    if (what && *what && !strstr(detail, what))
         fprintf(stderr, "lmstore %s: error: %s: %s\n", cmd, what, detail);
     else
         fprintf(stderr, "lmstore %s: error: %s\n", cmd, detail);
     return LMS_EXIT_FAIL;
 }
 
+static int (*help_fn)(void);
+static int help_argc;
+static char **help_argv;
+
+void lms_cli_set_help(int (*help)(void), int argc, char **argv)
+{
+    help_fn = help;
+    help_argc = argc;
+    help_argv = argv;
+}
+
+static bool help_wanted(void)
+{
+    for (int i = 1; i < help_argc && strcmp(help_argv[i], "--"); i++)
+        if (!strcmp(help_argv[i], "-h") || !strcmp(help_argv[i], "--help"))
+            return true;
+    return false;
+}
+
 int lms_cli_usage(const char *cmd, const char *fmt, ...)
 {
+    if (help_fn && help_wanted()) {
+        /* the help instead of the mistake, and the command ends here (its
+         * parser is in the middle of the line: nothing to return into) */
+        int (*fn)(void) = help_fn;
+        help_fn = NULL;
+        int st = fn();
+        fflush(stdout);
+        exit(st);
+    }
     va_list ap;
     fprintf(stderr, "lmstore %s: ", cmd);
     va_start(ap, fmt);
@@ -119,6 +181,29 @@ bool lms_cli_parse_size(const char *s, uint64_t *out)
         return false;
     *out = (uint64_t)v << shift;
     return true;
+}
+
+void lms_cli_human_bytes(double b, char *out, size_t n)
+{
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int i = 0;
+    while (b >= 1000 && i < 4) {
+        b /= 1000;
+        i++;
+    }
+    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+void lms_cli_human_count(uint64_t p, char *out, size_t n)
+{
+    if (p >= 1000000000ull)
+        snprintf(out, n, "%.2fB", (double)p / 1e9);
+    else if (p >= 1000000ull)
+        snprintf(out, n, "%.1fM", (double)p / 1e6);
+    else if (p >= 1000ull)
+        snprintf(out, n, "%.1fK", (double)p / 1e3);
+    else
+        snprintf(out, n, "%llu", (unsigned long long)p);
 }
 
 int lms_cli_model_pair(const char *cmd, int argc, char **argv,

@@ -18,15 +18,36 @@
 enum { LMS_EXIT_OK = 0, LMS_EXIT_FAIL = 1, LMS_EXIT_USAGE = 2 };
 
 /*
- * Store folder: the --store argument if given, else $LMSTORE_HOME, else
+ * Store folder: the command's --store argument if given, else the global one
+ * (`lmstore --store DIR CMD`, lms_cli_set_store), else $LMSTORE_HOME, else
  * $XDG_DATA_HOME/lmstore, else ~/.local/share/lmstore. Static buffer.
  */
 const char *lms_cli_store_path(const char *opt);
+void lms_cli_set_store(const char *dir);
+/* Whether the store was named with --store (before or after the command). */
+bool lms_cli_store_explicit(const char *opt);
+
+/* An absent folder, or an empty one. */
+bool lms_cli_nothing_at(const char *path);
+
+struct lms_store;
+/*
+ * Open the store read-only for a listing (ls, kv ls). The default store
+ * (no --store) that does not exist yet, or is an empty folder, holds
+ * nothing: *st is NULL and the result LMS_EXIT_OK, as `ollama ls` on a new
+ * machine. Anything else that is not a store is an error: printed,
+ * LMS_EXIT_FAIL.
+ */
+int lms_cli_store_open_list(const char *cmd, const char *opt, struct lms_store **st);
 
 /* Print "lmstore CMD: error: <what>: <lms_last_error() or strerror>" and
- * return LMS_EXIT_FAIL. */
+ * return LMS_EXIT_FAIL. <what> is left out when the detail names it already. */
 int lms_cli_fail(const char *cmd, int code, const char *what);
-/* Print "lmstore CMD: <message>" and the usage hint; return LMS_EXIT_USAGE. */
+/* The command line of the command being run and its help (tools/main.c). */
+void lms_cli_set_help(int (*help)(void), int argc, char **argv);
+/* Print "lmstore CMD: <message>" and the usage hint; return LMS_EXIT_USAGE.
+ * When the command line asks for help (-h or --help before any "--"), the
+ * command's help is shown instead and the program exits with its status. */
 int lms_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Option helpers: match "--name VALUE" or "--name=VALUE" at argv[*i];
@@ -38,13 +59,16 @@ bool lms_cli_parse_i64(const char *s, int64_t *out);
 bool lms_cli_parse_f64(const char *s, double *out);
 /* Parse a size like 4096, 64K, 1M, 2G. */
 bool lms_cli_parse_size(const char *s, uint64_t *out);
+/* Byte counts and parameter counts for people: "269.03 MB", "0 B";
+ * "134.5M", "1.54B". */
+void lms_cli_human_bytes(double bytes, char *out, size_t n);
+void lms_cli_human_count(uint64_t count, char *out, size_t n);
 
 /*
  * `lmstore CMD MODEL NEWNAME [--store DIR]` (cp, mv): parse the arguments,
  * open the store read-write, run op(store, MODEL, NEWNAME) and print
  * "<done> MODEL -> NEWNAME". Returns the exit status.
  */
-struct lms_store;
 int lms_cli_model_pair(const char *cmd, int argc, char **argv,
                        int (*op)(struct lms_store *s, const char *src, const char *dst), const char *done);
 

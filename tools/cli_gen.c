@@ -11,8 +11,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
+#include "store/kv_records.h"
 #include "tools/cli.h"
 
 const char lms_cli_gen_opts_help[] =
@@ -21,7 +23,8 @@ const char lms_cli_gen_opts_help[] =
     "  --device D             cpu (default), cuda or cuda:N: where the model runs\n"
     "  --ctx N                context length in tokens (default min(model max, 4096))\n"
     "  --max-tokens N         tokens to generate (default 256; 0 = until a stop or the context is full)\n"
-    "  --temp T               temperature (default 0: greedy, the arg max)\n"
+    "  --temp T               temperature (default: the model's generation_config.json, else 0:\n"
+    "                         greedy, the arg max; the other sampling options default the same way)\n"
     "  --top-k K              keep the K most probable tokens (0 = off)\n"
     "  --top-p P              nucleus sampling: keep the most probable tokens up to mass P (1 = off)\n"
     "  --min-p P              drop tokens less probable than P x the most probable (0 = off)\n"
@@ -71,22 +74,27 @@ int lms_cli_gen_opt(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_
         if (!lms_cli_parse_f64(v, &d) || !(d >= 0) || d > 1e6)
             return bad_number(cmd, "--temp", v);
         o->gp.temperature = (float)d;
+        o->sampling_set |= LMS_CLI_SET_TEMP;
     } else if (lms_cli_opt(argc, argv, i, "--top-k", &v)) {
         if (!lms_cli_parse_i64(v, &n) || n < 0 || n > INT32_MAX)
             return bad_number(cmd, "--top-k", v);
         o->gp.top_k = (int32_t)n;
+        o->sampling_set |= LMS_CLI_SET_TOP_K;
     } else if (lms_cli_opt(argc, argv, i, "--top-p", &v)) {
         if (!lms_cli_parse_f64(v, &d) || !(d >= 0 && d <= 1))
             return bad_number(cmd, "--top-p", v);
         o->gp.top_p = (float)d;
+        o->sampling_set |= LMS_CLI_SET_TOP_P;
     } else if (lms_cli_opt(argc, argv, i, "--min-p", &v)) {
         if (!lms_cli_parse_f64(v, &d) || !(d >= 0 && d <= 1))
             return bad_number(cmd, "--min-p", v);
         o->gp.min_p = (float)d;
+        o->sampling_set |= LMS_CLI_SET_MIN_P;
     } else if (lms_cli_opt(argc, argv, i, "--repeat-penalty", &v)) {
         if (!lms_cli_parse_f64(v, &d) || !(d >= 0) || d > 1e6)
             return bad_number(cmd, "--repeat-penalty", v);
         o->gp.repeat_penalty = (float)d;
+        o->sampling_set |= LMS_CLI_SET_REPEAT_PENALTY;
     } else if (lms_cli_opt(argc, argv, i, "--repeat-window", &v)) {
         if (!lms_cli_parse_i64(v, &n) || n < 0 || n > INT32_MAX)
             return bad_number(cmd, "--repeat-window", v);
@@ -181,6 +189,11 @@ int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable
     }
     lms_engine_get_info(cm->eng, &cm->info);
     cm->tok = lms_engine_tokenizer(cm->eng);
+    if (o->ctx && cm->info.max_pos && o->ctx > cm->info.max_pos)
+        fprintf(stderr,
+                "lmstore %s: warning: --ctx %u is more than model '%s' was trained for (max_position_embeddings "
+                "%u in its config.json): positions past %u are extrapolated and its output may degrade\n",
+                cmd, o->ctx, o->model, cm->info.max_pos, cm->info.max_pos);
     return LMS_EXIT_OK;
 out_fail:
     lms_cli_model_close(cm);
@@ -195,6 +208,89 @@ void lms_cli_model_close(lms_cli_model *cm)
     lms_device_close(cm->dev);
     lms_store_close(cm->st);
     memset(cm, 0, sizeof *cm);
+}
+
+void lms_cli_gen_sampling(const char *cmd, lms_cli_model *cm, lms_cli_gen_opts *o)
+{
+    lms_gen_params d;
+    int rc = lms_engine_default_gen_params(cm->eng, &d);
+    if (rc)
+        fprintf(stderr, "lmstore %s: warning: %s; sampling defaults to greedy\n", cmd, lms_last_error());
+    unsigned set = o->sampling_set;
+    if (!(set & LMS_CLI_SET_TEMP))
+        o->gp.temperature = d.temperature;
+    if (!(set & LMS_CLI_SET_TOP_K))
+        o->gp.top_k = d.top_k;
+    if (!(set & LMS_CLI_SET_TOP_P))
+        o->gp.top_p = d.top_p;
+    if (!(set & LMS_CLI_SET_MIN_P))
+        o->gp.min_p = d.min_p;
+    if (!(set & LMS_CLI_SET_REPEAT_PENALTY))
+        o->gp.repeat_penalty = d.repeat_penalty;
+    lms_gen_params g = lms_gen_default_params();
+    o->sampling_from_model = !rc && (d.temperature != g.temperature || d.top_k != g.top_k || d.top_p != g.top_p ||
+                                     d.min_p != g.min_p || d.repeat_penalty != g.repeat_penalty);
+}
+
+void lms_cli_json_sampling(FILE *f, const lms_cli_gen_opts *o)
+{
+    fprintf(f, "{\"temperature\": %.6g, \"top_k\": %d, \"top_p\": %.6g, \"min_p\": %.6g, \"repeat_penalty\": %.6g, "
+               "\"seed\": %llu, \"from_model\": %s}",
+            o->gp.temperature, (int)o->gp.top_k, o->gp.top_p, o->gp.min_p, o->gp.repeat_penalty,
+            (unsigned long long)o->gp.seed, o->sampling_from_model ? "true" : "false");
+}
+
+bool lms_cli_session_name_ok(const char *cmd, const char *name)
+{
+    /* The rules the store applies when it saves (see lms_kv_save). */
+    size_t n = strlen(name);
+    const char *why = NULL;
+    char too_long[64];
+    snprintf(too_long, sizeof too_long, "is longer than %d bytes", LMS__SESSION_NAME_MAX);
+    if (n == 0)
+        why = "is empty";
+    else if (n > LMS__SESSION_NAME_MAX)
+        why = too_long;
+    else if (!lms__utf8_valid(name, n))
+        why = "is not valid UTF-8";
+    else if (name[0] == '-')
+        why = "begins with '-' (it would read as an option)";
+    for (size_t i = 0; !why && i < n; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            why = "contains a control character";
+    if (!why)
+        return true;
+    fprintf(stderr, "lmstore %s: error: session name '%.60s' %s; nothing was generated or saved\n", cmd, name, why);
+    return false;
+}
+
+static struct sigaction sigint_old;
+static volatile sig_atomic_t sigint_caught;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    if (lms_cli_interrupted) /* the second Ctrl-C: leave now */
+        _exit(128 + SIGINT);
+    lms_cli_interrupted = 1;
+}
+
+void lms_cli_sigint_catch(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    if (!sigint_caught)
+        sigaction(SIGINT, &sa, &sigint_old);
+    sigint_caught = 1;
+}
+
+void lms_cli_sigint_restore(void)
+{
+    if (sigint_caught)
+        sigaction(SIGINT, &sigint_old, NULL);
+    sigint_caught = 0;
 }
 
 /*

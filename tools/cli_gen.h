@@ -34,7 +34,14 @@ typedef struct lms_cli_gen_opts {
     const char *system;       /* --system TEXT */
     const char *chat_format;  /* --chat-format NAME; NULL = from the model's template */
     bool no_think;            /* --no-think (Qwen3 templates) */
+    unsigned sampling_set;    /* LMS_CLI_SET_* of the sampling options given on the command line */
+    bool sampling_from_model; /* lms_cli_gen_sampling took defaults from generation_config.json */
 } lms_cli_gen_opts;
+
+enum {
+    LMS_CLI_SET_TEMP = 1, LMS_CLI_SET_TOP_K = 2, LMS_CLI_SET_TOP_P = 4, LMS_CLI_SET_MIN_P = 8,
+    LMS_CLI_SET_REPEAT_PENALTY = 16,
+};
 
 /* Defaults: engine defaults with max_tokens 256. */
 void lms_cli_gen_opts_init(lms_cli_gen_opts *o);
@@ -79,6 +86,34 @@ typedef struct lms_cli_model {
  * (with *cm closed). writable: the store is opened read-write (sessions). */
 int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable, lms_cli_model *cm);
 void lms_cli_model_close(lms_cli_model *cm);
+
+/*
+ * The sampling settings in effect: the model's defaults
+ * (lms_engine_default_gen_params: its generation_config.json, greedy without
+ * one), each overridden by the option the user gave (--temp, --top-k,
+ * --top-p, --min-p, --repeat-penalty). A malformed generation_config.json is
+ * a warning (greedy then). Call after lms_cli_model_open.
+ */
+void lms_cli_gen_sampling(const char *cmd, lms_cli_model *cm, lms_cli_gen_opts *o);
+/* The settings in effect as a JSON object (for --json output). */
+void lms_cli_json_sampling(FILE *f, const lms_cli_gen_opts *o);
+
+/*
+ * A session name given on the command line (--save-session, /save): checked
+ * before any work, so that a name the store would refuse does not cost a
+ * generation. Prints the problem and returns false.
+ */
+bool lms_cli_session_name_ok(const char *cmd, const char *name);
+
+/*
+ * Ctrl-C while a reply is generated: the first stops the generation after
+ * the current token (lms_cli_generate returns normally with stop reason
+ * "interrupted", so metrics are printed and sessions saved); a second exits
+ * at once with status 130. lms_cli_sigint_restore puts the previous handler
+ * back.
+ */
+void lms_cli_sigint_catch(void);
+void lms_cli_sigint_restore(void);
 
 /* Pick the chat format (from --chat-format or the model's template) and its
  * stop ids. Prints the error and returns LMS_EXIT_FAIL when unknown. */

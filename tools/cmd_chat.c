@@ -3,50 +3,99 @@
  * conversation lives in the engine's KV cache: each turn computes only its
  * own tokens (the closing of the previous reply, the user's message and the
  * assistant header), never the earlier turns again. /save and /load keep
- * conversations in the store as sessions. Reads stdin line by line, so it
- * also works with piped input.
+ * conversations in the store as sessions. On a terminal, lines are read with
+ * libedit (editing, history kept across runs in
+ * $XDG_STATE_HOME/lmstore/history); piped input is read line by line.
  */
+#include <editline/readline.h>
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tools/cli.h"
 #include "tools/cli_gen.h"
 
-const char lms_cmd_chat_help[] = "interactive chat kept in the KV cache (/save, /load, /reset)";
+const char lms_cmd_chat_help[] = "interactive chat kept in the KV cache (/save, /load, /reset, /help)";
+
+static const char commands_help[] = "  /save NAME   save the conversation into the store as session NAME\n"
+                                    "  /load NAME   continue session NAME (replaces the current conversation)\n"
+                                    "  /reset       start a new conversation\n"
+                                    "  /help        this list\n"
+                                    "  /quit        leave (end of input, Ctrl-D, does the same)\n"
+                                    "  //TEXT       send TEXT starting with a '/'\n";
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: lmstore chat MODEL [options]\n"
             "\n"
-            "Each line of stdin is one user message; the reply streams to stdout and a\n"
-            "metrics line goes to stderr. Commands:\n"
-            "  /save NAME   save the conversation into the store as session NAME\n"
-            "  /load NAME   continue session NAME (replaces the current conversation)\n"
-            "  /reset       start a new conversation\n"
-            "  /quit        leave (end of input does the same)\n"
+            "Each line of input is one user message; the reply streams to stdout and a\n"
+            "metrics line goes to stderr. On a terminal, lines can be edited and earlier\n"
+            "ones recalled (arrow keys, Ctrl-R); Ctrl-C stops a reply, at the prompt it\n"
+            "leaves. Commands:\n"
+            "%s"
             "\n"
             "  --resume NAME          start from a saved session\n"
             "  --json                 one JSON object per turn instead of streamed text:\n"
             "                         {\"turn\", \"prompt_ids\" (this turn's new ids), \"ids\", \"text\", \"metrics\"}\n"
             "%s",
-            lms_cli_gen_opts_help);
+            commands_help, lms_cli_gen_opts_help);
 }
 
-static void on_sigint(int sig)
+/* $XDG_STATE_HOME/lmstore/history, else ~/.local/state/lmstore/history (the
+ * folders made as needed); NULL when there is no home. Static buffer. */
+static const char *history_path(void)
 {
-    (void)sig;
-    lms_cli_interrupted = 1;
+    static char path[PATH_MAX + 16];
+    const char *st = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    char dir[PATH_MAX];
+    if (st && *st)
+        snprintf(dir, sizeof dir, "%s", st);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.local/state", home);
+    else
+        return NULL;
+    /* mkdir -p of the last levels; an existing folder is fine */
+    char *slash = dir + strlen(dir);
+    snprintf(slash, sizeof dir - (size_t)(slash - dir), "/lmstore");
+    for (char *p = dir + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            (void)mkdir(dir, 0700);
+            *p = '/';
+        }
+    if (mkdir(dir, 0700) && errno != EEXIST)
+        return NULL;
+    snprintf(path, sizeof path, "%s/history", dir);
+    return path;
 }
 
-static void chomp(char *s)
+/* One line of input without its newline (free()), or NULL at the end. */
+static char *read_line(bool tty, const char *hist)
 {
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r'))
-        s[--n] = '\0';
+    if (tty) {
+        char *l = readline("> ");
+        if (l && *l && hist) {
+            add_history(l);
+            (void)write_history(hist);
+        }
+        return l;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) {
+        free(line);
+        return NULL;
+    }
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+        line[--n] = '\0';
+    return line;
 }
 
 static const char *arg_of(const char *line, const char *cmd)
@@ -98,28 +147,35 @@ int lms_cmd_chat(int argc, char **argv)
         goto out;
     }
     const bool tty = isatty(STDIN_FILENO);
-    if (tty)
-        fprintf(stderr, "chat with %s (%s format); /save NAME, /load NAME, /reset, /quit\n", o.model,
+    const char *hist = NULL;
+    lms_cli_gen_sampling(cmd, &cm, &o);
+    if (tty) {
+        fprintf(stderr, "chat with %s (%s format); /help for commands, Ctrl-D to leave\n", o.model,
                 lms_chat_format_name(cm.fmt));
+        rl_readline_name = "lmstore";
+        using_history();
+        stifle_history(1000);
+        if ((hist = history_path()))
+            (void)read_history(hist);
+    }
 
     char *line = NULL;
-    size_t cap = 0;
     int turn = 0;
     status = LMS_EXIT_OK;
     for (;;) {
-        if (tty) {
-            fputs("> ", stderr);
-            fflush(stderr);
-        }
-        if (getline(&line, &cap, stdin) < 0)
+        free(line);
+        if (!(line = read_line(tty, hist)))
             break;
-        chomp(line);
         const char *a;
         size_t n;
         if (line[0] == '\0')
             continue;
-        if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
+        if (!strcmp(line, "/quit") || !strcmp(line, "/exit") || !strcmp(line, "/bye"))
             break;
+        if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
+            fputs(commands_help, stderr);
+            continue;
+        }
         if (!strcmp(line, "/reset")) {
             lms_engine_reset(cm.eng);
             fprintf(stderr, "conversation reset\n");
@@ -128,6 +184,8 @@ int lms_cmd_chat(int argc, char **argv)
         if ((a = arg_of(line, "/save"))) {
             if (!*a) {
                 fprintf(stderr, "usage: /save NAME\n");
+            } else if (!lms_cli_session_name_ok(cmd, a)) {
+                status = LMS_EXIT_FAIL;
             } else if ((rc = lms_engine_session_save(cm.eng, cm.st, a))) {
                 lms_cli_fail(cmd, rc, a);
                 status = LMS_EXIT_FAIL;
@@ -150,8 +208,8 @@ int lms_cmd_chat(int argc, char **argv)
             continue;
         }
         if (line[0] == '/' && line[1] != '/' && line[1] != ' ' && line[1]) {
-            fprintf(stderr, "unknown command '%s' (/save NAME, /load NAME, /reset, /quit; start a "
-                            "message with // to send a literal /)\n", line);
+            fprintf(stderr, "unknown command '%s' (/help lists them; start a message with // to send a "
+                            "literal /)\n", line);
             continue;
         }
         const char *msg = line[0] == '/' && line[1] == '/' ? line + 1 : line;
@@ -170,12 +228,9 @@ int lms_cmd_chat(int argc, char **argv)
         memcpy(prompt + n, ids, n_ids * sizeof *prompt);
         /* Ctrl-C during a reply stops the reply (the conversation keeps what
          * was generated); at the prompt it ends the program as usual. */
-        struct sigaction sa = {0}, old_sa;
-        sa.sa_handler = on_sigint;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, &old_sa);
+        lms_cli_sigint_catch();
         rc = lms_cli_generate(&cm, &o, true, prompt, n + n_ids, json ? NULL : stdout, &res);
-        sigaction(SIGINT, &old_sa, NULL);
+        lms_cli_sigint_restore();
         if (rc)
             goto turn_fail;
         turn++;

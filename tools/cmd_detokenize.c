@@ -120,6 +120,25 @@ static int decode(const lms_tokenizer *tok, const int32_t *ids, size_t n, bool s
     return 0;
 }
 
+/* Every id must name a token: the library skips unknown ids as HF's decode
+ * does, but an id a user typed that names nothing is a mistake to report.
+ * line: 0 for --ids, else the --jsonl line. */
+static bool ids_known(const lms_tokenizer *tok, const char *what, const int32_t *ids, size_t n, size_t line)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (lms_tokenizer_id_to_token(tok, ids[i]))
+            continue;
+        char where[64] = "";
+        if (line)
+            snprintf(where, sizeof where, " on line %zu", line);
+        fprintf(stderr,
+                "lmstore detokenize: error: id %d (at %zu%s) is outside the vocabulary of %s (%zu ids: 0 to %zu)\n",
+                (int)ids[i], i, where, what, lms_tokenizer_vocab_size(tok), lms_tokenizer_vocab_size(tok) - 1);
+        return false;
+    }
+    return true;
+}
+
 int lms_cmd_detokenize(int argc, char **argv)
 {
     const char *store_opt = NULL, *tok_file = NULL, *cfg_file = NULL, *ids_opt = NULL, *file = NULL, *model = NULL;
@@ -166,6 +185,11 @@ int lms_cmd_detokenize(int argc, char **argv)
         char *text;
         if (parse_ids(ids_opt, strlen(ids_opt), &ids, &n)) {
             status = lms_cli_usage("detokenize", "--ids wants integers separated by commas");
+            goto out;
+        }
+        if (!ids_known(tok, model ? model : tok_file, ids, n, 0)) {
+            free(ids);
+            status = LMS_EXIT_FAIL;
             goto out;
         }
         int rc = decode(tok, ids, n, skip, stream, &text, &len);
@@ -220,6 +244,11 @@ int lms_cmd_detokenize(int argc, char **argv)
             char *text;
             if (parse_ids(p, ln, &ids, &n)) {
                 fprintf(stderr, "lmstore detokenize: error: line %zu is not a list of ids\n", lineno + 1);
+                status = LMS_EXIT_FAIL;
+                goto out;
+            }
+            if (!ids_known(tok, model ? model : tok_file, ids, n, lineno + 1)) {
+                free(ids);
                 status = LMS_EXIT_FAIL;
                 goto out;
             }

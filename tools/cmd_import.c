@@ -1,27 +1,78 @@
 /*
  * tools/cmd_import.c - `lmstore import SRC`: pack a HuggingFace model folder
  * or one .safetensors file into the store (creating the store if needed) and
- * print a one-line summary.
+ * print a one-line summary. A refused import leaves no trace: the store is
+ * as it was, and a store this command created for it is removed again.
  */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "lmstore/kvcache.h"
 #include "lmstore/store.h"
 #include "tools/cli.h"
 
 const char lms_cmd_import_help[] =
     "import a HuggingFace or MLX model folder, a .safetensors file or a GGUF model: import SRC [--name NAME] [--replace]";
 
-static void human(double b, char *out, size_t n)
+static int count_model(void *ctx, const lms_model_info *info)
 {
-    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
-    int i = 0;
-    while (b >= 1000 && i < 4) {
-        b /= 1000;
-        i++;
+    (void)info;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static int count_session(void *ctx, const lms_kv_session_info *info)
+{
+    (void)info;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static const char *rm_root;
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    if (!strcmp(path, rm_root))
+        return 0; /* the folder itself: the caller decides */
+    return remove(path);
+}
+
+/* After a failed import into a store this command created: if the store is
+ * still empty (no model, no session), remove what creating it wrote. */
+static void remove_new_store(lms_store *st, const char *path, bool folder_existed)
+{
+    int n = 0;
+    if (lms_store_models(st, count_model, &n) || n || lms_kv_sessions(st, count_session, &n) || n) {
+        lms_store_close(st);
+        return;
     }
-    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    lms_store_close(st);
+    rm_root = path;
+    (void)nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    if (!folder_existed)
+        (void)rmdir(path);
+}
+
+/* The warning for a source without config.json: stored, but not runnable. */
+static void warn_no_config(const char *src)
+{
+    struct stat sb;
+    char cfg[4096];
+    bool dir = stat(src, &sb) == 0 && S_ISDIR(sb.st_mode);
+    snprintf(cfg, sizeof cfg, "%s/config.json", src);
+    if (dir && access(cfg, F_OK) == 0)
+        return;
+    fprintf(stderr,
+            "lmstore import: warning: %s has no config.json: the tensors are stored, but `lmstore run` cannot "
+            "run the model without it (import the model's whole folder)\n",
+            dir ? src : "a single .safetensors file");
 }
 
 int lms_cmd_import(int argc, char **argv)
@@ -87,6 +138,8 @@ int lms_cmd_import(int argc, char **argv)
         return LMS_EXIT_FAIL;
     }
     const char *path = lms_cli_store_path(store_opt);
+    struct stat sb;
+    bool fresh = lms_cli_nothing_at(path), folder_existed = stat(path, &sb) == 0;
     lms_store *st;
     int rc = lms_store_open(path, LMS_STORE_CREATE, &sp, &st);
     if (rc)
@@ -95,14 +148,18 @@ int lms_cmd_import(int argc, char **argv)
     rc = lms_import(st, src, &ip, &stats);
     if (rc) {
         lms_cli_fail("import", rc, NULL);
-        lms_store_close(st);
+        if (fresh)
+            remove_new_store(st, path, folder_existed);
+        else
+            lms_store_close(st);
         return LMS_EXIT_FAIL;
     }
     lms_store_close(st);
+    warn_no_config(src);
     char w[32], d[32], t[32];
-    human((double)stats.bytes_written, w, sizeof w);
-    human((double)stats.bytes_dedup, d, sizeof d);
-    human((double)stats.bytes_total, t, sizeof t);
+    lms_cli_human_bytes((double)stats.bytes_written, w, sizeof w);
+    lms_cli_human_bytes((double)stats.bytes_dedup, d, sizeof d);
+    lms_cli_human_bytes((double)stats.bytes_total, t, sizeof t);
     double secs = stats.seconds > 0 ? stats.seconds : 1e-9;
     printf("imported %llu tensors (%s): %s written, %s deduplicated, %.2f s, %.2f GB/s\n",
            (unsigned long long)stats.tensors, t, w, d, stats.seconds, (double)stats.bytes_total / secs / 1e9);

@@ -1,21 +1,115 @@
 /*
- * tools/cmd_info.c - `lmstore info MODEL [--json]`: one model's tensors
- * (dtype, shape, layer, segment, offset, bytes, blob hash) in storage order
- * and its stored side files.
+ * tools/cmd_info.c - `lmstore info MODEL [--json]`: a summary of the model
+ * (architecture, parameters, layers, heads, context, dtype, bytes; from its
+ * record and its config.json), then its tensors (dtype, shape, layer,
+ * segment, offset, bytes, blob hash) in storage order and its stored side
+ * files.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lmstore/store.h"
 #include "tools/cli.h"
 
-const char lms_cmd_info_help[] = "show a model's tensors and files: info MODEL [--json]";
+const char lms_cmd_info_help[] = "show a model's summary, tensors and files: info MODEL [--json]";
 
 typedef struct info_ctx {
     bool json;
+    lms_store *st;
     cJSON *root, *tensors, *files;
 } info_ctx;
+
+/* A whole-number field of config.json (or of its text_config), else -1. */
+static double cfg_num(const cJSON *cfg, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!v) {
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+        v = tc ? cJSON_GetObjectItemCaseSensitive(tc, key) : NULL;
+    }
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 ? v->valuedouble : -1;
+}
+
+static const char *cfg_str(const cJSON *cfg, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* The summary: from the model record and config.json (when stored). */
+static void summary(info_ctx *c, const lms_model_info *m)
+{
+    void *text = NULL;
+    size_t len = 0;
+    cJSON *cfg = NULL;
+    if (lms_store_file(c->st, m->name, "config.json", &text, &len) == 0)
+        cfg = cJSON_ParseWithLength(text, len);
+    lms_free(text);
+    lms_clear_error();
+    double layers = cfg_num(cfg, "num_hidden_layers"), heads = cfg_num(cfg, "num_attention_heads"),
+           kv = cfg_num(cfg, "num_key_value_heads"), hidden = cfg_num(cfg, "hidden_size"),
+           ff = cfg_num(cfg, "intermediate_size"), ctx = cfg_num(cfg, "max_position_embeddings"),
+           vocab = cfg_num(cfg, "vocab_size"), hd = cfg_num(cfg, "head_dim");
+    if (kv < 0)
+        kv = heads;
+    if (hd < 0 && heads > 0 && hidden > 0)
+        hd = hidden / heads;
+    const char *mtype = cfg_str(cfg, "model_type");
+    const char *cdt = cfg_str(cfg, "torch_dtype") ? cfg_str(cfg, "torch_dtype") : cfg_str(cfg, "dtype");
+    char dt[128] = "";
+    size_t o = 0;
+    for (int t = 0; t < LMS_DTYPE_COUNT_; t++)
+        if (m->dtype_mask & (1u << t))
+            o += (size_t)snprintf(dt + o, o < sizeof dt ? sizeof dt - o : 0, "%s%s", o ? "," : "",
+                                  lms_dtype_name((lms_dtype)t));
+    if (c->json) {
+        cJSON *s = cJSON_AddObjectToObject(c->root, "summary");
+        cJSON_AddStringToObject(s, "architecture", m->architecture);
+        if (mtype)
+            cJSON_AddStringToObject(s, "model_type", mtype);
+        cJSON_AddNumberToObject(s, "params", (double)m->n_params);
+        struct { const char *k; double v; } nums[] = {{"layers", layers}, {"heads", heads}, {"kv_heads", kv},
+                                                      {"head_dim", hd}, {"hidden_size", hidden},
+                                                      {"intermediate_size", ff}, {"vocab_size", vocab},
+                                                      {"context", ctx}};
+        for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+            if (cfg && nums[i].v >= 0)
+                cJSON_AddNumberToObject(s, nums[i].k, nums[i].v);
+        cJSON_AddStringToObject(s, "dtype", dt);
+        cJSON_AddNumberToObject(s, "bytes", (double)m->tensor_bytes);
+        cJSON_AddNumberToObject(s, "tensors", (double)m->n_tensors);
+        cJSON_AddBoolToObject(s, "has_config", cfg != NULL);
+        cJSON_Delete(cfg);
+        return;
+    }
+    char ps[32], by[32];
+    lms_cli_human_count(m->n_params, ps, sizeof ps);
+    lms_cli_human_bytes((double)m->tensor_bytes, by, sizeof by);
+    printf("model:         %s\n", m->name);
+    printf("architecture:  %s%s%s%s\n", *m->architecture ? m->architecture : "-", mtype ? " (" : "",
+           mtype ? mtype : "", mtype ? ")" : "");
+    printf("parameters:    %s (%llu)\n", ps, (unsigned long long)m->n_params);
+    if (cfg) {
+        if (layers >= 0)
+            printf("layers:        %.0f\n", layers);
+        if (heads >= 0)
+            printf("heads:         %.0f attention, %.0f key/value, head dim %.0f\n", heads, kv, hd);
+        if (hidden >= 0)
+            printf("hidden:        %.0f (MLP %.0f)\n", hidden, ff);
+        if (vocab >= 0)
+            printf("vocabulary:    %.0f\n", vocab);
+        if (ctx >= 0)
+            printf("context:       %.0f tokens (max_position_embeddings)\n", ctx);
+    } else {
+        printf("config:        none stored (lmstore run needs config.json)\n");
+    }
+    printf("dtype:         %s%s%s%s\n", dt, cdt ? " (config: " : "", cdt ? cdt : "", cdt ? ")" : "");
+    printf("bytes:         %s in %llu tensors (%llu bytes)\n", by, (unsigned long long)m->n_tensors,
+           (unsigned long long)m->tensor_bytes);
+    cJSON_Delete(cfg);
+}
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -28,13 +122,11 @@ static int on_model(void *vctx, const lms_model_info *m)
     info_ctx *c = vctx;
     char id[33];
     hex(m->id, 16, id);
+    summary(c, m);
     if (!c->json) {
-        printf("model:        %s\narchitecture: %s\nid:           %s\nparameters:   %llu\ntensors:      %llu\n"
-               "tensor bytes: %llu\nsource:       %s\n",
-               m->name, *m->architecture ? m->architecture : "-", id, (unsigned long long)m->n_params,
-               (unsigned long long)m->n_tensors, (unsigned long long)m->tensor_bytes, m->source);
+        printf("id:            %s\nsource:        %s\n", id, m->source);
         if (*m->st_metadata)
-            printf("metadata:     %s\n", m->st_metadata);
+            printf("metadata:      %s\n", m->st_metadata);
         return 0;
     }
     cJSON_AddStringToObject(c->root, "name", m->name);
@@ -133,6 +225,7 @@ int lms_cmd_info(int argc, char **argv)
     int rc = lms_store_open(lms_cli_store_path(store_opt), LMS_STORE_RDONLY, NULL, &st);
     if (rc)
         return lms_cli_fail("info", rc, "opening the store");
+    c.st = st;
     if (c.json) {
         c.root = cJSON_CreateObject();
         cJSON_AddNumberToObject(c.root, "alignment", lms_store_alignment(st));

@@ -209,10 +209,14 @@ int lms_cmd_kv(int argc, char **argv)
     if (is_rm && json)
         return lms_cli_usage("kv", "kv rm has no --json");
 
-    lms_store *st;
-    int rc = lms_store_open(lms_cli_store_path(store_opt), is_rm ? 0 : LMS_STORE_RDONLY, NULL, &st);
-    if (rc)
-        return lms_cli_fail("kv", rc, "opening the store");
+    lms_store *st = NULL;
+    int rc = 0;
+    if (is_ls) {
+        if (lms_cli_store_open_list("kv", store_opt, &st) != LMS_EXIT_OK)
+            return LMS_EXIT_FAIL;
+    } else if ((rc = lms_store_open(lms_cli_store_path(store_opt), is_rm ? 0 : LMS_STORE_RDONLY, NULL, &st))) {
+        return lms_cli_fail("kv", rc, lms_cli_store_path(store_opt));
+    }
     if (is_ls) {
         ls_ctx c = {.json = json};
         if (json)
@@ -220,7 +224,7 @@ int lms_cmd_kv(int argc, char **argv)
         else
             printf("%-28s %8s %10s %10s  %-24s %-12s  %s\n", "NAME", "TOKENS", "RAW MB", "STORED MB", "LAYOUT",
                    "MODEL", "LAST USED");
-        rc = lms_kv_sessions(st, ls_one, &c);
+        rc = st ? lms_kv_sessions(st, ls_one, &c) : 0;
         if (!rc && json) {
             char *txt = cJSON_Print(c.arr);
             printf("%s\n", txt);

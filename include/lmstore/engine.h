@@ -57,7 +57,7 @@ typedef struct lms_engine_params {
     bool no_tokenizer;      /* do not load tokenizer.json (ids only; pieces are NULL) */
 } lms_engine_params;
 
-lms_engine_params lms_engine_default_params(void);
+LMS_API lms_engine_params lms_engine_default_params(void);
 
 /*
  * Create an engine for `model` (borrowed: it must stay open until
@@ -71,8 +71,8 @@ lms_engine_params lms_engine_default_params(void);
  * tensor (named), LMS_ENOMEM. On failure *out is NULL and nothing needs
  * freeing.
  */
-int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_engine **out);
-void lms_engine_free(lms_engine *eng); /* NULL ok */
+LMS_API int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_engine **out);
+LMS_API void lms_engine_free(lms_engine *eng); /* NULL ok */
 
 /* ---- what is in effect --------------------------------------------------------- */
 
@@ -94,12 +94,12 @@ typedef struct lms_engine_info {
     const char *kernels;     /* the kernel set: "avx512", "avx2", "generic", "cuda sm_90" */
 } lms_engine_info;
 
-void lms_engine_get_info(const lms_engine *eng, lms_engine_info *out);
+LMS_API void lms_engine_get_info(const lms_engine *eng, lms_engine_info *out);
 
 /* The model's tokenizer (owned by the engine, valid while eng lives), or
  * NULL when created with no_tokenizer or when the tokenizer module is
  * unavailable. */
-lms_tokenizer *lms_engine_tokenizer(lms_engine *eng);
+LMS_API lms_tokenizer *lms_engine_tokenizer(lms_engine *eng);
 
 /* ---- step API --------------------------------------------------------------- */
 
@@ -116,15 +116,15 @@ enum lms_eval_flags {
  * (the sequence would pass n_ctx or the KV budget is exhausted). After a
  * failure the sequence is as it was before the call.
  */
-int lms_engine_eval(lms_engine *eng, const int32_t *tokens, size_t n, float *logits, unsigned flags);
+LMS_API int lms_engine_eval(lms_engine *eng, const int32_t *tokens, size_t n, float *logits, unsigned flags);
 
 /* Tokens of the sequence (borrowed, valid until the next call that changes it). */
-const int32_t *lms_engine_tokens(const lms_engine *eng, size_t *n);
+LMS_API const int32_t *lms_engine_tokens(const lms_engine *eng, size_t *n);
 /* Keep the first n_keep tokens (n_keep <= length). */
-int lms_engine_truncate(lms_engine *eng, size_t n_keep);
+LMS_API int lms_engine_truncate(lms_engine *eng, size_t n_keep);
 /* Empty the sequence. Its full pages stay in the KV prefix cache (LRU) so a
  * later prompt starting the same way reuses them. */
-void lms_engine_reset(lms_engine *eng);
+LMS_API void lms_engine_reset(lms_engine *eng);
 
 /* ---- sessions -------------------------------------------------------------- */
 
@@ -136,8 +136,8 @@ void lms_engine_reset(lms_engine *eng);
  * model or KV layout, detail names both), LMS_ECORRUPT (page index named).
  * After a failed load the sequence is as before.
  */
-int lms_engine_session_save(lms_engine *eng, lms_store *store, const char *name);
-int lms_engine_session_load(lms_engine *eng, lms_store *store, const char *name);
+LMS_API int lms_engine_session_save(lms_engine *eng, lms_store *store, const char *name);
+LMS_API int lms_engine_session_load(lms_engine *eng, lms_store *store, const char *name);
 
 /* ---- generation ------------------------------------------------------------- */
 
@@ -156,7 +156,20 @@ typedef struct lms_gen_params {
     bool no_prefix_reuse;    /* recompute the whole prompt */
 } lms_gen_params;
 
-lms_gen_params lms_gen_default_params(void);
+LMS_API lms_gen_params lms_gen_default_params(void);
+
+/*
+ * The model's own sampling defaults: lms_gen_default_params() with the
+ * settings of its generation_config.json read as transformers does. With
+ * "do_sample": true, temperature (default 1.0), top_k (default 50), top_p
+ * (default 1.0) and min_p (default 0) come from the file; without the file
+ * or without do_sample, decoding is greedy (temperature 0). A
+ * "repetition_penalty" applies either way. Everything else in *out (max
+ * tokens, seed, stops) is as lms_gen_default_params() sets it.
+ * Errors: LMS_EFORMAT naming the model and the field when a value is not a
+ * number in range (*out is then the greedy defaults), LMS_EINVAL.
+ */
+LMS_API int lms_engine_default_gen_params(const lms_engine *eng, lms_gen_params *out);
 
 enum lms_stop_reason {
     LMS_STOP_NONE = 0,
@@ -205,7 +218,7 @@ typedef int (*lms_token_cb)(void *user, int32_t id, const char *piece, size_t le
  * session save). metrics may be NULL. Errors as lms_engine_eval; a stop is
  * not an error.
  */
-int lms_generate(lms_engine *eng, const lms_gen_params *gp, const int32_t *prompt, size_t n_prompt,
+LMS_API int lms_generate(lms_engine *eng, const lms_gen_params *gp, const int32_t *prompt, size_t n_prompt,
                  lms_token_cb cb, void *user, lms_gen_metrics *metrics);
 
 #ifdef __cplusplus

@@ -10,6 +10,8 @@
 #ifndef LMSTORE_ERROR_H
 #define LMSTORE_ERROR_H
 
+#include "lmstore/types.h" /* LMS_API */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,7 +37,7 @@ enum lms_error {
 };
 
 /* Name of an error code ("invalid argument"); static storage, never NULL. */
-const char *lms_strerror(int code);
+LMS_API const char *lms_strerror(int code);
 
 /*
  * Detail of the last failure on this thread, e.g.
@@ -43,13 +45,13 @@ const char *lms_strerror(int code);
  * data region (800 bytes)". Empty string when there is none. Valid until the
  * next lmstore call on this thread.
  */
-const char *lms_last_error(void);
+LMS_API const char *lms_last_error(void);
 
 /* Code of the last failure on this thread (0 if none). */
-int lms_last_error_code(void);
+LMS_API int lms_last_error_code(void);
 
 /* Forget the last error on this thread. */
-void lms_clear_error(void);
+LMS_API void lms_clear_error(void);
 
 #ifdef __cplusplus
 }

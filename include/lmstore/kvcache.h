@@ -100,7 +100,7 @@ typedef struct lms_kv_params {
                                            part of every page key and session */
 } lms_kv_params;
 
-lms_kv_params lms_kv_default_params(void);
+LMS_API lms_kv_params lms_kv_default_params(void);
 
 /*
  * Create a cache on `dev` (borrowed: it must outlive the cache). Allocates
@@ -109,20 +109,20 @@ lms_kv_params lms_kv_default_params(void);
  * (sizes overflow), LMS_ENOMEM (host tables or device arena; the detail says
  * how many bytes). On failure *out is NULL and nothing needs freeing.
  */
-int lms_kv_create(lms_device *dev, const lms_kv_layout *layout, const lms_kv_params *params, lms_kv **out);
+LMS_API int lms_kv_create(lms_device *dev, const lms_kv_layout *layout, const lms_kv_params *params, lms_kv **out);
 
 /*
  * Destroy the cache and its arena. LMS_EBUSY (nothing freed) while
  * sequences are live: free them first. NULL is accepted (returns 0).
  */
-int lms_kv_destroy(lms_kv *kv);
+LMS_API int lms_kv_destroy(lms_kv *kv);
 
 /* The layout in effect (page_tokens filled in), page count and model id. */
-void lms_kv_get_layout(const lms_kv *kv, lms_kv_layout *out);
-uint32_t lms_kv_n_pages(const lms_kv *kv);
-const uint8_t *lms_kv_model_id(const lms_kv *kv); /* LMS_MODEL_ID_LEN bytes, valid while kv lives */
-lms_device *lms_kv_device(const lms_kv *kv);
-size_t lms_kv_elem_size(lms_dtype dtype);           /* 4, 2, 2; 0 for other dtypes */
+LMS_API void lms_kv_get_layout(const lms_kv *kv, lms_kv_layout *out);
+LMS_API uint32_t lms_kv_n_pages(const lms_kv *kv);
+LMS_API const uint8_t *lms_kv_model_id(const lms_kv *kv); /* LMS_MODEL_ID_LEN bytes, valid while kv lives */
+LMS_API lms_device *lms_kv_device(const lms_kv *kv);
+LMS_API size_t lms_kv_elem_size(lms_dtype dtype);           /* 4, 2, 2; 0 for other dtypes */
 
 typedef struct lms_kv_geometry {
     void *base;           /* device pointer of page 0 (valid while kv lives) */
@@ -136,7 +136,7 @@ typedef struct lms_kv_geometry {
     size_t page_bytes;    /* n_layers * layer_bytes: stride between pages */
 } lms_kv_geometry;
 
-void lms_kv_get_geometry(const lms_kv *kv, lms_kv_geometry *out);
+LMS_API void lms_kv_get_geometry(const lms_kv *kv, lms_kv_geometry *out);
 
 /*
  * Device pointers to the K (or V) block of `layer` in `page`:
@@ -145,8 +145,8 @@ void lms_kv_get_geometry(const lms_kv *kv, lms_kv_geometry *out);
  * has not committed. NULL (and LMS_EINVAL detail) for an out-of-range layer
  * or page.
  */
-void *lms_kv_page_k(const lms_kv *kv, uint32_t layer, uint32_t page);
-void *lms_kv_page_v(const lms_kv *kv, uint32_t layer, uint32_t page);
+LMS_API void *lms_kv_page_k(const lms_kv *kv, uint32_t layer, uint32_t page);
+LMS_API void *lms_kv_page_v(const lms_kv *kv, uint32_t layer, uint32_t page);
 
 typedef struct lms_kv_stats {
     uint32_t n_pages;
@@ -160,13 +160,13 @@ typedef struct lms_kv_stats {
     uint64_t cow_copies;    /* copy-on-write page copies, since creation */
 } lms_kv_stats;
 
-void lms_kv_get_stats(const lms_kv *kv, lms_kv_stats *out);
+LMS_API void lms_kv_get_stats(const lms_kv *kv, lms_kv_stats *out);
 
 /* References of `page` (0 for a free or cached page, or an invalid id). */
-uint32_t lms_kv_page_refs(const lms_kv *kv, uint32_t page);
+LMS_API uint32_t lms_kv_page_refs(const lms_kv *kv, uint32_t page);
 
 /* Drop every cached page (refs 0) from the prefix index: they become free. */
-void lms_kv_drop_cached(lms_kv *kv);
+LMS_API void lms_kv_drop_cached(lms_kv *kv);
 
 /* ---- sequences ---------------------------------------------------------------- */
 
@@ -184,13 +184,13 @@ void lms_kv_drop_cached(lms_kv *kv);
  */
 
 /* A new empty sequence. LMS_ENOSPACE when max_seqs sequences are live. */
-int lms_kv_seq_new(lms_kv *kv, lms_kv_seq **out);
+LMS_API int lms_kv_seq_new(lms_kv *kv, lms_kv_seq **out);
 
 /*
  * Release the sequence: each page loses one reference; pages nobody
  * references become cached (keyed) or free. NULL is accepted.
  */
-void lms_kv_seq_free(lms_kv *kv, lms_kv_seq *seq);
+LMS_API void lms_kv_seq_free(lms_kv *kv, lms_kv_seq *seq);
 
 /*
  * Append token ids (reserve their positions). Takes free pages first, then
@@ -199,33 +199,33 @@ void lms_kv_seq_free(lms_kv *kv, lms_kv_seq *seq);
  * LMS_EINVAL (n == 0 or tokens NULL), LMS_ENOSPACE (no page left, or the
  * sequence would pass max_seq_tokens). After a failure nothing changed.
  */
-int lms_kv_seq_append(lms_kv *kv, lms_kv_seq *seq, const int32_t *tokens, uint32_t n);
+LMS_API int lms_kv_seq_append(lms_kv *kv, lms_kv_seq *seq, const int32_t *tokens, uint32_t n);
 
 /* Where position pos (< length) lives: page id and slot within the page.
  * LMS_ERANGE for pos >= length. */
-int lms_kv_seq_slot(const lms_kv *kv, const lms_kv_seq *seq, uint32_t pos, uint32_t *page, uint32_t *slot);
+LMS_API int lms_kv_seq_slot(const lms_kv *kv, const lms_kv_seq *seq, uint32_t pos, uint32_t *page, uint32_t *slot);
 
 /*
  * Declare the K/V of positions [0, n_written) written (n_written <= length,
  * and not below the current committed count: LMS_EINVAL). Pages that are
  * full and committed get their chained key and enter the prefix index.
  */
-int lms_kv_seq_commit(lms_kv *kv, lms_kv_seq *seq, uint32_t n_written);
+LMS_API int lms_kv_seq_commit(lms_kv *kv, lms_kv_seq *seq, uint32_t n_written);
 
-uint32_t lms_kv_seq_len(const lms_kv_seq *seq);       /* tokens (reserved positions) */
-uint32_t lms_kv_seq_committed(const lms_kv_seq *seq); /* positions with K/V written */
+LMS_API uint32_t lms_kv_seq_len(const lms_kv_seq *seq);       /* tokens (reserved positions) */
+LMS_API uint32_t lms_kv_seq_committed(const lms_kv_seq *seq); /* positions with K/V written */
 
 /*
  * The block table: page ids of positions 0, page_tokens, 2*page_tokens, ...
  * (*n_pages = ceil(len / page_tokens)). Borrowed: valid until the next call
  * that changes this sequence. Host memory.
  */
-const uint32_t *lms_kv_seq_pages(const lms_kv_seq *seq, uint32_t *n_pages);
+LMS_API const uint32_t *lms_kv_seq_pages(const lms_kv_seq *seq, uint32_t *n_pages);
 
 /* Token id at position pos (pos < length; -1 otherwise). */
-int32_t lms_kv_seq_token(const lms_kv *kv, const lms_kv_seq *seq, uint32_t pos);
+LMS_API int32_t lms_kv_seq_token(const lms_kv *kv, const lms_kv_seq *seq, uint32_t pos);
 /* Copy tokens [0, min(n, len)) into out; returns how many were copied. */
-uint32_t lms_kv_seq_tokens(const lms_kv *kv, const lms_kv_seq *seq, int32_t *out, uint32_t n);
+LMS_API uint32_t lms_kv_seq_tokens(const lms_kv *kv, const lms_kv_seq *seq, int32_t *out, uint32_t n);
 
 /*
  * A new sequence sharing all of src's pages (refs + 1 each), same tokens and
@@ -234,7 +234,7 @@ uint32_t lms_kv_seq_tokens(const lms_kv *kv, const lms_kv_seq *seq, int32_t *out
  * fork after commit, or write those positions once, through one of the two.
  * LMS_ENOSPACE when max_seqs sequences are live.
  */
-int lms_kv_seq_fork(lms_kv *kv, const lms_kv_seq *src, lms_kv_seq **out);
+LMS_API int lms_kv_seq_fork(lms_kv *kv, const lms_kv_seq *src, lms_kv_seq **out);
 
 /*
  * Keep the first n_keep positions (n_keep <= length; LMS_EINVAL otherwise).
@@ -242,7 +242,7 @@ int lms_kv_seq_fork(lms_kv *kv, const lms_kv_seq *src, lms_kv_seq **out);
  * Keyed pages keep their key (their bytes are unchanged): the next append
  * into a kept partial keyed page copies it.
  */
-int lms_kv_seq_truncate(lms_kv *kv, lms_kv_seq *seq, uint32_t n_keep);
+LMS_API int lms_kv_seq_truncate(lms_kv *kv, lms_kv_seq *seq, uint32_t n_keep);
 
 /*
  * Find the longest prefix of tokens[0..n) whose full pages are in the
@@ -252,7 +252,7 @@ int lms_kv_seq_truncate(lms_kv *kv, lms_kv_seq *seq, uint32_t n_keep);
  * empty). A caller that needs logits for the last prompt token passes n - 1.
  * LMS_ENOSPACE when max_seqs sequences are live.
  */
-int lms_kv_lookup(lms_kv *kv, const int32_t *tokens, uint32_t n, lms_kv_seq **out, uint32_t *n_reused);
+LMS_API int lms_kv_lookup(lms_kv *kv, const int32_t *tokens, uint32_t n, lms_kv_seq **out, uint32_t *n_reused);
 
 /* ---- persistence (sessions in the store) ----------------------------------------- */
 
@@ -263,8 +263,8 @@ typedef enum lms_kv_codec {
 } lms_kv_codec;
 
 /* "raw", "zstd", "shuffle-zstd"; NULL for unknown. */
-const char *lms_kv_codec_name(lms_kv_codec c);
-int lms_kv_codec_from_name(const char *name, lms_kv_codec *out); /* LMS_EINVAL if unknown */
+LMS_API const char *lms_kv_codec_name(lms_kv_codec c);
+LMS_API int lms_kv_codec_from_name(const char *name, lms_kv_codec *out); /* LMS_EINVAL if unknown */
 
 typedef struct lms_kv_save_params {
     lms_kv_codec codec;  /* default LMS_KV_CODEC_SHUFFLE_ZSTD */
@@ -287,8 +287,8 @@ typedef struct lms_kv_io_stats {
     double seconds;
 } lms_kv_io_stats;
 
-lms_kv_save_params lms_kv_default_save_params(void);
-lms_kv_resume_params lms_kv_default_resume_params(void);
+LMS_API lms_kv_save_params lms_kv_default_save_params(void);
+LMS_API lms_kv_resume_params lms_kv_default_resume_params(void);
 
 /*
  * Save the committed positions of `seq` as session `name` in `store`:
@@ -301,8 +301,8 @@ lms_kv_resume_params lms_kv_default_resume_params(void);
  * LMS_EEXIST, LMS_EIO, LMS_EDB, LMS_ENOMEM. After a failure no session of
  * that name changed (a crash leaves at most unreferenced segment bytes for gc).
  */
-int lms_kv_save(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const char *name);
-int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const char *name,
+LMS_API int lms_kv_save(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const char *name);
+LMS_API int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const char *name,
                    const lms_kv_save_params *params, lms_kv_io_stats *stats);
 
 /*
@@ -324,8 +324,8 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
  * copy into a cached page chosen for eviction, the cached pages written so
  * far leave the prefix cache; LMS_EDEVICE.)
  */
-int lms_kv_resume(lms_kv *kv, lms_store *store, const char *name, lms_kv_seq **out);
-int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_kv_resume_params *params,
+LMS_API int lms_kv_resume(lms_kv *kv, lms_store *store, const char *name, lms_kv_seq **out);
+LMS_API int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_kv_resume_params *params,
                      lms_kv_seq **out, lms_kv_io_stats *stats);
 
 /* ---- sessions in the store (for `lmstore kv ...`) ---------------------------------- */
@@ -362,12 +362,12 @@ typedef int (*lms_kv_page_cb)(void *ctx, const lms_kv_page_info *page);
 /* Every session, by name, from one snapshot. Strings valid during cb only.
  * A record this build cannot decode is reported with version set and
  * n_tokens 0 rather than failing the listing. */
-int lms_kv_sessions(lms_store *store, lms_kv_session_cb cb, void *ctx);
+LMS_API int lms_kv_sessions(lms_store *store, lms_kv_session_cb cb, void *ctx);
 /* One session (LMS_ENOENT if absent); page_cb (may be NULL) gets each page. */
-int lms_kv_session(lms_store *store, const char *name, lms_kv_session_cb cb, lms_kv_page_cb page_cb, void *ctx);
+LMS_API int lms_kv_session(lms_store *store, const char *name, lms_kv_session_cb cb, lms_kv_page_cb page_cb, void *ctx);
 /* Remove the session record (LMS_ENOENT if absent). Its pages stay until
  * `lmstore gc` finds no session referencing them. */
-int lms_kv_session_rm(lms_store *store, const char *name);
+LMS_API int lms_kv_session_rm(lms_store *store, const char *name);
 
 #ifdef __cplusplus
 }

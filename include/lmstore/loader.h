@@ -71,12 +71,12 @@ typedef enum lms_device_kind {
  * On failure *out is NULL. Close with lms_device_close (NULL ok). A device
  * must outlive every model opened on it.
  */
-int lms_device_open_name(const char *name, lms_device **out);
+LMS_API int lms_device_open_name(const char *name, lms_device **out);
 /* Open device `ordinal` of `kind`; errors and ownership as above. */
-int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out);
-void lms_device_close(lms_device *dev);
+LMS_API int lms_device_open(lms_device_kind kind, int ordinal, lms_device **out);
+LMS_API void lms_device_close(lms_device *dev);
 /* true when this build has a backend for `kind` (not whether a device exists). */
-bool lms_device_available(lms_device_kind kind);
+LMS_API bool lms_device_available(lms_device_kind kind);
 
 /* What a device is, for logs and for callers that size their own buffers. */
 typedef struct lms_device_info {
@@ -92,7 +92,7 @@ typedef struct lms_device_info {
 /* Fill *out for `dev`; free_mem is read at the call (on CUDA this makes
  * the device current on the calling thread). Errors: LMS_EINVAL (NULL
  * argument). Thread-safe. */
-int lms_device_get_info(const lms_device *dev, lms_device_info *out);
+LMS_API int lms_device_get_info(const lms_device *dev, lms_device_info *out);
 
 /*
  * Pin `bytes` of host memory for staging copies to `dev` now and keep it
@@ -107,7 +107,7 @@ int lms_device_get_info(const lms_device *dev, lms_device_info *out);
  * LMS_ENOMEM, LMS_EDEVICE. Thread-safe, also against loads running on the
  * device; not against lms_device_close.
  */
-int lms_device_reserve_staging(lms_device *dev, size_t bytes);
+LMS_API int lms_device_reserve_staging(lms_device *dev, size_t bytes);
 
 typedef enum lms_placement {
     LMS_PLACE_AUTO = 0,  /* CPU device: HOST; unified-memory GPU: MAPPED; discrete GPU: RESIDENT
@@ -153,13 +153,13 @@ typedef struct lms_model_params {
                               * lms_model_open only */
 } lms_model_params;
 
-lms_model_params lms_model_default_params(void);
+LMS_API lms_model_params lms_model_default_params(void);
 
 /* Bytes of pinned staging memory a resident load with params `p` (NULL =
  * defaults) copies through (its ring of slots). The size to give
  * lms_device_reserve_staging so that such loads borrow the device's pool.
  * 0 when p holds a value out of range. */
-size_t lms_model_staging_bytes(const lms_model_params *p);
+LMS_API size_t lms_model_staging_bytes(const lms_model_params *p);
 
 /*
  * A tensor of an open model. Owned by the model; valid until lms_model_close.
@@ -193,7 +193,7 @@ typedef struct lms_tensor {
  * For RESIDENT placement without params.sync, open returns once the copies
  * are under way; a copy error is then reported by lms_model_wait_layer.
  */
-int lms_model_open(lms_store *store, const char *name, const lms_model_params *params, lms_model **out);
+LMS_API int lms_model_open(lms_store *store, const char *name, const lms_model_params *params, lms_model **out);
 
 /*
  * Close the model: waits for copies still in flight, unregisters its host
@@ -201,31 +201,31 @@ int lms_model_open(lms_store *store, const char *name, const lms_model_params *p
  * references on the store's mappings (the last model of a store handle
  * unmaps them and releases the segment locks). NULL ok.
  */
-void lms_model_close(lms_model *model);
+LMS_API void lms_model_close(lms_model *model);
 
 /* The tensor called `name`, or NULL with LMS_ENOENT naming model and tensor. */
-const lms_tensor *lms_model_tensor(const lms_model *model, const char *name);
+LMS_API const lms_tensor *lms_model_tensor(const lms_model *model, const char *name);
 /* Tensors in storage (forward-pass) order: i in [0, count). NULL past the end. */
-size_t lms_model_tensor_count(const lms_model *model);
-const lms_tensor *lms_model_tensor_at(const lms_model *model, size_t i);
+LMS_API size_t lms_model_tensor_count(const lms_model *model);
+LMS_API const lms_tensor *lms_model_tensor_at(const lms_model *model, size_t i);
 
 /*
  * A stored side file of the model ("config.json", "tokenizer.json", ...),
  * decompressed and NUL-terminated; *data is the caller's, freed with
  * lms_free. LMS_ENOENT naming the model and file when absent.
  */
-int lms_model_file(const lms_model *model, const char *file, void **data, size_t *len);
+LMS_API int lms_model_file(const lms_model *model, const char *file, void **data, size_t *len);
 
 /* The model's content id (LMS_MODEL_ID_LEN bytes, valid until close). */
-const uint8_t *lms_model_id(const lms_model *model);
+LMS_API const uint8_t *lms_model_id(const lms_model *model);
 /* The name it was opened by (valid until close). */
-const char *lms_model_name(const lms_model *model);
+LMS_API const char *lms_model_name(const lms_model *model);
 /* Number of transformer blocks: 1 + the largest block index (0 if none). */
-int lms_model_n_layers(const lms_model *model);
+LMS_API int lms_model_n_layers(const lms_model *model);
 /* The device it was opened on (NULL for the CPU default). */
-lms_device *lms_model_device(const lms_model *model);
+LMS_API lms_device *lms_model_device(const lms_model *model);
 /* The placement in effect (never AUTO). */
-lms_placement lms_model_placement(const lms_model *model);
+LMS_API lms_placement lms_model_placement(const lms_model *model);
 
 /*
  * Wait until every tensor of block `layer` (or LMS_LAYER_PRE / _POST, or
@@ -234,9 +234,9 @@ lms_placement lms_model_placement(const lms_model *model);
  * LMS_EINVAL (no such layer), LMS_EDEVICE / LMS_EIO (the copy failed; the
  * detail says where; every later wait fails the same way).
  */
-int lms_model_wait_layer(lms_model *model, int32_t layer);
+LMS_API int lms_model_wait_layer(lms_model *model, int32_t layer);
 /* true when lms_model_wait_layer(model, layer) would return 0 at once. */
-bool lms_model_layer_ready(lms_model *model, int32_t layer);
+LMS_API bool lms_model_layer_ready(lms_model *model, int32_t layer);
 
 /* How a load went (for benchmarks and logs). Times are seconds since the
  * start of lms_model_open; a field is 0 until the event happened. */
@@ -264,7 +264,7 @@ typedef struct lms_model_stats {
     uint64_t device_need_bytes;
 } lms_model_stats;
 
-int lms_model_stats_get(lms_model *model, lms_model_stats *out);
+LMS_API int lms_model_stats_get(lms_model *model, lms_model_stats *out);
 
 #ifdef __cplusplus
 }

@@ -38,7 +38,7 @@ typedef struct lms_store_params {
     uint64_t segment_max;  /* a segment is closed past this many bytes; 0 = 4 GiB */
 } lms_store_params;
 
-lms_store_params lms_store_default_params(void);
+LMS_API lms_store_params lms_store_default_params(void);
 
 /*
  * Open the store in folder `path`. params may be NULL (defaults); they only
@@ -46,19 +46,19 @@ lms_store_params lms_store_default_params(void);
  * closing. Errors: LMS_ENOENT (no store and no LMS_STORE_CREATE),
  * LMS_EVERSION (format newer than this build), LMS_ECORRUPT, LMS_EDB, LMS_EIO.
  */
-int lms_store_open(const char *path, unsigned flags, const lms_store_params *params, lms_store **out);
+LMS_API int lms_store_open(const char *path, unsigned flags, const lms_store_params *params, lms_store **out);
 
 /*
  * Close the store. LMS_EBUSY (and nothing closed) while models opened from it
  * are still open. NULL is accepted.
  */
-int lms_store_close(lms_store *store);
+LMS_API int lms_store_close(lms_store *store);
 
-const char *lms_store_path(const lms_store *store);
-uint32_t lms_store_alignment(const lms_store *store);
+LMS_API const char *lms_store_path(const lms_store *store);
+LMS_API uint32_t lms_store_alignment(const lms_store *store);
 
 /* Free a buffer lmstore returned to the caller. NULL ok. */
-void lms_free(void *p);
+LMS_API void lms_free(void *p);
 
 /* ---- import ------------------------------------------------------------------ */
 
@@ -77,7 +77,7 @@ typedef struct lms_import_stats {
     double seconds;
 } lms_import_stats;
 
-lms_import_params lms_import_default_params(void);
+LMS_API lms_import_params lms_import_default_params(void);
 
 /*
  * Import a HuggingFace model folder (*.safetensors shards, optional
@@ -85,7 +85,7 @@ lms_import_params lms_import_default_params(void);
  * .safetensors file. All-or-nothing: on failure the store is as before and
  * lms_last_error() names the file and tensor at fault. stats may be NULL.
  */
-int lms_import(lms_store *store, const char *src, const lms_import_params *params, lms_import_stats *stats);
+LMS_API int lms_import(lms_store *store, const char *src, const lms_import_params *params, lms_import_stats *stats);
 
 /* ---- reading the index ---------------------------------------------------------- */
 
@@ -122,22 +122,22 @@ typedef int (*lms_model_cb)(void *ctx, const lms_model_info *info);
 typedef int (*lms_tensor_cb)(void *ctx, const lms_tensor_record *rec);
 typedef int (*lms_file_cb)(void *ctx, const char *file, uint64_t size);
 
-int lms_store_models(lms_store *store, lms_model_cb cb, void *ctx);
+LMS_API int lms_store_models(lms_store *store, lms_model_cb cb, void *ctx);
 /* Info of one model; LMS_ENOENT if absent. Strings valid during cb only. */
-int lms_store_model(lms_store *store, const char *model, lms_model_cb cb, void *ctx);
+LMS_API int lms_store_model(lms_store *store, const char *model, lms_model_cb cb, void *ctx);
 /* A model's tensors in storage (forward-pass) order, from one snapshot. */
-int lms_store_tensors(lms_store *store, const char *model, lms_tensor_cb cb, void *ctx);
+LMS_API int lms_store_tensors(lms_store *store, const char *model, lms_tensor_cb cb, void *ctx);
 /* Stored side files (config.json, tokenizer.json, ...), by name. */
-int lms_store_files(lms_store *store, const char *model, lms_file_cb cb, void *ctx);
+LMS_API int lms_store_files(lms_store *store, const char *model, lms_file_cb cb, void *ctx);
 /* One side file, decompressed; *data is NUL-terminated, free with lms_free
  * (NULL after a failure). LMS_ENOENT naming the model and file when absent;
  * LMS_ECORRUPT naming them when the stored record is damaged (its claimed
  * size is checked before anything is allocated: at most 256 MiB, equal to
  * the compressed frame's; then the bytes' checksum). */
-int lms_store_file(lms_store *store, const char *model, const char *file, void **data, size_t *len);
+LMS_API int lms_store_file(lms_store *store, const char *model, const char *file, void **data, size_t *len);
 
 /* Path of segment file `segment` into buf. */
-int lms_store_segment_path(const lms_store *store, uint32_t segment, char *buf, size_t len);
+LMS_API int lms_store_segment_path(const lms_store *store, uint32_t segment, char *buf, size_t len);
 
 /* ---- administration and durability: rm, cp, mv, verify, gc, export -------------
  *
@@ -170,7 +170,7 @@ int lms_store_segment_path(const lms_store *store, uint32_t segment, char *buf, 
  * Errors: LMS_ENOENT (no such model), LMS_EINVAL, LMS_EDB, LMS_ENOSPACE.
  * On failure the store is unchanged.
  */
-int lms_model_remove(lms_store *store, const char *model);
+LMS_API int lms_model_remove(lms_store *store, const char *model);
 
 /*
  * Metadata-only copy: `dst` gets the same tensors (blob references + 1, no
@@ -182,11 +182,11 @@ int lms_model_remove(lms_store *store, const char *model);
  * '-'), LMS_EDB, LMS_ENOSPACE. On
  * failure the store is unchanged.
  */
-int lms_model_copy(lms_store *store, const char *src, const char *dst);
+LMS_API int lms_model_copy(lms_store *store, const char *src, const char *dst);
 
 /* Rename `src` to `dst` in one transaction; reference counts unchanged.
  * Errors and state after failure as lms_model_copy. */
-int lms_model_rename(lms_store *store, const char *src, const char *dst);
+LMS_API int lms_model_rename(lms_store *store, const char *src, const char *dst);
 
 typedef struct lms_verify_params {
     const char *model; /* NULL = every model and every blob; else only that model's blobs are hashed
@@ -196,7 +196,7 @@ typedef struct lms_verify_params {
     bool progress;     /* progress bar on stderr when it is a terminal */
 } lms_verify_params;
 
-lms_verify_params lms_verify_default_params(void);
+LMS_API lms_verify_params lms_verify_default_params(void);
 
 /* One problem found. `kind` is one of "corrupt" (bytes fail their hash),
  * "missing-blob", "refcount", "blob-range" (outside its segment or
@@ -236,7 +236,7 @@ typedef struct lms_verify_report {
  * how many); an error code when it could not run: LMS_ENOENT (unknown
  * params->model), LMS_EIO, LMS_ENOMEM, LMS_EDB. Nothing is ever written.
  */
-int lms_store_verify(lms_store *store, const lms_verify_params *params, lms_verify_cb cb, void *ctx,
+LMS_API int lms_store_verify(lms_store *store, const lms_verify_params *params, lms_verify_cb cb, void *ctx,
                      lms_verify_report *report);
 
 typedef struct lms_gc_params {
@@ -246,7 +246,7 @@ typedef struct lms_gc_params {
     bool progress;          /* progress bar on stderr when it is a terminal */
 } lms_gc_params;
 
-lms_gc_params lms_gc_default_params(void);
+LMS_API lms_gc_params lms_gc_default_params(void);
 
 typedef struct lms_gc_report {
     uint64_t blobs_deleted;       /* blob records with no references removed */
@@ -257,7 +257,8 @@ typedef struct lms_gc_report {
     uint64_t segments_busy;       /* skipped: mapped by another process or reachable from an old snapshot */
     uint64_t bytes_punched;       /* disk blocks of dead ranges inside segments given back (size kept) */
     uint64_t bytes_before, bytes_after; /* total size of the segment files */
-    uint64_t bytes_freed;         /* bytes_before - bytes_after; dry run: what would be freed */
+    uint64_t bytes_freed;         /* disk space given back: bytes_before - bytes_after, plus bytes_punched;
+                                   * dry run: what would be given back */
     double seconds;
 } lms_gc_report;
 
@@ -278,19 +279,19 @@ typedef void (*lms_gc_busy_cb)(void *ctx, uint32_t segment, const char *path);
  * the index is as the last committed step left it, always consistent with
  * the segments, and no model changed content; a later gc finishes the work.
  */
-int lms_store_gc(lms_store *store, const lms_gc_params *params, lms_gc_busy_cb busy, void *ctx,
+LMS_API int lms_store_gc(lms_store *store, const lms_gc_params *params, lms_gc_busy_cb busy, void *ctx,
                  lms_gc_report *report);
 
 /* Total size of the segment files (sum of st_size) and their count; either
  * pointer may be NULL. LMS_EIO, LMS_ENOMEM. */
-int lms_store_segment_bytes(lms_store *store, uint64_t *bytes, uint64_t *count);
+LMS_API int lms_store_segment_bytes(lms_store *store, uint64_t *bytes, uint64_t *count);
 
 typedef struct lms_export_params {
     uint64_t max_shard_size; /* bytes of tensor data per shard; 0 = 5 GiB (HF's default) */
     bool progress;           /* progress bar on stderr when it is a terminal */
 } lms_export_params;
 
-lms_export_params lms_export_default_params(void);
+LMS_API lms_export_params lms_export_default_params(void);
 
 typedef struct lms_export_stats {
     uint64_t tensors, bytes, shards, files;
@@ -312,7 +313,7 @@ typedef struct lms_export_stats {
  * (and `dir`, if this call created it) are removed; the store is never
  * changed.
  */
-int lms_model_export(lms_store *store, const char *model, const char *dir, const lms_export_params *params,
+LMS_API int lms_model_export(lms_store *store, const char *model, const char *dir, const lms_export_params *params,
                      lms_export_stats *stats);
 
 /*
@@ -327,7 +328,7 @@ int lms_model_export(lms_store *store, const char *model, const char *dir, const
  * LMS_EUNSUPPORTED for what GGUF or llama.cpp cannot hold. On failure
  * nothing is left at path.
  */
-int lms_model_export_gguf(lms_store *store, const char *model, const char *path, const lms_export_params *params,
+LMS_API int lms_model_export_gguf(lms_store *store, const char *model, const char *path, const lms_export_params *params,
                           lms_export_stats *stats);
 
 /* ---- quantize ------------------------------------------------------------------------ */
@@ -341,7 +342,7 @@ typedef struct lms_quantize_params {
     bool progress;         /* progress bar on stderr when it is a terminal */
 } lms_quantize_params;
 
-lms_quantize_params lms_quantize_default_params(void); /* Q8_0 */
+LMS_API lms_quantize_params lms_quantize_default_params(void); /* Q8_0 */
 
 typedef struct lms_quantize_stats {
     uint64_t tensors;        /* tensors of the new model */
@@ -370,7 +371,7 @@ typedef struct lms_quantize_stats {
  * (bad name or params), LMS_EUNSUPPORTED, LMS_ECORRUPT, LMS_EIO,
  * LMS_ENOMEM, LMS_EDB, LMS_ENOSPACE.
  */
-int lms_model_quantize(lms_store *store, const char *src, const char *dst, const lms_quantize_params *params,
+LMS_API int lms_model_quantize(lms_store *store, const char *src, const char *dst, const lms_quantize_params *params,
                        lms_quantize_stats *stats);
 
 #ifdef __cplusplus

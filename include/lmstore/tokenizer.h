@@ -53,18 +53,18 @@ typedef struct lms_tokenizer lms_tokenizer;
  * field), LMS_EUNSUPPORTED (component type lmstore does not implement),
  * LMS_ENOMEM.
  */
-int lms_tokenizer_load(const char *tokenizer_json, size_t len, const char *tokenizer_config_json,
+LMS_API int lms_tokenizer_load(const char *tokenizer_json, size_t len, const char *tokenizer_config_json,
                        lms_tokenizer **out);
 
 /* Same from files; config_path may be NULL. Errors as above plus LMS_ENOENT,
  * LMS_EIO naming the path. */
-int lms_tokenizer_load_file(const char *path, const char *config_path, lms_tokenizer **out);
+LMS_API int lms_tokenizer_load_file(const char *path, const char *config_path, lms_tokenizer **out);
 
 /* NULL is accepted. */
-void lms_tokenizer_free(lms_tokenizer *tok);
+LMS_API void lms_tokenizer_free(lms_tokenizer *tok);
 
 /* Free an ids array or text returned by this API. NULL ok. */
-void lms_tokenizer_buf_free(void *p);
+LMS_API void lms_tokenizer_buf_free(void *p);
 
 /* ---- encode / decode --------------------------------------------------------- */
 
@@ -84,7 +84,7 @@ enum lms_tok_flags {
  * ids (non-NULL even when *n is 0). Errors: LMS_EINVAL (text is not valid
  * UTF-8: the message gives the byte offset), LMS_ENOMEM.
  */
-int lms_tokenizer_encode(const lms_tokenizer *tok, const char *text, size_t len, unsigned flags,
+LMS_API int lms_tokenizer_encode(const lms_tokenizer *tok, const char *text, size_t len, unsigned flags,
                          int32_t **ids, size_t *n);
 
 /*
@@ -92,25 +92,25 @@ int lms_tokenizer_encode(const lms_tokenizer *tok, const char *text, size_t len,
  * skipped, as HF does; skip_special drops special added tokens). *text is
  * NUL-terminated, *len excludes the NUL; len may be NULL.
  */
-int lms_tokenizer_decode(const lms_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+LMS_API int lms_tokenizer_decode(const lms_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
                          char **text, size_t *len);
 
 /* ---- vocabulary ------------------------------------------------------------------ */
 
 /* Largest id + 1 over the model vocabulary and the added tokens. */
-size_t lms_tokenizer_vocab_size(const lms_tokenizer *tok);
+LMS_API size_t lms_tokenizer_vocab_size(const lms_tokenizer *tok);
 /* Id of a token string as written in tokenizer.json ("Ġthe", "<|im_end|>");
  * -1 when absent. */
-int32_t lms_tokenizer_token_to_id(const lms_tokenizer *tok, const char *token);
+LMS_API int32_t lms_tokenizer_token_to_id(const lms_tokenizer *tok, const char *token);
 /* Token string of an id; NULL for an unknown id. Valid until
  * lms_tokenizer_free. */
-const char *lms_tokenizer_id_to_token(const lms_tokenizer *tok, int32_t id);
+LMS_API const char *lms_tokenizer_id_to_token(const lms_tokenizer *tok, int32_t id);
 /* True for special added tokens (what skip_special drops). */
-bool lms_tokenizer_is_special(const lms_tokenizer *tok, int32_t id);
+LMS_API bool lms_tokenizer_is_special(const lms_tokenizer *tok, int32_t id);
 /* BOS / EOS ids from tokenizer_config.json (bos_token, eos_token), else from
  * the post-processor's first special token (BOS); -1 when unknown. */
-int32_t lms_tokenizer_bos_id(const lms_tokenizer *tok);
-int32_t lms_tokenizer_eos_id(const lms_tokenizer *tok);
+LMS_API int32_t lms_tokenizer_bos_id(const lms_tokenizer *tok);
+LMS_API int32_t lms_tokenizer_eos_id(const lms_tokenizer *tok);
 
 /* ---- streaming detokenizer ---------------------------------------------------------- */
 
@@ -124,17 +124,17 @@ int32_t lms_tokenizer_eos_id(const lms_tokenizer *tok);
 typedef struct lms_detokenizer lms_detokenizer;
 
 /* tok must outlive the detokenizer. */
-int lms_detokenizer_create(const lms_tokenizer *tok, bool skip_special, lms_detokenizer **out);
-void lms_detokenizer_free(lms_detokenizer *d); /* NULL ok */
+LMS_API int lms_detokenizer_create(const lms_tokenizer *tok, bool skip_special, lms_detokenizer **out);
+LMS_API void lms_detokenizer_free(lms_detokenizer *d); /* NULL ok */
 /* Forget all state (start of a new stream). */
-void lms_detokenizer_reset(lms_detokenizer *d);
+LMS_API void lms_detokenizer_reset(lms_detokenizer *d);
 /*
  * Push one id; *text (not NUL-terminated) / *len is the newly completed text,
  * possibly empty. *text is valid until the next call on d.
  */
-int lms_detokenizer_push(lms_detokenizer *d, int32_t id, const char **text, size_t *len);
+LMS_API int lms_detokenizer_push(lms_detokenizer *d, int32_t id, const char **text, size_t *len);
 /* End of stream: whatever is held back, incomplete bytes as U+FFFD. */
-int lms_detokenizer_flush(lms_detokenizer *d, const char **text, size_t *len);
+LMS_API int lms_detokenizer_flush(lms_detokenizer *d, const char **text, size_t *len);
 
 /* ---- stop strings -------------------------------------------------------------------- */
 
@@ -147,19 +147,19 @@ int lms_detokenizer_flush(lms_detokenizer *d, const char **text, size_t *len);
 typedef struct lms_stop_matcher lms_stop_matcher;
 
 /* Copies the strings (empty strings are ignored). n may be 0. */
-int lms_stop_matcher_create(const char *const *stops, size_t n, lms_stop_matcher **out);
-void lms_stop_matcher_free(lms_stop_matcher *m); /* NULL ok */
-void lms_stop_matcher_reset(lms_stop_matcher *m);
+LMS_API int lms_stop_matcher_create(const char *const *stops, size_t n, lms_stop_matcher **out);
+LMS_API void lms_stop_matcher_free(lms_stop_matcher *m); /* NULL ok */
+LMS_API void lms_stop_matcher_reset(lms_stop_matcher *m);
 /*
  * Feed text. *out / *out_len: text now safe to show (valid until the next
  * call on m). *stopped is set to true when a stop string was found; further
  * pushes release nothing. *which (may be NULL) is the index of the stop
  * string found, else -1.
  */
-int lms_stop_matcher_push(lms_stop_matcher *m, const char *text, size_t len, const char **out,
+LMS_API int lms_stop_matcher_push(lms_stop_matcher *m, const char *text, size_t len, const char **out,
                           size_t *out_len, bool *stopped, int *which);
 /* End of stream: release what is held back (nothing after a stop). */
-int lms_stop_matcher_flush(lms_stop_matcher *m, const char **out, size_t *out_len);
+LMS_API int lms_stop_matcher_flush(lms_stop_matcher *m, const char **out, size_t *out_len);
 
 /* ---- chat formats ------------------------------------------------------------------------ */
 
@@ -181,25 +181,25 @@ enum lms_chat_flags {
 };
 
 /* "chatml", "llama3", "gemma"; NULL for LMS_CHAT_UNKNOWN. */
-const char *lms_chat_format_name(lms_chat_format fmt);
+LMS_API const char *lms_chat_format_name(lms_chat_format fmt);
 /* By name (case-insensitive; "qwen" = chatml, "llama" = llama3, "gemma3" =
  * gemma), for --chat-format. LMS_EINVAL listing the names when unknown. */
-int lms_chat_format_from_name(const char *name, lms_chat_format *out);
+LMS_API int lms_chat_format_from_name(const char *name, lms_chat_format *out);
 /*
  * Recognise a Jinja chat template (tokenizer_config.json's chat_template or
  * chat_template.jinja) by its markers. LMS_EUNSUPPORTED when none fits,
  * suggesting --chat-format.
  */
-int lms_chat_format_detect(const char *template_text, lms_chat_format *out);
+LMS_API int lms_chat_format_detect(const char *template_text, lms_chat_format *out);
 /* The format of the template in the tokenizer_config.json given at load;
  * LMS_ENOENT when there was none, LMS_EUNSUPPORTED when unrecognised. */
-int lms_tokenizer_chat_format(const lms_tokenizer *tok, lms_chat_format *out);
+LMS_API int lms_tokenizer_chat_format(const lms_tokenizer *tok, lms_chat_format *out);
 /* The chat template text from tokenizer_config.json, or NULL. Valid until
  * lms_tokenizer_free. */
-const char *lms_tokenizer_chat_template(const lms_tokenizer *tok);
+LMS_API const char *lms_tokenizer_chat_template(const lms_tokenizer *tok);
 /* Set (replace) the chat template, e.g. from a chat_template.jinja file; the
  * text is copied. Call before sharing tok between threads. */
-int lms_tokenizer_set_chat_template(lms_tokenizer *tok, const char *template_text);
+LMS_API int lms_tokenizer_set_chat_template(lms_tokenizer *tok, const char *template_text);
 
 /*
  * Render messages as the model's template would (the text, including BOS
@@ -209,7 +209,7 @@ int lms_tokenizer_set_chat_template(lms_tokenizer *tok, const char *template_tex
  * lms_tokenizer_buf_free. Errors: LMS_EINVAL (unknown format, a role the
  * format cannot express, Gemma roles not alternating user/assistant).
  */
-int lms_chat_apply(lms_chat_format fmt, const lms_chat_message *msgs, size_t n, unsigned flags,
+LMS_API int lms_chat_apply(lms_chat_format fmt, const lms_chat_message *msgs, size_t n, unsigned flags,
                    char **out);
 
 /*
@@ -218,8 +218,8 @@ int lms_chat_apply(lms_chat_format fmt, const lms_chat_message *msgs, size_t n, 
  * the number found (>= 0) or a negative code. Strings: a NULL-terminated
  * static array.
  */
-int lms_chat_stop_ids(const lms_tokenizer *tok, lms_chat_format fmt, int32_t *ids, size_t max);
-const char *const *lms_chat_stop_strings(lms_chat_format fmt);
+LMS_API int lms_chat_stop_ids(const lms_tokenizer *tok, lms_chat_format fmt, int32_t *ids, size_t max);
+LMS_API const char *const *lms_chat_stop_strings(lms_chat_format fmt);
 
 #ifdef __cplusplus
 }

@@ -602,7 +602,7 @@ static void streamed_text_equals_decode_and_stop_strings_cut_it(void **s)
     assert_int_equal(lms_test_sh(NULL,
                                  "python3 '%s/tests/gen_model.py' '%s/m' --arch qwen3 --hidden 64 --intermediate 128 "
                                  "--layers 2 --heads 4 --kv-heads 2 --vocab 4096 --std 0.5 --seed 3 --single-file "
-                                 "--tokenizer '%s/../shared/tokenizers/qwen3'",
+                                 "--tokenizer '%s/tests/fixtures/tokenizers/qwen3'",
                                  lms_test_src(), md, lms_test_src()),
                      0);
     char mdir[1100];

@@ -1,10 +1,10 @@
 /*
  * tests/fuzz/fuzz_tokenizer_encode.c - libFuzzer target for encode, decode
- * and the streaming detokenizer (engine/tokenizer/): prompts are untrusted
+ * and the streaming detokenizer (tokenizer/): prompts are untrusted
  * text, and generated ids reach the detokenizer unchecked.
  *
  * Tokenizers: the real Qwen3, Llama 3 and Gemma 3 files from
- * $LMS_SRC_DIR/../shared/tokenizers (gzip, unpacked with gzip -dc; the source
+ * $LMS_SRC_DIR/tests/fixtures/tokenizers (gzip, unpacked with gzip -dc; the source
  * tree is found from this file's path when LMS_SRC_DIR is unset) and a small
  * built-in one that uses the components the real ones do not (Metaspace,
  * Split behaviors, Replace/Prepend normalizers, Strip decoder, unk).
@@ -71,7 +71,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     char dir[4096];
     const char *src = getenv("LMS_SRC_DIR");
     if (src)
-        snprintf(dir, sizeof dir, "%s/../shared/tokenizers", src);
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/tokenizers", src);
     else {
         snprintf(dir, sizeof dir, "%s", __FILE__); /* .../tests/fuzz/fuzz_tokenizer_encode.c */
         for (int up = 0; up < 3; up++) {
@@ -79,7 +79,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
             if (slash)
                 *slash = '\0';
         }
-        strncat(dir, "/../shared/tokenizers", sizeof dir - strlen(dir) - 1);
+        strncat(dir, "/tests/fixtures/tokenizers", sizeof dir - strlen(dir) - 1);
     }
     static const char *const names[] = {"qwen3", "llama3", "gemma3"};
     for (int i = 0; i < 3; i++)

@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_tokenizer_load.c - libFuzzer target for the tokenizer.json
- * loader (engine/tokenizer/tok_load.c): tokenizer files come with downloaded
+ * loader (tokenizer/tok_load.c): tokenizer files come with downloaded
  * models and are untrusted.
  *
  * Input: a tokenizer.json text. Loading may fail, never crash; a tokenizer

@@ -8,7 +8,7 @@ Reference implementations: HF `tokenizers` (encode/decode) and `transformers`
 (apply_chat_template). They run on the CPU, so this script may be run on any
 machine that has both (the committed fixtures were made with tokenizers 0.23
 and transformers 5.2x on a development machine). The real tokenizer files are
-read from ../shared/tokenizers/ beside the checkout.
+read from tests/fixtures/tokenizers/.
 
 Writes tests/fixtures/tokenizer/:
   corpus.json         {"texts_hex": [...]}: >= 200 strings (UTF-8, hex so NULs survive JSON parsers)
@@ -20,7 +20,7 @@ Writes tests/fixtures/tokenizer/:
                       decode_skip_hex  decode(ids_special, skip_special_tokens=True)
   chat.json           per tokenizer: conversations, apply_chat_template text and ids
 
-Usage: python3 tests/reference/make_tokenizer_fixtures.py [--shared DIR] [--out DIR]
+Usage: python3 tests/reference/make_tokenizer_fixtures.py [--tokenizers DIR] [--out DIR]
 """
 import argparse
 import gzip
@@ -103,9 +103,9 @@ def corpus():
     return c
 
 
-def load_hf(shared, name):
+def load_hf(tokdir, name):
     from tokenizers import Tokenizer
-    with gzip.open(os.path.join(shared, name + ".tokenizer.json.gz"), "rt", encoding="utf-8") as f:
+    with gzip.open(os.path.join(tokdir, name + ".tokenizer.json.gz"), "rt", encoding="utf-8") as f:
         text = f.read()
     return Tokenizer.from_str(text), text
 
@@ -147,12 +147,12 @@ TOOL_CONVERSATION = [
 ]
 
 
-def chat_fixtures(shared, name):
+def chat_fixtures(tokdir, name):
     from transformers import AutoTokenizer
     out = []
     with tempfile.TemporaryDirectory() as d:
         for src, dst in [(".tokenizer.json.gz", "tokenizer.json"), (".tokenizer_config.json.gz", "tokenizer_config.json")]:
-            with gzip.open(os.path.join(shared, name + src), "rb") as f, open(os.path.join(d, dst), "wb") as g:
+            with gzip.open(os.path.join(tokdir, name + src), "rb") as f, open(os.path.join(d, dst), "wb") as g:
                 g.write(f.read())
         tok = AutoTokenizer.from_pretrained(d)
         for conv in CONVERSATIONS:
@@ -187,7 +187,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     src = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", default=os.path.join(src, "..", "shared", "tokenizers"))
+    ap.add_argument("--tokenizers", default=os.path.join(src, "tests", "fixtures", "tokenizers"))
     ap.add_argument("--out", default=os.path.join(src, "tests", "fixtures", "tokenizer"))
     ap.add_argument("--no-chat", action="store_true", help="skip the transformers chat fixtures")
     a = ap.parse_args()
@@ -196,7 +196,7 @@ def main():
     with open(os.path.join(a.out, "corpus.json"), "w") as f:
         json.dump({"texts_hex": [hexs(s) for s in texts]}, f, separators=(",", ":"))
     for name in NAMES:
-        tok, _ = load_hf(a.shared, name)
+        tok, _ = load_hf(a.tokenizers, name)
         rec = {"ids_add": [], "ids_special": [], "ids_plain": [], "decode_hex": [], "decode_skip_hex": []}
         for s in texts:
             rec["ids_add"].append(encode(tok, s, True, False))
@@ -209,7 +209,7 @@ def main():
             json.dump(rec, f, separators=(",", ":"))
         print(name, "ok", file=sys.stderr)
     if not a.no_chat:
-        chat = {name: chat_fixtures(a.shared, name) for name in NAMES}
+        chat = {name: chat_fixtures(a.tokenizers, name) for name in NAMES}
         with open(os.path.join(a.out, "chat.json"), "w") as f:
             json.dump(chat, f, ensure_ascii=False, indent=0)
 

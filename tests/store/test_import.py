@@ -16,7 +16,7 @@ from storeutil import (gen_model, lms, read_safetensors_raw, run_tests, scratch,
                        segments_size)
 
 D = scratch("import")
-TOK = os.path.join(os.environ.get("LMS_SRC_DIR", "."), "..", "shared", "tokenizers", "qwen3")
+TOK = os.path.join(os.environ.get("LMS_SRC_DIR", "."), "tests", "fixtures", "tokenizers", "qwen3")
 
 
 def info(store, model):
@@ -135,9 +135,7 @@ def test_identical_tensors_within_a_model_stored_once():
 
 
 def test_side_files_round_trip_and_metadata_kept():
-    args = ["--arch", "qwen3", "--chat-template", "--metadata", "--shard-size", "16K"]
-    if os.path.exists(TOK + ".tokenizer.json.gz"):
-        args += ["--tokenizer", TOK]
+    args = ["--arch", "qwen3", "--chat-template", "--metadata", "--shard-size", "16K", "--tokenizer", TOK]
     src = gen_model(os.path.join(D, "side"), *args)
     store = os.path.join(D, "s_side")
     lms("import", src, "--store", store, "-q", check=0)

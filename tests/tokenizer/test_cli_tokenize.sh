@@ -9,17 +9,17 @@ set -euo pipefail
 : "${LMS_SRC_DIR:?}" "${LMS_BIN:?}" "${LMS_TMP:?}"
 rm -rf "$LMS_TMP" && mkdir -p "$LMS_TMP"
 T=$LMS_TMP
-shared="$LMS_SRC_DIR/../shared/tokenizers"
+toks="$LMS_SRC_DIR/tests/fixtures/tokenizers"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-gzip -dc "$shared/gemma3.tokenizer.json.gz" > "$T/gemma.json"
-gzip -dc "$shared/gemma3.tokenizer_config.json.gz" > "$T/gemma_config.json"
+gzip -dc "$toks/gemma3.tokenizer.json.gz" > "$T/gemma.json"
+gzip -dc "$toks/gemma3.tokenizer_config.json.gz" > "$T/gemma_config.json"
 
 # a tiny model with Qwen3's tokenizer files, imported into a store
 python3 "$LMS_SRC_DIR/tests/gen_model.py" "$T/src" --arch qwen3 --hidden 32 --layers 1 \
-    --tokenizer "$shared/qwen3" > /dev/null
+    --tokenizer "$toks/qwen3" > /dev/null
 "$LMS_BIN" import "$T/src" --store "$T/store" --name tiny > /dev/null
-gzip -dc "$shared/qwen3.tokenizer.json.gz" > "$T/qwen.json"
+gzip -dc "$toks/qwen3.tokenizer.json.gz" > "$T/qwen.json"
 
 text=$'Hello world! It\'s 12345 <|im_start|>user\n日本語 🏳️‍🌈'
 # everything HF says, computed in one process: want.NAME files

@@ -5,8 +5,8 @@ against HuggingFace `tokenizers` (PyPI) directly, on a seeded random corpus of
 scripts and symbols tokenizers treat specially), whitespace and digit runs,
 slices and splices of the fixture corpus, and special-token text.
 
-For the real Qwen3, Llama 3 and Gemma 3 tokenizers ($LMS_SRC_DIR/../shared/
-tokenizers) every string is encoded three ways (CLI default, --special,
+For the real Qwen3, Llama 3 and Gemma 3 tokenizers ($LMS_SRC_DIR/tests/
+fixtures/tokenizers) every string is encoded three ways (CLI default, --special,
 --no-add-special) and the ids must equal HF's; HF's ids and random id
 sequences (invalid UTF-8 included) must decode to HF's text, in one call and
 through the streaming detokenizer.
@@ -187,11 +187,11 @@ if LIGHT:
 
 
 def real_tokenizers(texts):
-    shared = os.path.join(SRC, "..", "shared", "tokenizers")
+    toks = os.path.join(SRC, "tests", "fixtures", "tokenizers")
     r = random.Random(7)
     for name in ["qwen3", "llama3", "gemma3"]:
         path = os.path.join(TMP, name + ".tokenizer.json")
-        with gzip.open(os.path.join(shared, name + ".tokenizer.json.gz"), "rb") as f, open(path, "wb") as g:
+        with gzip.open(os.path.join(toks, name + ".tokenizer.json.gz"), "rb") as f, open(path, "wb") as g:
             g.write(f.read())
         hf = Tokenizer.from_file(path)
         compare_encode(name, path, hf, texts, MODES)

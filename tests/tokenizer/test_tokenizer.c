@@ -1,7 +1,7 @@
 /*
  * tests/tokenizer/test_tokenizer.c - lmstore's tokenizer against HuggingFace:
  * the real Qwen3, Llama 3 and Gemma 3 tokenizer.json files
- * ($LMS_SRC_DIR/../shared/tokenizers) encode the fixture corpus to exactly the
+ * ($LMS_SRC_DIR/tests/fixtures/tokenizers) encode the fixture corpus to exactly the
  * ids HF `tokenizers` gave (with and without special tokens, special tokens
  * parsed or not), decode to exactly HF's text (one call and streamed), and
  * render chats exactly as transformers' apply_chat_template
@@ -62,8 +62,8 @@ static lms_tokenizer *load_real(const char *name)
 {
     char *dir = lms_test_tmpdir(name);
     char *out = NULL;
-    int st = lms_test_sh(&out, "gzip -dc '%s/../shared/tokenizers/%s.tokenizer.json.gz' > '%s/tokenizer.json' && "
-                               "gzip -dc '%s/../shared/tokenizers/%s.tokenizer_config.json.gz' > '%s/tokenizer_config.json'",
+    int st = lms_test_sh(&out, "gzip -dc '%s/tests/fixtures/tokenizers/%s.tokenizer.json.gz' > '%s/tokenizer.json' && "
+                               "gzip -dc '%s/tests/fixtures/tokenizers/%s.tokenizer_config.json.gz' > '%s/tokenizer_config.json'",
                          lms_test_src(), name, dir, lms_test_src(), name, dir);
     if (st != 0)
         fail_msg("cannot unpack the %s tokenizer: %s", name, out ? out : "");

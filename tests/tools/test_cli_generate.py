@@ -190,11 +190,10 @@ def test_chat_default_system_message_comes_from_the_template():
             "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
             "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
             "{% endif %}")
-    qwen3_cfg = os.path.join(tm.SRC, "..", "shared", "tokenizers", "qwen3.tokenizer_config.json.gz")
+    qwen3_cfg = os.path.join(tm.SRC, "tests", "fixtures", "tokenizers", "qwen3.tokenizer_config.json.gz")
     templates = {"smol": (smol, "You are a helpful AI assistant named SmolLM, trained by Hugging Face")}
-    if os.path.exists(qwen3_cfg):  # Qwen3 opens a system turn only for tools: no default
-        with gzip.open(qwen3_cfg) as f:
-            templates["qwen3"] = (json.load(f)["chat_template"], None)
+    with gzip.open(qwen3_cfg) as f:  # Qwen3 opens a system turn only for tools: no default
+        templates["qwen3"] = (json.load(f)["chat_template"], None)
     src = os.path.join(tm.TMP, "generate", "tiny-hf")
     for name, (template, default) in templates.items():
         d = os.path.join(tm.TMP, "generate", f"tiny-{name}")

@@ -1,5 +1,5 @@
 /*
- * engine/tokenizer/tok_decode.c - ids -> text: the HF decoder chain run over
+ * tokenizer/tok_decode.c - ids -> text: the HF decoder chain run over
  * the list of token strings (what lms_tokenizer_decode must reproduce
  * exactly, invalid bytes included), the streaming detokenizer that releases
  * text as soon as it is complete UTF-8, and the stop-string matcher.
@@ -11,7 +11,7 @@
  */
 #include <string.h>
 
-#include "engine/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 static const char REPL_CHAR[] = "\xEF\xBF\xBD";
 

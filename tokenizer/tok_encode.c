@@ -1,5 +1,5 @@
 /*
- * engine/tokenizer/tok_encode.c - text -> ids, step for step as HuggingFace
+ * tokenizer/tok_encode.c - text -> ids, step for step as HuggingFace
  * `tokenizers` does it:
  *
  *   1. split the raw text on added tokens that are not normalized
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "engine/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 /* ---- per-call context ------------------------------------------------------ */
 

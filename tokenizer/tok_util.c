@@ -1,12 +1,12 @@
 /*
- * engine/tokenizer/tok_util.c - small pieces the tokenizer is built from:
+ * tokenizer/tok_util.c - small pieces the tokenizer is built from:
  * hash maps (string -> id, u64 -> u64), a growable buffer, UTF-8 decoding
  * with Rust's lossy semantics (what HF decode does on invalid bytes), the
  * GPT-2 byte alphabet and Unicode whitespace.
  */
 #include <string.h>
 
-#include "engine/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 /* ---- growable buffer ------------------------------------------------------- */
 

@@ -1,5 +1,5 @@
 /*
- * engine/tokenizer/tok_load.c - reads a HuggingFace tokenizer.json (and the
+ * tokenizer/tok_load.c - reads a HuggingFace tokenizer.json (and the
  * optional tokenizer_config.json) into an lms_tokenizer.
  *
  * The file is untrusted: every field is type-checked, every id range-checked,
@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 int lms__tok_normalize(const lms_tokenizer *t, const char *s, size_t n, tok_buf *out);
 

@@ -1,5 +1,5 @@
 /*
- * engine/tokenizer/tok_internal.h - the loaded form of a tokenizer.json,
+ * tokenizer/tok_internal.h - the loaded form of a tokenizer.json,
  * shared by the loader (tok_load.c), the encoder (tok_encode.c), the
  * decoders (tok_decode.c) and the chat formats (chat.c).
  *

@@ -1,5 +1,5 @@
 /*
- * engine/tokenizer/chat.c - built-in chat formats (ChatML as Qwen3 writes
+ * tokenizer/chat.c - built-in chat formats (ChatML as Qwen3 writes
  * it, Llama 3, Gemma 3), chosen by recognising the markers of a model's Jinja
  * chat template. lmstore does not run Jinja: each format is written out in C
  * to produce, byte for byte, what the model's own template renders for
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 static const char *const stops_chatml[] = {"<|im_end|>", "<|endoftext|>", NULL};
 static const char *const stops_llama3[] = {"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", NULL};
