@@ -9,8 +9,9 @@
 #   make8b           a Llama-3-8B-shaped bf16 model with random weights
 #                    (bench/bench_load_hf.py make), imported as llama8b
 #   bench8b          `lmstore bench engine llama8b --device cuda`: decode at 128
-#                    and 4096 tokens of context, prefill of 2048; the HBM read
-#                    bandwidth (torch sum) and bf16 matrix rate next to it
+#                    and 4096 tokens of context, prefill of 2048, a 4096-token
+#                    session resumed against recomputed (raw and default codec);
+#                    the HBM read bandwidth (torch sum) and bf16 matrix rate next to it
 #   peers8b          transformers on the same weights: decode (eager and static
 #                    cache compiled), prefill 2048; greedy ids against lmstore's
 #   smollm2 GGUF     the default model from its GGUF: greedy ids of lmstore on
@@ -62,7 +63,8 @@ bench8b() {
     say "lmstore bench engine (H200, llama8b)"
     $PY bench/bench_engine_hf.py hbm 16 | jl
     $PY bench/bench_engine_hf.py matmul | jl
-    for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 5"; do
+    for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 5" \
+        "--prompt 128 --gen 8 --reps 1 --session 4096 --codec raw" "--prompt 128 --gen 8 --reps 1 --session 4096"; do
         timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
     done
     LMSTORE_CUDA_PDL=0 timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 128 \

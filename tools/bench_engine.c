@@ -16,6 +16,10 @@
  *             same process.
  * Each of --reps repetitions starts from an empty sequence with the prefix
  * cache dropped; the median is reported.
+ *
+ * --session N: a sequence of N tokens is prefilled (timed), saved into the
+ * store as a session (--codec, default the KV cache's), and resumed into
+ * the emptied cache (timed): resume against recompute.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,10 +36,12 @@
 
 static const char usage[] =
     "usage: lmstore bench engine MODEL [--store DIR] [--device cpu|cuda|cuda:N] [--prompt N] [--gen N]\n"
-    "           [--ctx N] [--reps R] [--threads T] [--kv-dtype f16|bf16|f32] [--membw-mib N] [--json]\n"
+    "           [--ctx N] [--reps R] [--threads T] [--kv-dtype f16|bf16|f32] [--membw-mib N] [--session N]\n"
+    "           [--codec C] [--json]\n"
     "  --prompt N   prefill length measured (default 512)\n"
     "  --gen N      tokens generated for the decode rate (default 128)\n"
-    "  --ctx N      context when decode starts (default: the prompt)\n";
+    "  --ctx N      context when decode starts (default: the prompt)\n"
+    "  --session N  also prefill, save and resume a session of N tokens (--codec raw|zstd|shuffle-zstd)\n";
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -58,7 +64,8 @@ static int quiet(void *u, int32_t id, const char *p, size_t l)
 int lms_bench_engine(int argc, char **argv)
 {
     const char *store_opt = NULL, *model = NULL, *devname = NULL, *v;
-    int64_t prompt = 512, gen = 128, ctx = 0, reps = 3, threads = 0, membw_mib = 0, n;
+    int64_t prompt = 512, gen = 128, ctx = 0, reps = 3, threads = 0, membw_mib = 0, session = 0, n;
+    lms_kv_save_params sp = lms_kv_default_save_params();
     bool json = false;
     lms_dtype kvdt = LMS_DTYPE_F16;
     for (int i = 1; i < argc;) {
@@ -70,6 +77,11 @@ int lms_bench_engine(int argc, char **argv)
         else if (lms_cli_opt(argc, argv, &i, "--reps", &v) && lms_cli_parse_i64(v, &n) && n > 0) reps = n;
         else if (lms_cli_opt(argc, argv, &i, "--threads", &v) && lms_cli_parse_i64(v, &n) && n >= 0) threads = n;
         else if (lms_cli_opt(argc, argv, &i, "--membw-mib", &v) && lms_cli_parse_i64(v, &n) && n > 0) membw_mib = n;
+        else if (lms_cli_opt(argc, argv, &i, "--session", &v) && lms_cli_parse_i64(v, &n) && n > 0) session = n;
+        else if (lms_cli_opt(argc, argv, &i, "--codec", &v)) {
+            if (lms_kv_codec_from_name(v, &sp.codec))
+                return lms_cli_usage("bench engine", "--codec: '%s' is not raw, zstd or shuffle-zstd", v);
+        }
         else if (lms_cli_opt(argc, argv, &i, "--kv-dtype", &v)) {
             if (!strcmp(v, "f16")) kvdt = LMS_DTYPE_F16;
             else if (!strcmp(v, "bf16")) kvdt = LMS_DTYPE_BF16;
@@ -93,7 +105,7 @@ int lms_bench_engine(int argc, char **argv)
     int32_t *toks = NULL;
     double *pf = NULL, *dec = NULL;
     const char *path = lms_cli_store_path(store_opt);
-    if ((rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, &st))) {
+    if ((rc = lms_store_open(path, session ? 0 : LMS_STORE_RDONLY, NULL, &st))) {
         lms_cli_fail("bench engine", rc, path);
         goto out;
     }
@@ -112,7 +124,7 @@ int lms_bench_engine(int argc, char **argv)
     ep.device = dev;
     ep.threads = (int)threads;
     ep.kv_dtype = kvdt;
-    ep.n_ctx = (uint32_t)(ctx + gen + 16);
+    ep.n_ctx = (uint32_t)(LMS_MAX(ctx + gen, session) + 16);
     ep.no_tokenizer = true;
     if ((rc = lms_engine_create(m, &ep, &e))) {
         lms_cli_fail("bench engine", rc, model);
@@ -138,7 +150,8 @@ int lms_bench_engine(int argc, char **argv)
     double flops_pf = 2.0 * params * prompt + 4.0 * info.n_layers * info.n_heads * info.head_dim * 0.5 *
                                                   (double)prompt * (double)prompt;
 
-    toks = malloc(sizeof(int32_t) * (size_t)ctx);
+    int64_t ntoks = LMS_MAX(ctx, session);
+    toks = malloc(sizeof(int32_t) * (size_t)ntoks);
     pf = calloc((size_t)reps, sizeof *pf);
     dec = calloc((size_t)reps, sizeof *dec);
     if (!toks || !pf || !dec) {
@@ -146,7 +159,7 @@ int lms_bench_engine(int argc, char **argv)
         goto out;
     }
     uint32_t seed = 12345;
-    for (int64_t i = 0; i < ctx; i++) {
+    for (int64_t i = 0; i < ntoks; i++) {
         seed = seed * 1103515245u + 12345u;
         toks[i] = (int32_t)((seed >> 8) % info.n_vocab);
     }
@@ -186,17 +199,52 @@ int lms_bench_engine(int argc, char **argv)
     double bw = lms__fwd_membw(e->fwd, probe);
     double roof = bw > 0 ? dec_med * bytes_tok / (bw * 1e9) : 0;
     double tflops = pf_med / prompt * flops_pf / 1e12;
+    /* a session: recompute (prefill) against resume */
+    double s_pf = 0, s_save = 0, s_res = 0;
+    uint64_t s_raw = 0, s_stored = 0;
+    if (session) {
+        static const char sname[] = "lmstore-bench-session";
+        lms_kv_io_stats io;
+        lms_engine_reset(e);
+        lms_kv_drop_cached(e->kv);
+        double a = lms__now();
+        if ((rc = lms_engine_eval(e, toks, (size_t)session, NULL, 0)))
+            goto session_fail;
+        s_pf = lms__now() - a;
+        a = lms__now();
+        memset(&io, 0, sizeof io);
+        if ((rc = lms_kv_save_ex(e->kv, e->seq, st, sname, &sp, &io)))
+            goto session_fail;
+        s_save = lms__now() - a;
+        s_raw = io.raw_bytes;
+        s_stored = io.stored_bytes;
+        lms_engine_reset(e);
+        lms_kv_drop_cached(e->kv); /* nothing of it stays in device memory */
+        a = lms__now();
+        if ((rc = lms_engine_session_load(e, st, sname)))
+            goto session_fail;
+        s_res = lms__now() - a;
+        lms_kv_session_rm(st, sname);
+    session_fail:
+        if (rc) {
+            lms_cli_fail("bench engine", rc, model);
+            goto out;
+        }
+    }
     if (json) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"kv_dtype\": \"%s\", "
                "\"load_s\": %.3f, \"n_layers\": %u, \"n_embd\": %u, \"n_vocab\": %u, \"weight_bytes\": %llu, "
                "\"matrix_params\": %llu, \"prompt\": %lld, \"prefill_block\": %u, \"prefill_tps\": %.1f, "
                "\"prefill_ms\": %.2f, \"prefill_tflops\": %.1f, \"ctx\": %lld, \"gen\": %lld, \"decode_tps\": %.2f, "
                "\"decode_ms\": %.3f, \"bytes_per_token\": %.0f, \"membw_gbps\": %.1f, \"roofline\": %.3f, "
-               "\"reps\": %lld}\n",
+               "\"reps\": %lld, \"session_tokens\": %lld, \"session_codec\": \"%s\", \"session_prefill_s\": %.4f, "
+               "\"session_save_s\": %.4f, \"session_resume_s\": %.4f, \"session_raw_bytes\": %llu, "
+               "\"session_stored_bytes\": %llu}\n",
                model, info.device, info.kernels, info.threads, lms_dtype_name(kvdt), load_s, info.n_layers,
                info.n_embd, info.n_vocab, (unsigned long long)wbytes, (unsigned long long)params, (long long)prompt,
                info.prefill_block, pf_med, prompt / pf_med * 1e3, tflops, (long long)ctx, (long long)gen, dec_med,
-               1e3 / dec_med, bytes_tok, bw, roof, (long long)reps);
+               1e3 / dec_med, bytes_tok, bw, roof, (long long)reps, (long long)session, lms_kv_codec_name(sp.codec),
+               s_pf, s_save, s_res, (unsigned long long)s_raw, (unsigned long long)s_stored);
     } else {
         printf("%s on %s (%s), KV %s\n", model, info.device, info.kernels, lms_dtype_name(kvdt));
         printf("  prefill %lld tokens: %.1f tok/s (%.2f ms, %.1f TFLOP/s)\n", (long long)prompt, pf_med,
@@ -205,6 +253,11 @@ int lms_bench_engine(int argc, char **argv)
                1e3 / dec_med);
         printf("  %.2f GB read per token; memory read bandwidth %.1f GB/s: %.1f%% of the roofline\n",
                bytes_tok / 1e9, bw, roof * 100);
+        if (session)
+            printf("  session of %lld tokens (%s): prefill %.1f ms, save %.1f ms, resume %.1f ms (%.1fx faster than "
+                   "the prefill)\n",
+                   (long long)session, lms_kv_codec_name(sp.codec), s_pf * 1e3, s_save * 1e3, s_res * 1e3,
+                   s_pf / s_res);
     }
     status = LMS_EXIT_OK;
 out:
