@@ -78,9 +78,6 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
         e->p.n_ctx = LMS_MIN(hp->max_pos, 4096u);
     if (e->p.n_ctx > (1u << 20))
         return lms__err(LMS_EINVAL, "engine: n_ctx %u is too large", e->p.n_ctx);
-    if (e->p.n_ctx > hp->max_pos)
-        lms__warn("%s: a context of %u tokens is more than the model's max_position_embeddings (%u)", src->name,
-                  e->p.n_ctx, hp->max_pos);
     if (e->p.kv_dtype == LMS_DTYPE_BOOL)
         e->p.kv_dtype = LMS_DTYPE_F16;
     if (e->p.kv_dtype != LMS_DTYPE_F32 && e->p.kv_dtype != LMS_DTYPE_F16 && e->p.kv_dtype != LMS_DTYPE_BF16)

@@ -873,9 +873,13 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     if (s->rdonly)
         return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
 
-    /* 1. source */
-    if ((rc = lms__gguf_is_source(src) ? lms__gguf_source_open(src, &m.src) : lms__st_source_open(src, &m.src)))
+    /* 1. source (a GGUF file's refusal says it is GGUF: its messages are its own format's) */
+    bool gguf = lms__gguf_is_source(src);
+    if ((rc = gguf ? lms__gguf_source_open(src, &m.src) : lms__st_source_open(src, &m.src))) {
+        if (gguf && rc == LMS_EFORMAT)
+            lms__err_prefix(rc, "GGUF ");
         goto out;
+    }
     if (m.p.name) {
         m.name = m.p.name;
     } else {

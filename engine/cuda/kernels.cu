@@ -470,11 +470,41 @@ __global__ void prologue_kernel(void *out, const float *x, const float *x2, int 
         return;
     const float *xr = x + (size_t)(row0 + b) * ldx, *x2r = x2 ? x2 + (size_t)(row0 + b) * ldx : nullptr;
     float r = 1.f;
+    const bool vec = K % 4 == 0 && ldx % 4 == 0;
     if (pro == LMS_CU_PRO_NORM) {
         float ss = 0;
-        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xr[i] * xr[i];
+        if (vec)
+            for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4) {
+                float4 v = *(const float4 *)(xr + i);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        else
+            for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xr[i] * xr[i];
         ss = block_sum(ss, red);
         r = 1.0f / sqrtf(ss / (float)K + eps);
+    }
+    if (vec) { /* 4 elements a thread: 16-byte loads */
+        for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4) {
+            float4 xv = *(const float4 *)(xr + i);
+            float v[4] = {xv.x, xv.y, xv.z, xv.w};
+            if (pro == LMS_CU_PRO_NORM) {
+                float4 nv = *(const float4 *)(norm + i);
+                v[0] = nv.x * (v[0] * r), v[1] = nv.y * (v[1] * r), v[2] = nv.z * (v[2] * r), v[3] = nv.w * (v[3] * r);
+            } else if (pro != LMS_CU_PRO_NONE) {
+                float4 uv = *(const float4 *)(x2r + i);
+                v[0] = act_f(pro, v[0]) * uv.x, v[1] = act_f(pro, v[1]) * uv.y;
+                v[2] = act_f(pro, v[2]) * uv.z, v[3] = act_f(pro, v[3]) * uv.w;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                elem<T>::put(out, (size_t)b * K + i + e, v[e]);
+                if (split) {
+                    float hi = elem<T>::get(out, (size_t)b * K + i + e);
+                    elem<T>::put(out, (size_t)(nb + b) * K + i + e, v[e] - hi);
+                }
+            }
+        }
+        return;
     }
     for (int i = threadIdx.x; i < K; i += blockDim.x) {
         float v = pro == LMS_CU_PRO_NORM ? norm[i] * (xr[i] * r)

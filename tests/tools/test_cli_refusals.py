@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-tests/tools/test_cli_refusals.py - clear refusals: a GGUF file or a text
+tests/tools/test_cli_refusals.py - clear refusals: a malformed GGUF file or a text
 file given to `import` is named for what it is; a folder without
 config.json is imported with a warning and `run` names the missing file;
 bad session names are refused before anything is generated; `detokenize`
@@ -48,15 +48,16 @@ def gguf_file(path):
 
 
 def test_gguf_file_is_named_as_gguf():
+    # GGUF imports (tests/store/test_import_gguf.py); a malformed one is refused as GGUF,
+    # not as a safetensors header-length overflow
     g = gguf_file(os.path.join(D, "model.gguf"))
-    p = refused(["import", g, "--store", STORE], 1, "model.gguf", "GGUF", "not supported yet")
+    p = refused(["import", g, "--store", STORE], 1, "model.gguf", "GGUF")
     assert "header length" not in p.stderr, p.stderr
-    # a folder of GGUF files only, and a store that did not exist: none is created
+    # a folder of (malformed) GGUF files only, and a store that did not exist: none is created
     folder = os.path.join(D, "ggufdir")
     os.makedirs(folder, exist_ok=True)
     gguf_file(os.path.join(folder, "m-Q4_K_M.gguf"))
-    refused(["import", folder, "--store", os.path.join(D, "newstore")], 1, "only GGUF", "not supported yet",
-            store=os.path.join(D, "newstore"))
+    refused(["import", folder, "--store", os.path.join(D, "newstore")], 1, "GGUF", store=os.path.join(D, "newstore"))
 
 
 def test_text_file_is_named_as_not_safetensors():
