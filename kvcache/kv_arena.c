@@ -58,6 +58,7 @@ int lms_kv_destroy(lms_kv *kv)
     if (kv->n_seq_free != kv->max_seqs)
         return lms__err(LMS_EBUSY, "KV cache: %u sequences are still live; free them first",
                         kv->max_seqs - kv->n_seq_free);
+    lms__kv_io_free(kv);
     if (kv->arena)
         kv->dev->ops->free(kv->dev, kv->arena);
     lms__free(kv->refs);

@@ -75,7 +75,12 @@ struct lms_kv {
     uint32_t *table_mem;
 
     uint64_t evictions, cow_copies;
+
+    struct lms__kv_io *io; /* save/resume buffers of a device arena, kept between calls (kv_persist.c) */
 };
+
+/* Free the save/resume I/O buffers and streams of kv (lms_kv_destroy). */
+void lms__kv_io_free(lms_kv *kv);
 
 /* Key of a page holding tokens[0..n) after the page keyed `parent` (zero
  * hash for the first page): XXH3-128 over parent, model id, layout, n and

@@ -98,52 +98,129 @@ static void keep_detail(char *dst, size_t n, int rc)
 /* The workers of a save or a resume: a pool, and per worker a codec
  * context (its scratch one raw page) and up to KV_WBUFS buffers. For a
  * device arena the buffers are page-locked host memory from the device
- * (when it has an allocator for it), so each worker's page copy is a DMA
- * that overlaps the other workers' compression: no host copy of the whole
- * cache is ever made. */
-#define KV_WBUFS 3
+ * (when it has an allocator for it), kept by the cache between calls
+ * (allocating pinned memory costs milliseconds a buffer), and each worker
+ * has a stream: a page's upload to the device is a DMA that runs while
+ * the worker reads and checks its next page into its other image buffer.
+ * No host copy of the whole cache is ever made. */
+#define KV_WBUFS 4
+#define KV_IO_MAX_WORKERS 64
 typedef struct kv_workers {
     lms_pool *pool;
     int n;
     lms__kv_codec_ctx *codec;
     uint8_t **buf[KV_WBUFS]; /* buf[k][worker], sizes[k] bytes (none when 0) */
-    lms_device *pinned;      /* the device whose pinned memory buf[] is, or NULL (malloc) */
+    lms_stream **stream;     /* [worker] device arenas with streams, else NULL */
+    lms_event **event;       /* [worker * 2 + image]: the last upload out of that image buffer */
+    bool cached;             /* buffers and streams belong to kv->io (kept), else owned here */
 } kv_workers;
 
+/* Pinned buffers and streams of a device arena's save/resume workers. */
+struct lms__kv_io {
+    uint8_t *buf[KV_IO_MAX_WORKERS][KV_WBUFS];
+    size_t size[KV_IO_MAX_WORKERS][KV_WBUFS];
+    lms_stream *stream[KV_IO_MAX_WORKERS];
+    lms_event *event[KV_IO_MAX_WORKERS][2];
+    uint8_t *bufp[KV_WBUFS][KV_IO_MAX_WORKERS]; /* the same pointers, indexed as kv_workers wants */
+    lms_stream *streamp[KV_IO_MAX_WORKERS];
+    lms_event *eventp[KV_IO_MAX_WORKERS * 2];
+};
+
+void lms__kv_io_free(lms_kv *kv)
+{
+    struct lms__kv_io *io = kv->io;
+    lms_device *d = kv->dev;
+    if (!io)
+        return;
+    for (int i = 0; i < KV_IO_MAX_WORKERS; i++) {
+        for (int k = 0; k < KV_WBUFS; k++)
+            if (io->buf[i][k])
+                d->ops->free_host(d, io->buf[i][k]);
+        for (int e = 0; e < 2; e++)
+            if (io->event[i][e])
+                d->ops->event_destroy(d, io->event[i][e]);
+        if (io->stream[i])
+            d->ops->stream_destroy(d, io->stream[i]);
+    }
+    lms__free(io);
+    kv->io = NULL;
+}
+
+static bool pinned_io(const lms_kv *kv)
+{
+    const lms_device_ops *o = kv->dev->ops;
+    return !host_arena(kv) && o->alloc_host && o->free_host;
+}
+
+/* Worker i's buffers (sizes[k] bytes at least) and stream from kv->io, allocated or grown as needed. */
+static int io_worker(lms_kv *kv, int i, const size_t sizes[KV_WBUFS])
+{
+    lms_device *d = kv->dev;
+    struct lms__kv_io *io = kv->io;
+    for (int k = 0; k < KV_WBUFS; k++) {
+        if (io->size[i][k] >= sizes[k])
+            continue;
+        if (io->buf[i][k])
+            d->ops->free_host(d, io->buf[i][k]);
+        io->buf[i][k] = NULL;
+        io->size[i][k] = 0;
+        void *p = NULL;
+        if (d->ops->alloc_host(d, sizes[k], &p))
+            return LMS_ENOMEM;
+        io->buf[i][k] = p;
+        io->size[i][k] = sizes[k];
+    }
+    if (!io->stream[i] && d->ops->stream_create && d->ops->event_create) {
+        if (d->ops->stream_create(d, &io->stream[i]) || d->ops->event_create(d, &io->event[i][0]) ||
+            d->ops->event_create(d, &io->event[i][1]))
+            return LMS_EDEVICE;
+    }
+    for (int k = 0; k < KV_WBUFS; k++) io->bufp[k][i] = io->buf[i][k];
+    io->streamp[i] = io->stream[i];
+    io->eventp[2 * i] = io->event[i][0];
+    io->eventp[2 * i + 1] = io->event[i][1];
+    return 0;
+}
+
 /* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
-static int workers_create(kv_workers *w, const lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
+static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
                           const size_t sizes[KV_WBUFS])
 {
-    if (!host_arena(kv) && kv->dev->ops->alloc_host && kv->dev->ops->free_host)
-        w->pinned = kv->dev;
     int threads = asked > 0 ? asked : lms__cpu_count();
     if (threads > (int)jobs)
         threads = jobs ? (int)jobs : 1;
+    if (pinned_io(kv))
+        threads = LMS_MIN(threads, KV_IO_MAX_WORKERS);
     int rc = lms__pool_create(threads, &w->pool);
     if (rc)
         return rc;
     w->n = lms__pool_threads(w->pool);
     if (!(w->codec = lms__calloc((size_t)w->n, sizeof *w->codec)))
         return LMS_ENOMEM;
+    for (int i = 0; i < w->n; i++)
+        if (!(w->codec[i].scratch = lms__malloc(scratch)))
+            return LMS_ENOMEM;
+    if (pinned_io(kv)) {
+        if (!kv->io && !(kv->io = lms__calloc(1, sizeof *kv->io)))
+            return LMS_ENOMEM;
+        for (int i = 0; i < w->n; i++)
+            if ((rc = io_worker(kv, i, sizes)))
+                return rc;
+        w->cached = true;
+        for (int k = 0; k < KV_WBUFS; k++) w->buf[k] = kv->io->bufp[k];
+        if (kv->io->stream[0]) {
+            w->stream = kv->io->streamp;
+            w->event = kv->io->eventp;
+        }
+        return 0;
+    }
     for (int k = 0; k < KV_WBUFS; k++)
         if (!(w->buf[k] = lms__calloc((size_t)w->n, sizeof *w->buf[k])))
             return LMS_ENOMEM;
-    for (int i = 0; i < w->n; i++) {
-        if (!(w->codec[i].scratch = lms__malloc(scratch)))
-            return LMS_ENOMEM;
-        for (int k = 0; k < KV_WBUFS; k++) {
-            if (!sizes[k])
-                continue;
-            if (w->pinned) {
-                void *p = NULL;
-                if (w->pinned->ops->alloc_host(w->pinned, sizes[k], &p))
-                    return LMS_ENOMEM;
-                w->buf[k][i] = p;
-            } else if (!(w->buf[k][i] = lms__malloc(sizes[k]))) {
+    for (int i = 0; i < w->n; i++)
+        for (int k = 0; k < KV_WBUFS; k++)
+            if (sizes[k] && !(w->buf[k][i] = lms__malloc(sizes[k])))
                 return LMS_ENOMEM;
-            }
-        }
-    }
     return 0;
 }
 
@@ -153,17 +230,12 @@ static void workers_free(kv_workers *w)
     for (int i = 0; i < w->n; i++) {
         if (w->codec)
             lms__kv_codec_ctx_free(&w->codec[i]);
-        for (int k = 0; k < KV_WBUFS; k++) {
-            if (!w->buf[k] || !w->buf[k][i])
-                continue;
-            if (w->pinned)
-                w->pinned->ops->free_host(w->pinned, w->buf[k][i]);
-            else
+        for (int k = 0; k < KV_WBUFS && !w->cached; k++)
+            if (w->buf[k])
                 lms__free(w->buf[k][i]);
-        }
     }
     lms__free(w->codec);
-    for (int k = 0; k < KV_WBUFS; k++)
+    for (int k = 0; k < KV_WBUFS && !w->cached; k++)
         lms__free(w->buf[k]);
 }
 
@@ -564,10 +636,11 @@ typedef struct res_ctx {
     uint8_t *mark;        /* n_pages of the arena: scratch of the plan */
     uint8_t *staging;     /* n_staged host pages */
     size_t max_stored;
+    uint32_t wk_count[KV_IO_MAX_WORKERS]; /* pages each worker uploaded (its image buffer alternates) */
     kv_workers wk;        /* per worker: buf[RES_UNPACK] a raw partial page, buf[RES_IN] the
                            * stored bytes of one page, buf[RES_IMAGE] a page image (device arenas) */
 } res_ctx;
-enum { RES_UNPACK, RES_IN, RES_IMAGE };
+enum { RES_UNPACK, RES_IN, RES_IMAGE, RES_IMAGE2 };
 
 /* Read page i's stored bytes and decode them into out (n raw bytes); *h = their checksum. */
 static int res_read(res_ctx *c, const res_page *rp, int worker, uint8_t *out, size_t n, uint64_t *h)
@@ -602,7 +675,16 @@ static void res_decode_one(void *arg, size_t i, int worker)
     lms_kv *kv = c->kv;
     if (c->cached[i] != KV_NONE)
         return;
-    uint8_t *dst = rp->via_host ? c->wk.buf[RES_IMAGE][worker] : rp->dst;
+    /* A page bound for a device arena decodes into one of the worker's two image
+     * buffers: the other may still be uploading. */
+    const int img = rp->via_host ? (int)(c->wk_count[worker] & 1) : 0;
+    uint8_t *dst = rp->via_host ? c->wk.buf[img ? RES_IMAGE2 : RES_IMAGE][worker] : rp->dst;
+    lms_event *ev = c->wk.event && rp->via_host ? c->wk.event[2 * worker + img] : NULL;
+    if (ev && kv->dev->ops->event_sync(kv->dev, ev)) {
+        rp->rc = LMS_EDEVICE;
+        keep_detail(rp->err, sizeof rp->err, rp->rc);
+        return;
+    }
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
     bool full = rp->n_tokens == kv->P;
@@ -623,10 +705,15 @@ static void res_decode_one(void *arg, size_t i, int worker)
     if (!full)
         unpack_page(kv, out, rp->n_tokens, dst);
     /* A free target of a device arena takes its bytes now, from this
-     * worker (overlapping with the others' decoding): a free page's bytes
-     * belong to nobody, so a later failure leaves nothing to undo. */
+     * worker (overlapping with the others' decoding, and with this worker's
+     * next page on its own stream): a free page's bytes belong to nobody, so
+     * a later failure leaves nothing to undo. */
     if (rp->via_host) {
-        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, c->target[i]), dst, kv->page_bytes, NULL);
+        lms_stream *st = c->wk.stream ? c->wk.stream[worker] : NULL;
+        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, c->target[i]), dst, kv->page_bytes, st);
+        if (!rc && ev)
+            rc = kv->dev->ops->event_record(kv->dev, ev, st);
+        c->wk_count[worker]++;
         if (rc) {
             keep_detail(rp->err, sizeof rp->err, rc);
             rp->rc = rc;
@@ -791,11 +878,17 @@ static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
 {
     lms_kv *kv = c->kv;
     const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = kv->page_bytes, [RES_IN] = c->max_stored,
-                                    [RES_IMAGE] = host_arena(kv) ? 0 : kv->page_bytes};
+                                    [RES_IMAGE] = host_arena(kv) ? 0 : kv->page_bytes,
+                                    [RES_IMAGE2] = host_arena(kv) ? 0 : kv->page_bytes};
     int rc = workers_create(&c->wk, kv, params ? params->threads : 0, c->to_read, kv->page_bytes, sizes);
     if (rc)
         return rc;
+    memset(c->wk_count, 0, sizeof c->wk_count);
     lms__pool_run(c->wk.pool, c->n_pages, res_decode_one, c);
+    /* every upload complete before any page is used */
+    for (int w = 0; c->wk.stream && w < c->wk.n; w++)
+        if (kv->dev->ops->stream_sync(kv->dev, c->wk.stream[w]))
+            return lms__err(LMS_EDEVICE, "KV session '%s': copying pages to the device failed", c->name);
     for (uint32_t i = 0; i < c->n_pages; i++) {
         const res_page *rp = &c->pages[i];
         if (rp->rc == LMS_ECORRUPT)
