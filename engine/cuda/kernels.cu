@@ -201,6 +201,207 @@ struct gemv_rows {
 };
 
 /*
+ * The end of a GEMV block: partial sums (and sums of x^2 with a norm)
+ * reduced over the block, then thread (r, b) writes row r of token b:
+ * the RMS scale, bias, residual add, and with pair_act act(gate) * up.
+ * red: GEMV_WARPS x (GEMV_R*NB + NB) floats of shared memory.
+ */
+template <int NB>
+__device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_rows &gr, int g, int nb,
+                                            float (&acc)[GEMV_R][NB], float (&ss)[NB],
+                                            float (*red)[GEMV_R * NB + NB])
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) {
+            float v = warp_sum(acc[r][b]);
+            if (lane == 0)
+                red[warp][r * NB + b] = v;
+        }
+        if (a.norm) {
+            float v = warp_sum(ss[b]);
+            if (lane == 0)
+                red[warp][GEMV_R * NB + b] = v;
+        }
+    }
+    __syncthreads();
+    if (tid >= GEMV_R * NB)
+        return;
+    const int r = tid / NB, b = tid % NB;
+    const bool live = NB == 1 || b < nb;
+    float v = 0.f, sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < GEMV_WARPS; i++) {
+        v += red[i][r * NB + b];
+        if (a.norm)
+            sq += red[i][GEMV_R * NB + b];
+    }
+    if (a.norm)
+        v *= 1.0f / sqrtf(sq / (float)a.K + a.eps);
+    int j, lr;
+    const bool okr = gr.at(a, g, r, &j, &lr);
+    if (okr) {
+        v += a.bias[j] ? a.bias[j][lr] : 0.f;
+        if (live) {
+            float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+            *y = a.acc[j] ? *y + v : v;
+        }
+    }
+    if (gr.pair) {
+        /* gate rows are r = 0, 1 and up rows r = 2, 3: exchanged through red[0] (each thread
+         * writes only the slot it alone read) */
+        const unsigned mask = 0xffffffffu >> (32 - GEMV_R * NB);
+        __syncwarp(mask);
+        red[0][tid] = v;
+        __syncwarp(mask);
+        if (r < 2 && okr && live)
+            a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, v) * red[0][(r + 2) * NB + b];
+    }
+}
+
+/* MLX affine (x = s * q + b per group of elements): BITS 4 or 8, scales and
+ * biases of type ST. 16 bytes of codes (32 or 16 elements) lie in one group. */
+template <int BITS, int ST, int NB>
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 3 : 1) gemv_mlx_kernel(const lms_cu_gemv a)
+{
+    constexpr int EPC = 128 / BITS; /* elements in 16 bytes of codes */
+    constexpr int NV = GEMV_R * NB + NB;
+    __shared__ float red[GEMV_WARPS][NV];
+    griddep_launch();
+    const int K = a.K, tid = threadIdx.x, nch = K / EPC, g = blockIdx.x, gs = a.group;
+    const gemv_rows gr(a);
+    const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)(K / gs);
+    const uint8_t *wr[GEMV_R];
+    const void *sc[GEMV_R], *bi[GEMV_R];
+    bool ok[GEMV_R];
+#pragma unroll
+    for (int r = 0; r < GEMV_R; r++) {
+        int j, lr;
+        ok[r] = gr.at(a, g, r, &j, &lr);
+        size_t row = ok[r] ? lr : 0;
+        wr[r] = (const uint8_t *)a.w[j] + row * row_bytes;
+        sc[r] = (const uint8_t *)a.scales[j] + row * srow * sizeof(typename elem<ST>::t);
+        bi[r] = (const uint8_t *)a.biases[j] + row * srow * sizeof(typename elem<ST>::t);
+    }
+    uint4 w[GEMV_R][GEMV_U];
+#pragma unroll
+    for (int u = 0; u < GEMV_U; u++) {
+        int c = tid + u * GEMV_THREADS;
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+            w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+    }
+    griddep_wait();
+    const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
+    const float *x = a.x + (size_t)a.row0 * a.ldx;
+    float acc[GEMV_R][NB], ss[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        ss[b] = 0.f;
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) acc[r][b] = 0.f;
+    }
+    for (int c0 = tid; c0 < nch; c0 += GEMV_U * GEMV_THREADS) {
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            const int c = c0 + u * GEMV_THREADS;
+            if (c >= nch)
+                break;
+            const int k0 = c * EPC, grp = k0 / gs;
+            float s[GEMV_R], bb[GEMV_R];
+#pragma unroll
+            for (int r = 0; r < GEMV_R; r++) s[r] = elem<ST>::get(sc[r], grp), bb[r] = elem<ST>::get(bi[r], grp);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (NB > 1 && b >= nb)
+                    break;
+                const float4 *xv = (const float4 *)(x + (size_t)b * a.ldx + k0);
+                const float4 *nv = a.norm ? (const float4 *)(a.norm + k0) : nullptr;
+                float xs = 0.f, dq[GEMV_R];
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++) dq[r] = 0.f;
+#pragma unroll
+                for (int q = 0; q < EPC / 4; q++) { /* 4 elements at a time: codes 4q .. 4q + 3 */
+                    float4 v4 = __ldg(xv + q);
+                    float xf[4] = {v4.x, v4.y, v4.z, v4.w};
+                    if (nv) {
+                        float4 n4 = __ldg(nv + q);
+                        ss[b] += xf[0] * xf[0] + xf[1] * xf[1] + xf[2] * xf[2] + xf[3] * xf[3];
+                        xf[0] *= n4.x, xf[1] *= n4.y, xf[2] *= n4.z, xf[3] *= n4.w;
+                    }
+                    xs += (xf[0] + xf[1]) + (xf[2] + xf[3]);
+#pragma unroll
+                    for (int r = 0; r < GEMV_R; r++) {
+                        const uint32_t wd = q * 4 * BITS / 32 == 0   ? w[r][u].x
+                                            : q * 4 * BITS / 32 == 1 ? w[r][u].y
+                                            : q * 4 * BITS / 32 == 2 ? w[r][u].z
+                                                                     : w[r][u].w;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int k = 4 * q + e; /* element within the 16 bytes */
+                            uint32_t code = (wd >> ((k % (32 / BITS)) * BITS)) & ((1u << BITS) - 1);
+                            dq[r] = fmaf((float)code, xf[e], dq[r]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++) acc[r][b] = fmaf(s[r], dq[r], fmaf(bb[r], xs, acc[r][b]));
+            }
+        }
+        const int cn = c0 + GEMV_U * GEMV_THREADS;
+        if (cn < nch) {
+#pragma unroll
+            for (int u = 0; u < GEMV_U; u++) {
+                int c = cn + u * GEMV_THREADS;
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++)
+                    w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+    gemv_finish<NB>(a, gr, g, nb, acc, ss, red);
+}
+
+/* out[r][k] = s * q + b of rows [r0, r0 + n) of an MLX affine matrix, as bf16 (a GEMM's weights). */
+template <int BITS, int ST>
+__global__ void mlx_dequant_kernel(__nv_bfloat16 *out, const uint8_t *w, const void *scales, const void *biases, int K,
+                                   int group, int r0, int n)
+{
+    griddep_launch();
+    griddep_wait();
+    const size_t total = (size_t)n * K;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = r0 + i / K;
+        int k = (int)(i % K);
+        uint32_t word = ((const uint32_t *)(w + row * ((size_t)K * BITS / 8)))[k / (32 / BITS)];
+        uint32_t q = (word >> ((k % (32 / BITS)) * BITS)) & ((1u << BITS) - 1);
+        size_t gi = row * (size_t)(K / group) + k / group;
+        out[i] = __float2bfloat16_rn(elem<ST>::get(scales, gi) * (float)q + elem<ST>::get(biases, gi));
+    }
+}
+
+/* x[b] = the dequantized embedding row tokens[b] of an MLX affine matrix, times scale. */
+template <int BITS, int ST>
+__global__ void embed_mlx_kernel(float *x, const uint8_t *w, const void *scales, const void *biases, int E, int group,
+                                 float scale, const int32_t *step)
+{
+    griddep_launch();
+    griddep_wait();
+    int b = blockIdx.x;
+    if (b >= step[LMS_CU_STEP_NB])
+        return;
+    size_t row = (size_t)step[LMS_CU_STEP_TOKENS + b];
+    const uint32_t *wr = (const uint32_t *)(w + row * ((size_t)E * BITS / 8));
+    for (int k = threadIdx.x; k < E; k += blockDim.x) {
+        uint32_t q = (wr[k / (32 / BITS)] >> ((k % (32 / BITS)) * BITS)) & ((1u << BITS) - 1);
+        size_t gi = row * (size_t)(E / group) + k / group;
+        x[(size_t)b * E + k] = (elem<ST>::get(scales, gi) * (float)q + elem<ST>::get(biases, gi)) * scale;
+    }
+}
+
+/*
  * Block g: GEMV_R rows, the whole of K split over the block's threads
  * (thread i takes the 16-byte chunks i, i + 256, ...), GEMV_U x GEMV_R
  * loads per thread in flight; partial sums reduced over the block. Many
@@ -219,7 +420,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel
     constexpr int NV = GEMV_R * NB + NB; /* reduced values: sums, then sums of squares */
     __shared__ float red[GEMV_WARPS][NV];
     griddep_launch();
-    const int K = a.K, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nch = K / per, g = blockIdx.x;
+    const int K = a.K, tid = threadIdx.x, nch = K / per, g = blockIdx.x;
     const gemv_rows gr(a);
     const size_t row_bytes = (size_t)K * sizeof(typename E::t);
     const uint8_t *wr[GEMV_R];
@@ -304,54 +505,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel
             }
         }
     }
-    /* reduce over the block */
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-#pragma unroll
-        for (int r = 0; r < GEMV_R; r++) {
-            float v = warp_sum(acc[r][b]);
-            if (lane == 0)
-                red[warp][r * NB + b] = v;
-        }
-        if (a.norm) {
-            float v = warp_sum(ss[b]);
-            if (lane == 0)
-                red[warp][GEMV_R * NB + b] = v;
-        }
-    }
-    __syncthreads();
-    if (tid >= GEMV_R * NB)
-        return;
-    const int r = tid / NB, b = tid % NB;
-    const bool live = NB == 1 || b < nb;
-    float v = 0.f, sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < GEMV_WARPS; i++) {
-        v += red[i][r * NB + b];
-        if (a.norm)
-            sq += red[i][GEMV_R * NB + b];
-    }
-    if (a.norm)
-        v *= 1.0f / sqrtf(sq / (float)K + a.eps);
-    int j, lr;
-    const bool okr = gr.at(a, g, r, &j, &lr);
-    if (okr) {
-        v += a.bias[j] ? a.bias[j][lr] : 0.f;
-        if (live) {
-            float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
-            *y = a.acc[j] ? *y + v : v;
-        }
-    }
-    if (gr.pair) {
-        /* gate rows are r = 0, 1 and up rows r = 2, 3: exchanged through red[0] (each thread
-         * writes only the slot it alone read) */
-        const unsigned mask = 0xffffffffu >> (32 - GEMV_R * NB);
-        __syncwarp(mask);
-        red[0][tid] = v;
-        __syncwarp(mask);
-        if (r < 2 && okr && live)
-            a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, v) * red[0][(r + 2) * NB + b];
-    }
+    gemv_finish<NB>(a, gr, g, nb, acc, ss, red);
 }
 
 /* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes): a warp per row. */
@@ -1318,6 +1472,52 @@ extern "C" int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream)
     case LMS_CU_BF16:
         return one ? gemv_typed<LMS_CU_BF16, 1>(a, sms, stream) : gemv_typed<LMS_CU_BF16, 8>(a, sms, stream);
     }
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype, void *stream)
+{
+    int total = 0;
+    for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
+    dim3 grid(a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R), blk(GEMV_THREADS);
+    bool one = a->nb_max == 1;
+#define LMS_CU_MLX(B, S)                                                                                               \
+    if (bits == B && stype == S)                                                                                       \
+        return one ? launch(gemv_mlx_kernel<B, S, 1>, grid, blk, 0, stream, *a)                                        \
+                   : launch(gemv_mlx_kernel<B, S, 8>, grid, blk, 0, stream, *a);
+    LMS_CU_MLX(4, LMS_CU_BF16) LMS_CU_MLX(4, LMS_CU_F16) LMS_CU_MLX(4, LMS_CU_F32)
+    LMS_CU_MLX(8, LMS_CU_BF16) LMS_CU_MLX(8, LMS_CU_F16) LMS_CU_MLX(8, LMS_CU_F32)
+#undef LMS_CU_MLX
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_mlx_dequant_launch(void *out, const void *w, const void *scales, const void *biases, int bits,
+                                         int stype, int K, int group, int r0, int n, void *stream)
+{
+    size_t total = (size_t)n * K, blocks = (total + 255) / 256;
+    dim3 grid(blocks > 65535 ? 65535 : (unsigned)blocks), blk(256);
+#define LMS_CU_DQ(B, S)                                                                                                \
+    if (bits == B && stype == S)                                                                                       \
+        return launch(mlx_dequant_kernel<B, S>, grid, blk, 0, stream, (__nv_bfloat16 *)out, (const uint8_t *)w,       \
+                      scales, biases, K, group, r0, n);
+    LMS_CU_DQ(4, LMS_CU_BF16) LMS_CU_DQ(4, LMS_CU_F16) LMS_CU_DQ(4, LMS_CU_F32)
+    LMS_CU_DQ(8, LMS_CU_BF16) LMS_CU_DQ(8, LMS_CU_F16) LMS_CU_DQ(8, LMS_CU_F32)
+#undef LMS_CU_DQ
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_embed_mlx_launch(float *x, const void *w, const void *scales, const void *biases, int bits,
+                                       int stype, int E, int group, float scale, const int32_t *step, int max_nb,
+                                       void *stream)
+{
+    dim3 grid(max_nb), blk(256);
+#define LMS_CU_EM(B, S)                                                                                                \
+    if (bits == B && stype == S)                                                                                       \
+        return launch(embed_mlx_kernel<B, S>, grid, blk, 0, stream, x, (const uint8_t *)w, scales, biases, E, group,  \
+                      scale, step);
+    LMS_CU_EM(4, LMS_CU_BF16) LMS_CU_EM(4, LMS_CU_F16) LMS_CU_EM(4, LMS_CU_F32)
+    LMS_CU_EM(8, LMS_CU_BF16) LMS_CU_EM(8, LMS_CU_F16) LMS_CU_EM(8, LMS_CU_F32)
+#undef LMS_CU_EM
     return (int)cudaErrorInvalidValue;
 }
 

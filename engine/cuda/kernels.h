@@ -60,6 +60,9 @@ typedef struct lms_cu_gemv {
     const float *norm;  /* [K] RMSNorm weight, or NULL */
     float eps;
     int pair_act;       /* 0, or LMS_CU_PRO_SILU / _GELU: write h */
+    /* MLX affine weights (lms_cu_gemv_mlx_launch): per job scales and biases [rows][K / group] */
+    const void *scales[LMS_CU_GEMV_JOBS], *biases[LMS_CU_GEMV_JOBS];
+    int group;
     float *h;           /* [nb][ldh] */
     int ldh;
     const int32_t *step; /* device step parameters (nb) */
@@ -69,6 +72,16 @@ typedef struct lms_cu_gemv {
     int y_row0;         /* first row of y */
 } lms_cu_gemv;
 int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream);
+/* The same over MLX affine weights (w: bits-bit codes packed in little-endian 32-bit words,
+ * x = s * q + b per group), bits 4 or 8, scales/biases of stype (LMS_CU_*). The input
+ * sum per group multiplies b: a product costs the codes, not a dequantized copy. */
+int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype, void *stream);
+/* Rows [r0, r0 + n) of an MLX affine matrix dequantized to bf16 (n x K): a GEMM's weights. */
+int lms_cu_mlx_dequant_launch(void *out, const void *w, const void *scales, const void *biases, int bits, int stype,
+                              int K, int group, int r0, int n, void *stream);
+/* x[b] = dequantized MLX affine embedding row tokens[b] times scale. */
+int lms_cu_embed_mlx_launch(float *x, const void *w, const void *scales, const void *biases, int bits, int stype,
+                            int E, int group, float scale, const int32_t *step, int max_nb, void *stream);
 
 /* out[b][k] = in(x[b])[k] for b < nb (nb from step, or n when step is NULL), as
  * otype: the input of a GEMM. split (16-bit otype): rows nb + b get the
