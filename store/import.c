@@ -760,11 +760,13 @@ static int drop_model(lms_store *s, MDB_txn *txn, const char *model)
     if (mrc)
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
     MDB_val k = {plen, (void *)model}, v;
-    for (mrc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+    int check;
+    for (mrc = lms__cursor_get(s, c, LMS__DB_TENSORS, &k, &v, MDB_SET_RANGE, &check); mrc == 0;
+         mrc = lms__cursor_get(s, c, LMS__DB_TENSORS, &k, &v, MDB_NEXT, &check)) {
         if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
             break;
         lms__tensor_rec tr;
-        if ((rc = lms__tensor_rec_decode(v.mv_data, v.mv_size, &tr)) ||
+        if ((rc = check) || (rc = lms__tensor_rec_decode(v.mv_data, v.mv_size, &tr)) ||
             (rc = lms__blob_ref(s, txn, tr.hash, -1, NULL)))
             break;
     }

@@ -24,7 +24,7 @@ void lms__segment_header_encode(uint8_t hdr[LMS__SEG_HEADER_SIZE], uint32_t id, 
     memset(hdr, 0, LMS__SEG_HEADER_SIZE);
     memcpy(hdr, LMS__SEG_MAGIC, 8);
     lms__put_u32(hdr + 8, LMS__SEG_BOM);
-    lms__put_u32(hdr + 12, LMS__FORMAT_VERSION);
+    lms__put_u32(hdr + 12, LMS__SEG_VERSION);
     lms__put_u32(hdr + 16, id);
     lms__put_u32(hdr + 20, LMS__SEG_HEADER_SIZE);
     memcpy(hdr + 24, uuid, 16);
@@ -50,9 +50,9 @@ int lms__segment_header_check(const void *buf, size_t len, const uint8_t *uuid, 
     if (lms__get_u64(h + 56) != lms__hash64(h, 56, 0))
         return lms__err(LMS_ECORRUPT, "%s: segment header checksum mismatch", path);
     uint32_t ver = lms__get_u32(h + 12);
-    if (ver != LMS__FORMAT_VERSION)
-        return lms__err(ver > LMS__FORMAT_VERSION ? LMS_EVERSION : LMS_ECORRUPT,
-                        "%s: segment format version %u, this build reads %u", path, ver, LMS__FORMAT_VERSION);
+    if (ver != LMS__SEG_VERSION)
+        return lms__err(ver > LMS__SEG_VERSION ? LMS_EVERSION : LMS_ECORRUPT,
+                        "%s: segment format version %u, this build reads %u", path, ver, LMS__SEG_VERSION);
     if (lms__get_u32(h + 20) != LMS__SEG_HEADER_SIZE)
         return lms__err(LMS_ECORRUPT, "%s: segment header size is not %u", path, LMS__SEG_HEADER_SIZE);
     uint32_t align = lms__get_u32(h + 40);
@@ -161,7 +161,10 @@ int lms__segment_map(lms_store *s, uint32_t id, lms__segmap *m)
     }
     void *p = mmap(NULL, (size_t)m->size, PROT_READ, MAP_SHARED, m->fd, 0);
     if (p == MAP_FAILED) {
-        rc = lms__err_errno(LMS_EIO, errno, "%s: mmap", m->path);
+        /* ENOMEM: out of address space (RLIMIT_AS) or map count: memory, not a damaged file */
+        rc = errno == ENOMEM ? lms__err(LMS_ENOMEM, "%s: mapping its %llu bytes: out of memory (address space)",
+                                        m->path, (unsigned long long)m->size)
+                             : lms__err_errno(LMS_EIO, errno, "%s: mmap", m->path);
         goto out_close;
     }
     m->base = p;
