@@ -566,6 +566,7 @@ void lms__store_unref(lms_store *s) { atomic_fetch_sub(&s->users, 1); }
 
 const char *lms_store_path(const lms_store *s) { return s->path; }
 uint32_t lms_store_alignment(const lms_store *s) { return s->alignment; }
+uint32_t lms_store_format(const lms_store *s) { return atomic_load(&((lms_store *)s)->format); }
 
 int lms_store_segment_path(const lms_store *s, uint32_t segment, char *buf, size_t len)
 {

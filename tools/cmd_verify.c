@@ -84,6 +84,7 @@ int lms_cmd_verify(int argc, char **argv)
         return lms_cli_fail("verify", rc, "open store");
     vctx c = {json, json ? cJSON_CreateArray() : NULL};
     lms_verify_report rep;
+    uint32_t format = lms_store_format(s);
     rc = lms_store_verify(s, &vp, on_problem, &c, &rep);
     if (rc) {
         cJSON_Delete(c.problems);
@@ -96,6 +97,7 @@ int lms_cmd_verify(int argc, char **argv)
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "ok", rep.problems == 0);
+        cJSON_AddNumberToObject(o, "format", format);
         if (model)
             cJSON_AddStringToObject(o, "model", model);
         cJSON_AddNumberToObject(o, "models", (double)rep.models);
