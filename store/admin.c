@@ -302,36 +302,6 @@ int lms__kvset_load(lms_store *s, MDB_txn *txn, lms__kvset *ks, lms__kv_problem_
 
 /* ---- locks and readers ---------------------------------------------------------------------------- */
 
-int lms__admin_lock(lms_store *s, int *fd)
-{
-    *fd = -1;
-    if (s->rdonly)
-        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
-    int f = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
-    if (f < 0)
-        return f;
-    while (flock(f, LOCK_EX)) {
-        if (errno != EINTR) {
-            int rc = lms__err_errno(LMS_EIO, errno, "%s: flock", s->lock_path);
-            close(f);
-            return rc;
-        }
-    }
-    *fd = f;
-    atomic_fetch_add(&s->append_locks, 1);
-    return 0;
-}
-
-void lms__admin_unlock(lms_store *s, int fd)
-{
-    if (fd < 0)
-        return;
-    int was = atomic_fetch_sub(&s->append_locks, 1);
-    assert(was > 0);
-    (void)was;
-    close(fd); /* releases the flock */
-}
-
 typedef struct readers_ctx {
     uint64_t min_txnid; /* oldest snapshot in use; UINT64_MAX if none */
 } readers_ctx;
@@ -642,12 +612,12 @@ static int copy_or_move(lms_store *s, const char *src, const char *dst, bool mov
         return lms__err(LMS_EEXIST, "model '%s' already exists in %s", dst, s->path);
     /* cp adds references to existing blobs: hold the append lock so gc
      * cannot be deleting one of them (store_internal.h invariant 3) */
-    int lock = -1;
-    if (!move && (rc = lms__admin_lock(s, &lock)))
+    lms__lock lock = LMS__LOCK_NONE;
+    if (!move && (rc = lms__lock_take(s, &lock)))
         return rc;
     cp_ctx c = {src, dst, move};
     rc = lms__txn_write(s, cp_txn, &c);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     return rc;
 }
 

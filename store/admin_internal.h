@@ -93,14 +93,6 @@ int lms__kvset_load(lms_store *s, MDB_txn *txn, lms__kvset *ks, lms__kv_problem_
 lms__kvpage_ent *lms__kvset_page(const lms__kvset *ks, const uint8_t key[16]);
 void lms__kvset_free(lms__kvset *ks);
 
-/* ---- the append lock without an append session -------------------------------------------- */
-
-/* flock(LOCK_EX) on STORE/lock (store_internal.h invariant 3); *fd to pass
- * to lms__admin_unlock. Never call while this process has an append
- * session open (flock would wait on ourselves). */
-int lms__admin_lock(lms_store *s, int *fd);
-void lms__admin_unlock(lms_store *s, int fd); /* fd -1 (not locked) ok */
-
 /* Wait until no LMDB reader still reads a snapshot older than the last
  * committed transaction (so none can reach bytes that commit unlinked from
  * the index). Stale slots of dead processes are cleared first. Returns true

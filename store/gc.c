@@ -519,11 +519,11 @@ static bool busy_seen(busy_set *b, uint32_t id)
 static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, void *ctx, lms_gc_report *rep,
                   busy_set *seen)
 {
-    int lock = -1;
+    lms__lock lock;
     lms__blobset bs = {0};
     lms__segset ss = {0};
     size_t *idx = NULL;
-    int rc = lms__admin_lock(s, &lock);
+    int rc = lms__lock_take(s, &lock);
     if (rc)
         return rc;
     remove_tmp_segments(s);
@@ -607,7 +607,7 @@ out:
     lms__free(idx);
     lms__segset_free(&ss);
     lms__blobset_free(&bs);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     return rc;
 }
 
@@ -710,12 +710,12 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
         return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
 
     /* 1. drop */
-    int lock;
-    if ((rc = lms__admin_lock(s, &lock)))
+    lms__lock lock;
+    if ((rc = lms__lock_take(s, &lock)))
         goto out;
     drop_ctx dc = {.dry = false};
     rc = lms__txn_write(s, drop_txn, &dc);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     if (rc)
         goto out;
     lms__crashpoint("gc:drop-after-commit");

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "store/store_internal.h"
@@ -195,6 +196,66 @@ void lms__segment_unmap(lms__segmap *m)
     m->fd = -1;
 }
 
+/* ---- the append lock ------------------------------------------------------------- */
+
+static int flock_ex(int fd, const char *path)
+{
+    while (flock(fd, LOCK_EX))
+        if (errno != EINTR)
+            return lms__err_errno(LMS_EIO, errno, "%s: flock", path);
+    return 0;
+}
+
+int lms__lock_take(lms_store *s, lms__lock *l)
+{
+    *l = LMS__LOCK_NONE;
+    if (s->rdonly)
+        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
+    int rc;
+    for (int tries = 0;; tries++) {
+        int fd = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
+        if (fd < 0)
+            return fd;
+        struct stat a, b;
+        if ((rc = flock_ex(fd, s->lock_path)) || (rc = fstat(fd, &a) ? lms__err_errno(LMS_EIO, errno, "%s: stat",
+                                                                                      s->lock_path)
+                                                                    : 0)) {
+            close(fd);
+            return rc;
+        }
+        if (stat(s->lock_path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            l->file_fd = fd;
+            break;
+        }
+        close(fd); /* deleted or replaced while we waited: lock what the path names now */
+        if (tries == 1000)
+            return lms__err(LMS_EBUSY, "%s: the lock file keeps being deleted or replaced", s->lock_path);
+    }
+    l->dir_fd = lms__open(s->path, O_RDONLY | O_DIRECTORY, 0);
+    if (l->dir_fd < 0 || (rc = flock_ex(l->dir_fd, s->path))) {
+        rc = l->dir_fd < 0 ? l->dir_fd : rc;
+        if (l->dir_fd >= 0)
+            close(l->dir_fd);
+        close(l->file_fd);
+        *l = LMS__LOCK_NONE;
+        return rc;
+    }
+    atomic_fetch_add(&s->append_locks, 1);
+    return 0;
+}
+
+void lms__lock_release(lms_store *s, lms__lock *l)
+{
+    if (l->dir_fd < 0)
+        return;
+    int was = atomic_fetch_sub(&s->append_locks, 1);
+    assert(was > 0);
+    (void)was;
+    close(l->dir_fd); /* releases the flocks */
+    close(l->file_fd);
+    *l = LMS__LOCK_NONE;
+}
+
 /* ---- appender ------------------------------------------------------------------ */
 
 typedef struct seg_state {
@@ -208,8 +269,7 @@ typedef struct seg_state {
 
 struct lms__appender {
     lms_store *s;
-    int lock_fd;
-    bool locked;    /* flock held: counted in s->append_locks */
+    lms__lock lock; /* held: counted in s->append_locks */
     seg_state *segs;
     size_t n, cap;
     seg_state *cur; /* index into segs is stable: we store the position */
@@ -300,21 +360,10 @@ int lms__append_begin(lms_store *s, lms__appender **out)
         return LMS_ENOMEM;
     a->s = s;
     a->next_id = 1;
-    int rc;
-    a->lock_fd = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
-    if (a->lock_fd < 0) {
-        rc = a->lock_fd;
-        a->lock_fd = -1;
+    a->lock = LMS__LOCK_NONE;
+    int rc = lms__lock_take(s, &a->lock);
+    if (rc)
         goto fail;
-    }
-    while (flock(a->lock_fd, LOCK_EX)) {
-        if (errno != EINTR) {
-            rc = lms__err_errno(LMS_EIO, errno, "%s: flock", s->lock_path);
-            goto fail;
-        }
-    }
-    a->locked = true;
-    atomic_fetch_add(&s->append_locks, 1);
     uint32_t *ids;
     size_t n;
     rc = lms__segment_list(s, &ids, &n);
@@ -358,7 +407,7 @@ fail:
 int lms__append_reserve(lms__appender *a, uint64_t size, uint32_t *segment, uint64_t *offset)
 {
     lms_store *s = a->s;
-    assert(a->locked); /* invariant 3: appends under the append lock */
+    assert(a->lock.dir_fd >= 0); /* invariant 3: appends under the append lock */
     uint64_t off = 0, end = 0;
     if (a->have_cur) {
         seg_state *g = &a->segs[a->cur_i];
@@ -418,7 +467,7 @@ int lms__append_fd(lms__appender *a, uint32_t segment, int *fd, const char **pat
 
 int lms__append_write(lms__appender *a, uint32_t segment, uint64_t offset, const void *buf, size_t len)
 {
-    assert(a->locked);
+    assert(a->lock.dir_fd >= 0);
     seg_state *g = find_seg(a, segment);
     if (!g)
         return lms__err(LMS_EINVAL, "segment %u is not part of this append session", segment);
@@ -480,13 +529,7 @@ void lms__append_end(lms__appender *a, bool keep)
             close(dfd);
         }
     }
-    if (a->locked) {
-        int was = atomic_fetch_sub(&a->s->append_locks, 1);
-        assert(was > 0);
-        (void)was;
-    }
-    if (a->lock_fd >= 0)
-        close(a->lock_fd); /* releases the flock */
+    lms__lock_release(a->s, &a->lock);
     lms__free(a->segs);
     lms__free(a);
 }

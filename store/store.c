@@ -756,12 +756,13 @@ static int upgrade_txn(lms_store *s, MDB_txn *txn, void *vctx)
 
 static int store_upgrade(lms_store *s)
 {
-    int lock, rc = lms__admin_lock(s, &lock);
+    lms__lock lock;
+    int rc = lms__lock_take(s, &lock);
     if (rc)
         return rc;
     uint32_t from = atomic_load(&s->format);
     rc = lms__txn_write(s, upgrade_txn, NULL);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     if (rc)
         return lms__err_prefix(rc, "%s: upgrading the store from format %u to %u: ", s->path, from,
                                LMS__FORMAT_VERSION);

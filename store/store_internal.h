@@ -121,7 +121,7 @@ struct lms_store {
 };
 
 /* True while this handle holds the append lock (an append session, or
- * lms__admin_lock): the precondition of appending, of adding a reference to
+ * lms__lock_take): the precondition of appending, of adding a reference to
  * a blob and of writing or deleting blob records (invariant 3). For
  * assertions, as SQLite's btree.c opens with sqlite3BtreeHoldsMutex(). */
 static inline bool lms__append_locked(lms_store *s) { return atomic_load(&s->append_locks) > 0; }
@@ -360,6 +360,22 @@ static inline const uint8_t *lms__segmap_at(const lms__segmap *m, uint64_t offse
     assert(offset <= m->size && len <= m->size - offset);
     return m->base + offset;
 }
+
+/*
+ * The append lock (invariant 3; docs/FORMAT.md 5.1). flock(LOCK_EX) on
+ * STORE/lock, taken again until the path still names the inode locked (a
+ * lock file deleted and made anew meanwhile would otherwise let two writers
+ * each lock one), then flock(LOCK_EX) on the STORE folder itself, which
+ * nothing deletes from under a writer: two writers exclude each other even
+ * when STORE/lock is deleted while one of them holds it. Counted in
+ * s->append_locks. Blocking; LMS_EIO, LMS_EINVAL (read-only store).
+ */
+typedef struct lms__lock {
+    int file_fd, dir_fd; /* -1 when not held */
+} lms__lock;
+#define LMS__LOCK_NONE ((lms__lock){-1, -1})
+int lms__lock_take(lms_store *s, lms__lock *l);
+void lms__lock_release(lms_store *s, lms__lock *l); /* not held: nothing to do */
 
 /* The append session (see the state diagram above). */
 typedef struct lms__appender lms__appender;
