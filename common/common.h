@@ -72,6 +72,10 @@ void lms__free(void *p);
 
 /* open(2) wrapper; returns fd or negative LMS_E* code. */
 int lms__open(const char *path, int flags, int mode);
+/* Open an input file for reading: only a regular file. A FIFO, device or
+ * socket is refused (LMS_EFORMAT naming what it is) without blocking: it is
+ * opened O_NONBLOCK and checked with fstat before anything reads it. */
+int lms__open_regular(const char *path);
 int lms__close(int fd);
 /* Read exactly n bytes at off; short read (EOF) is LMS_EFORMAT "truncated". */
 int lms__pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);

@@ -14,6 +14,7 @@
 
 static pthread_once_t crash_once = PTHREAD_ONCE_INIT;
 static long crash_at;           /* 0 = never */
+static long stop_at;            /* 0 = never */
 static const char *crash_match; /* NULL = every point */
 static atomic_long crash_count;
 
@@ -27,6 +28,9 @@ static void crash_init(void)
     const char *s = getenv("LMS_CRASH_AT");
     if (s && *s)
         crash_at = strtol(s, NULL, 10);
+    s = getenv("LMS_CRASH_STOP");
+    if (s && *s)
+        stop_at = strtol(s, NULL, 10);
     s = getenv("LMS_CRASH_MATCH");
     if (s && *s)
         crash_match = s;
@@ -41,6 +45,12 @@ void lms__crashpoint(const char *name)
     if (crash_match && !strstr(name, crash_match))
         return;
     long n = atomic_fetch_add(&crash_count, 1) + 1;
+    if (stop_at > 0 && n == stop_at) {
+        /* the test acts while we wait here, then sends SIGCONT */
+        if (getenv("LMS_CRASH_VERBOSE"))
+            fprintf(stderr, "lms-crashpoint: stopped at %ld (%s)\n", n, name);
+        raise(SIGSTOP);
+    }
     if (crash_at > 0 && n == crash_at) {
         if (getenv("LMS_CRASH_VERBOSE"))
             fprintf(stderr, "lms-crashpoint: killed at %ld (%s)\n", n, name);

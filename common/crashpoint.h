@@ -10,13 +10,16 @@
  * where a timer-driven kill -9 only samples them.
  *
  *   LMS_CRASH_AT=N       SIGKILL the process at its Nth crash point (1-based)
+ *   LMS_CRASH_STOP=N     SIGSTOP the process at its Nth crash point, so that
+ *                        a test can act while it waits there (rewrite a
+ *                        source, delete a lock file), then SIGCONT it
  *   LMS_CRASH_MATCH=STR  count only points whose name contains STR
  *   LMS_CRASH_COUNT=1    at exit, print "lms-crashpoints: N" to stderr
  *                        (how many points the run passed: the range of N)
  *
- * Killing the process is the whole purpose of this hook, so it is the one
- * place in the library that ends the process; it does so only when a test
- * asked for it through LMS_CRASH_AT.
+ * Killing (or stopping) the process is the whole purpose of this hook, so it
+ * is the one place in the library that ends the process; it does so only
+ * when a test asked for it through LMS_CRASH_AT (LMS_CRASH_STOP).
  */
 #ifndef LMS_CRASHPOINT_H
 #define LMS_CRASHPOINT_H

@@ -145,6 +145,37 @@ int lms__open(const char *path, int flags, int mode)
     return fd;
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a folder" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+int lms__open_regular(const char *path)
+{
+    /* O_NONBLOCK: open(2) of a FIFO without a writer would wait forever */
+    int fd = lms__open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0);
+    if (fd < 0)
+        return fd;
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int rc = lms__err_errno(LMS_EIO, errno, "%s: stat", path);
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return lms__err(LMS_EFORMAT, "%s: %s, not a regular file; refusing to read it", path, file_kind(st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK)) {
+        int rc = lms__err_errno(LMS_EIO, errno, "%s: fcntl", path);
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 int lms__close(int fd) { return close(fd) ? LMS_EIO : 0; }
 
 int lms__pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path)
@@ -263,7 +294,7 @@ int lms__copy_range(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off, ui
 int lms__read_file(const char *path, size_t max, char **out, size_t *len)
 {
     uint64_t size;
-    int fd = lms__open(path, O_RDONLY, 0), rc;
+    int fd = lms__open_regular(path), rc;
     *out = NULL;
     if (fd < 0)
         return fd;

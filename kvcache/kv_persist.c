@@ -975,7 +975,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         memset(stats, 0, sizeof *stats);
     if (!kv || !store || !out)
         return lms__err(LMS_EINVAL, "KV resume: cache, store and output are required");
-    if ((rc = lms__name_check(LMS__NAME_SESSION, name)))
+    if ((rc = lms__name_lookup_check(LMS__NAME_SESSION, name)))
         return rc;
     c.kv = kv;
     c.name = name;

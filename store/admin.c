@@ -46,13 +46,16 @@ int lms__blobset_load(lms_store *s, MDB_txn *txn, lms__blobset *out)
     if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_BLOBS], &cur)))
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
     MDB_val k, d;
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+    int check;
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_BLOBS, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_BLOBS, &k, &d, MDB_NEXT, &check)) {
         if (out->n == cap)
             break; /* cannot happen in one snapshot */
         lms__blobent *b = &out->v[out->n++];
         memset(b, 0, sizeof *b);
         memcpy(b->hash, k.mv_data, LMS_MIN(k.mv_size, (size_t)16));
-        if (k.mv_size != 16 || lms__blob_rec_decode(d.mv_data, d.mv_size, &b->rec))
+        b->sum_bad = check != 0;
+        if (check || k.mv_size != 16 || lms__blob_rec_decode(d.mv_data, d.mv_size, &b->rec))
             b->bad = true;
         b->count_known = !b->bad && b->rec.kind == LMS__BLOB_TENSOR;
     }
@@ -190,114 +193,114 @@ void lms__segset_free(lms__segset *ss)
 
 /* ---- KV references ------------------------------------------------------------------------- */
 
-int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_problem_fn fn, void *ctx)
+static int cmp_page_key(const void *key, const void *ent)
+{
+    return memcmp(key, ((const lms__kvpage_ent *)ent)->key, 16);
+}
+
+lms__kvpage_ent *lms__kvset_page(const lms__kvset *ks, const uint8_t key[16])
+{
+    return ks->n_pages ? bsearch(key, ks->pages, ks->n_pages, sizeof *ks->pages, cmp_page_key) : NULL;
+}
+
+void lms__kvset_free(lms__kvset *ks)
+{
+    for (size_t i = 0; i < ks->n_sess; i++) {
+        lms__free(ks->sess[i].name);
+        lms__free(ks->sess[i].copy);
+    }
+    lms__free(ks->sess);
+    lms__free(ks->pages);
+    memset(ks, 0, sizeof *ks);
+}
+
+static int grow(void **v, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? 2 * *cap : 64;
+    void *nv = lms__realloc(*v, nc * size);
+    if (!nv)
+        return LMS_ENOMEM;
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
+
+int lms__kvset_load(lms_store *s, MDB_txn *txn, lms__kvset *ks, lms__kv_problem_fn fn, void *ctx)
 {
     MDB_cursor *cur;
     MDB_val k, d;
-    char hex[33], msg[600];
+    char name[512], msg[1100];
+    size_t cap = 0;
+    int check, rc = 0;
+    memset(ks, 0, sizeof *ks);
     int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_KVPAGES], &cur);
     if (mrc)
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        lms__kvpage_rec pr;
-        if (k.mv_size == 16)
-            lms__admin_hex16(k.mv_data, hex);
-        else
-            snprintf(hex, sizeof hex, "(key of %zu bytes)", k.mv_size);
-        if (lms__kvpage_rec_decode(d.mv_data, d.mv_size, &pr)) {
-            snprintf(msg, sizeof msg, "KV page %s: %s", hex, lms_last_error());
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_KVPAGES, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_KVPAGES, &k, &d, MDB_NEXT, &check)) {
+        if ((rc = grow((void **)&ks->pages, &cap, ks->n_pages, sizeof *ks->pages)))
+            break;
+        lms__kvpage_ent *e = &ks->pages[ks->n_pages++];
+        memset(e, 0, sizeof *e);
+        memcpy(e->key, k.mv_data, LMS_MIN(k.mv_size, (size_t)16));
+        lms__rec_name(LMS__DB_KVPAGES, k.mv_data, k.mv_size, name, sizeof name);
+        if (check || k.mv_size != 16 || lms__kvpage_rec_decode(d.mv_data, d.mv_size, &e->rec)) {
+            e->bad = true;
+            if (!check && k.mv_size != 16)
+                lms__err(LMS_ECORRUPT, "key of %zu bytes, not 16", k.mv_size);
+            snprintf(msg, sizeof msg, "%s%s%s", check ? "" : name, check ? "" : ": ", lms_last_error());
             if (fn)
-                fn(ctx, hex, msg);
-            continue;
-        }
-        size_t bi;
-        if (!lms__blobset_find(bs, pr.blob, &bi)) {
-            snprintf(msg, sizeof msg, "KV page %s: its blob is not in the index", hex);
-            if (fn)
-                fn(ctx, hex, msg);
-            continue;
-        }
-        bs->v[bi].counted++;
-        if (bs->v[bi].rec.size != pr.stored_size) {
-            snprintf(msg, sizeof msg, "KV page %s: stored size %llu but its blob is %llu bytes", hex,
-                     (unsigned long long)pr.stored_size, (unsigned long long)bs->v[bi].rec.size);
-            if (fn)
-                fn(ctx, hex, msg);
+                fn(ctx, NULL, msg);
         }
     }
     mdb_cursor_close(cur);
-    if (mrc != MDB_NOTFOUND)
-        return lms__mdb_err(mrc, "%s: read kvpages", s->index_path);
-    for (size_t i = 0; i < bs->n; i++)
-        if (!bs->v[i].bad && bs->v[i].rec.kind == LMS__BLOB_KVPAGE)
-            bs->v[i].count_known = true;
+    if (!rc && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read kvpages", s->index_path);
+    if (rc)
+        return rc;
 
-    /* sessions: decodable, and every page they name is stored */
+    cap = 0;
     if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_SESSIONS], &cur)))
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        char name[LMS__SESSION_NAME_MAX + 1];
-        snprintf(name, sizeof name, "%.*s", (int)LMS_MIN(k.mv_size, (size_t)LMS__SESSION_NAME_MAX),
-                 (const char *)k.mv_data);
-        lms__session_rec sr;
-        if (lms__session_rec_decode(d.mv_data, d.mv_size, name, &sr)) {
-            snprintf(msg, sizeof msg, "session '%s': %s", name, lms_last_error());
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_SESSIONS, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_SESSIONS, &k, &d, MDB_NEXT, &check)) {
+        if ((rc = grow((void **)&ks->sess, &cap, ks->n_sess, sizeof *ks->sess)))
+            break;
+        lms__kvsess_ent *e = &ks->sess[ks->n_sess];
+        memset(e, 0, sizeof *e);
+        e->name = lms__strndup(k.mv_data, k.mv_size);
+        e->copy = lms__malloc(d.mv_size ? d.mv_size : 1);
+        if (!e->name || !e->copy) {
+            lms__free(e->name);
+            lms__free(e->copy);
+            rc = LMS_ENOMEM;
+            break;
+        }
+        ks->n_sess++;
+        memcpy(e->copy, d.mv_data, d.mv_size);
+        e->dec_rc = check ? check : lms__session_rec_decode(e->copy, d.mv_size, e->name, &e->rec);
+        if (e->dec_rc == LMS_EVERSION)
+            ks->newer = true;
+        if (e->dec_rc) {
             if (fn)
-                fn(ctx, name, msg);
+                fn(ctx, e->name, lms_last_error());
             continue;
         }
-        for (uint32_t p = 0; p < sr.n_pages; p++) {
-            MDB_val pv;
-            int grc = lms__db_get(s, txn, LMS__DB_KVPAGES, lms__session_page_key(&sr, p), 16, &pv);
-            if (grc == LMS_ENOENT) {
-                snprintf(msg, sizeof msg, "session '%s': page %u is not stored", name, p);
-                if (fn)
-                    fn(ctx, name, msg);
-                break;
-            }
-            if (grc) {
-                mdb_cursor_close(cur);
-                return grc;
-            }
+        for (uint32_t p = 0; p < e->rec.n_pages; p++) {
+            lms__kvpage_ent *pe = lms__kvset_page(ks, lms__session_page_key(&e->rec, p));
+            if (pe)
+                pe->named = true;
         }
     }
     mdb_cursor_close(cur);
-    if (mrc != MDB_NOTFOUND)
-        return lms__mdb_err(mrc, "%s: read sessions", s->index_path);
-    return 0;
+    if (!rc && mrc != MDB_NOTFOUND)
+        rc = lms__mdb_err(mrc, "%s: read sessions", s->index_path);
+    return rc;
 }
 
 /* ---- locks and readers ---------------------------------------------------------------------------- */
-
-int lms__admin_lock(lms_store *s, int *fd)
-{
-    *fd = -1;
-    if (s->rdonly)
-        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
-    int f = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
-    if (f < 0)
-        return f;
-    while (flock(f, LOCK_EX)) {
-        if (errno != EINTR) {
-            int rc = lms__err_errno(LMS_EIO, errno, "%s: flock", s->lock_path);
-            close(f);
-            return rc;
-        }
-    }
-    *fd = f;
-    atomic_fetch_add(&s->append_locks, 1);
-    return 0;
-}
-
-void lms__admin_unlock(lms_store *s, int fd)
-{
-    if (fd < 0)
-        return;
-    int was = atomic_fetch_sub(&s->append_locks, 1);
-    assert(was > 0);
-    (void)was;
-    close(fd); /* releases the flock */
-}
 
 typedef struct readers_ctx {
     uint64_t min_txnid; /* oldest snapshot in use; UINT64_MAX if none */
@@ -609,12 +612,12 @@ static int copy_or_move(lms_store *s, const char *src, const char *dst, bool mov
         return lms__err(LMS_EEXIST, "model '%s' already exists in %s", dst, s->path);
     /* cp adds references to existing blobs: hold the append lock so gc
      * cannot be deleting one of them (store_internal.h invariant 3) */
-    int lock = -1;
-    if (!move && (rc = lms__admin_lock(s, &lock)))
+    lms__lock lock = LMS__LOCK_NONE;
+    if (!move && (rc = lms__lock_take(s, &lock)))
         return rc;
     cp_ctx c = {src, dst, move};
     rc = lms__txn_write(s, cp_txn, &c);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     return rc;
 }
 

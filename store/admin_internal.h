@@ -7,6 +7,7 @@
 #ifndef LMS_STORE_ADMIN_INTERNAL_H
 #define LMS_STORE_ADMIN_INTERNAL_H
 
+#include "store/kv_records.h"
 #include "store/store_internal.h"
 
 /* ---- blobs of one snapshot, in key (hash) order ----------------------------------- */
@@ -16,7 +17,8 @@ typedef struct lms__blobent {
     lms__blob_rec rec;
     uint64_t counted;   /* references found in tensor (and KV) records */
     bool count_known;   /* counted covers every kind of referrer (tensor blobs always) */
-    bool bad;           /* undecodable record, or outside its segment */
+    bool bad;           /* undecodable record (or failing its checksum), or outside its segment */
+    bool sum_bad;       /* the record fails its checksum */
     bool wanted;        /* used by the model verify was asked about */
     bool corrupt;       /* bytes fail the hash (verify) */
 } lms__blobent;
@@ -58,20 +60,38 @@ void lms__segset_free(lms__segset *ss); /* unmaps */
 
 /* ---- KV references ---------------------------------------------------------------------- */
 
-/* Count the references kvpages records hold on KV-page blobs into
- * bs->counted (and mark those blobs count_known); check that every session
- * decodes and that each of its page keys has a kvpages record. Problems go
- * to fn(ctx, name, detail) (name: session or page key in hex). */
-typedef void (*lms__kv_problem_fn)(void *ctx, const char *name, const char *detail);
-int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_problem_fn fn, void *ctx);
+/* The kvpages and sessions records of one snapshot, as verify and gc
+ * follow them: sessions -> page keys -> kvpages records -> blobs. */
+typedef struct lms__kvpage_ent {
+    uint8_t key[16];
+    lms__kvpage_rec rec;
+    bool bad;      /* fails its checksum or does not decode */
+    bool named;    /* some decodable session names it */
+} lms__kvpage_ent;
 
-/* ---- the append lock without an append session -------------------------------------------- */
+typedef struct lms__kvsess_ent {
+    char *name;               /* the key's bytes, NUL-terminated */
+    uint8_t *copy;            /* the record (rec points into it) */
+    lms__session_rec rec;
+    int dec_rc;               /* 0, or why the record fails (LMS_ECORRUPT, LMS_EVERSION) */
+} lms__kvsess_ent;
 
-/* flock(LOCK_EX) on STORE/lock (store_internal.h invariant 3); *fd to pass
- * to lms__admin_unlock. Never call while this process has an append
- * session open (flock would wait on ourselves). */
-int lms__admin_lock(lms_store *s, int *fd);
-void lms__admin_unlock(lms_store *s, int fd); /* fd -1 (not locked) ok */
+typedef struct lms__kvset {
+    lms__kvpage_ent *pages;   /* in key order */
+    size_t n_pages;
+    lms__kvsess_ent *sess;    /* in name order */
+    size_t n_sess;
+    bool newer;               /* a session of a newer record version: which pages it names is unknown */
+} lms__kvset;
+
+/* Load both databases; each record that fails its checksum or does not
+ * decode is reported to fn(ctx, session name or NULL, detail) (fn may be
+ * NULL) and kept, marked. LMS_ENOMEM, LMS_EDB. Free with lms__kvset_free
+ * also after a failure. */
+typedef void (*lms__kv_problem_fn)(void *ctx, const char *session, const char *detail);
+int lms__kvset_load(lms_store *s, MDB_txn *txn, lms__kvset *ks, lms__kv_problem_fn fn, void *ctx);
+lms__kvpage_ent *lms__kvset_page(const lms__kvset *ks, const uint8_t key[16]);
+void lms__kvset_free(lms__kvset *ks);
 
 /* Wait until no LMDB reader still reads a snapshot older than the last
  * committed transaction (so none can reach bytes that commit unlinked from

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,150 +62,195 @@ int lms_store_segment_bytes(lms_store *s, uint64_t *bytes, uint64_t *count)
     return 0;
 }
 
-/* ---- step 1: drop unreferenced KV pages and blob records ------------------------------------ */
-
-typedef struct keyset {
-    uint8_t (*k)[16];
-    size_t n, cap;
-} keyset;
-
-static int keyset_add(keyset *ks, const uint8_t key[16])
-{
-    if (ks->n == ks->cap) {
-        size_t cap = ks->cap ? ks->cap * 2 : 256;
-        void *nk = lms__realloc(ks->k, cap * 16);
-        if (!nk)
-            return LMS_ENOMEM;
-        ks->k = nk;
-        ks->cap = cap;
-    }
-    memcpy(ks->k[ks->n++], key, 16);
-    return 0;
-}
-
-static int cmp16(const void *a, const void *b) { return memcmp(a, b, 16); }
-
-static bool keyset_has(const keyset *ks, const uint8_t key[16])
-{
-    return ks->n && bsearch(key, ks->k, ks->n, 16, cmp16) != NULL;
-}
-
-/* Page keys every session names (sorted). Sessions that do not decode keep
- * nothing alive: verify reports them. */
-static int session_pages(lms_store *s, MDB_txn *txn, keyset *ks)
-{
-    MDB_cursor *cur;
-    MDB_val k, d;
-    int mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_SESSIONS], &cur);
-    if (mrc)
-        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    int rc = 0;
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0 && !rc; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
-        lms__session_rec sr;
-        if (lms__session_rec_decode(d.mv_data, d.mv_size, NULL, &sr) == LMS_EVERSION) {
-            /* a newer build's session: we cannot tell its pages, so keep every page */
-            rc = lms__err(LMS_EVERSION, "%s: a session record is newer than this build; gc left KV pages alone",
-                          s->index_path);
-            break;
-        }
-        if (lms__session_rec_decode(d.mv_data, d.mv_size, NULL, &sr))
-            continue;
-        for (uint32_t p = 0; p < sr.n_pages && !rc; p++)
-            rc = keyset_add(ks, lms__session_page_key(&sr, p));
-    }
-    mdb_cursor_close(cur);
-    if (!rc && mrc && mrc != MDB_NOTFOUND)
-        rc = lms__mdb_err(mrc, "%s: read sessions", s->index_path);
-    if (!rc && ks->n)
-        qsort(ks->k, ks->n, 16, cmp16);
-    return rc;
-}
+/* ---- step 1: recount, then drop unreferenced KV pages and blob records ------------------------
+ *
+ * gc deletes blob records whose count is 0 and then gives their bytes back:
+ * a count that is wrong (a flipped bit, a buggy writer) would cost a live
+ * tensor its bytes. So the drop transaction first recounts, in its own
+ * snapshot, every reference the counts stand for (tensor records, and the
+ * kvpages records sessions keep) and compares; any difference, and any
+ * record among those that fails its checksum or does not decode, makes gc
+ * refuse, naming the record, and change nothing (lmstore verify lists the
+ * damage). */
 
 typedef struct drop_ctx {
     bool dry;
     uint64_t kvpages, blobs, blob_bytes;
     bool kv_skipped;
+    char first_problem[1024]; /* the first damaged KV record lms__kvset_load met */
 } drop_ctx;
+
+static int refuse(lms_store *s, const char *fmt, ...) LMS_PRINTF(2, 3);
+static int refuse(lms_store *s, const char *fmt, ...)
+{
+    char why[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return lms__err(LMS_ECORRUPT,
+                    "%s: gc refuses to delete anything: %s (a reference count it would rely on cannot be "
+                    "trusted; `lmstore verify` lists the damage)",
+                    s->path, why);
+}
+
+static int refuse_blob(lms_store *s, const lms__blobent *b)
+{
+    char hex[33];
+    lms__admin_hex16(b->hash, hex);
+    return refuse(s, "blobs record %s %s", hex, b->sum_bad ? "fails its checksum" : "does not decode");
+}
+
+static void kv_problem(void *ctx, const char *session, const char *detail)
+{
+    (void)session;
+    drop_ctx *c = ctx;
+    if (!c->first_problem[0])
+        snprintf(c->first_problem, sizeof c->first_problem, "%s", detail);
+}
+
+/* "model 'm' tensor 't'" or "KV page K": a record that references blob
+ * `hash`, for messages ("" when none does). */
+static void referrer(lms_store *s, MDB_txn *txn, const lms__kvset *ks, const uint8_t hash[16], char *buf, size_t cap)
+{
+    MDB_cursor *cur;
+    MDB_val k, d;
+    int check;
+    buf[0] = '\0';
+    if (mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur) == 0) {
+        for (int mrc = lms__cursor_get(s, cur, LMS__DB_TENSORS, &k, &d, MDB_FIRST, &check); mrc == 0;
+             mrc = lms__cursor_get(s, cur, LMS__DB_TENSORS, &k, &d, MDB_NEXT, &check)) {
+            lms__tensor_rec tr;
+            if (!check && !lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr) && !memcmp(tr.hash, hash, 16)) {
+                char name[600];
+                lms__rec_name(LMS__DB_TENSORS, k.mv_data, k.mv_size, name, sizeof name);
+                snprintf(buf, cap, "; %s references it", name);
+                break;
+            }
+        }
+        mdb_cursor_close(cur);
+    }
+    for (size_t i = 0; !buf[0] && i < ks->n_pages; i++) {
+        if (!ks->pages[i].bad && !memcmp(ks->pages[i].rec.blob, hash, 16)) {
+            char hex[33];
+            lms__admin_hex16(ks->pages[i].key, hex);
+            snprintf(buf, cap, "; KV page %s references it", hex);
+        }
+    }
+}
 
 static int drop_txn(lms_store *s, MDB_txn *txn, void *vctx)
 {
     drop_ctx *c = vctx;
     c->kvpages = c->blobs = c->blob_bytes = 0;
     c->kv_skipped = false;
-    keyset ks = {0};
+    c->first_problem[0] = '\0';
+    lms__kvset ks = {0};
+    lms__blobset bs = {0};
+    uint64_t *dropping = NULL; /* per blob: references the pages we drop hold */
     MDB_cursor *cur = NULL;
     MDB_val k, d;
-    int mrc, rc = session_pages(s, txn, &ks);
-    if (rc == LMS_EVERSION) {
-        c->kv_skipped = true;
-        rc = 0;
-    } else if (rc) {
+    char hex[33], name[600], who[700];
+    int check, mrc, rc;
+
+    /* what the counts rely on: sessions -> pages -> blobs, tensors -> blobs */
+    if ((rc = lms__kvset_load(s, txn, &ks, kv_problem, c)))
+        goto out;
+    c->kv_skipped = ks.newer; /* a newer build's session: we cannot tell its pages, so keep every page */
+    for (size_t i = 0; i < ks.n_sess; i++)
+        if (ks.sess[i].dec_rc && ks.sess[i].dec_rc != LMS_EVERSION) {
+            rc = refuse(s, "%s", c->first_problem);
+            goto out;
+        }
+    for (size_t i = 0; i < ks.n_pages; i++)
+        if (ks.pages[i].bad) {
+            rc = refuse(s, "%s", c->first_problem);
+            goto out;
+        }
+    if ((rc = lms__blobset_load(s, txn, &bs)))
+        goto out;
+    for (size_t i = 0; i < bs.n; i++)
+        if (bs.v[i].bad) {
+            rc = refuse_blob(s, &bs.v[i]);
+            goto out;
+        }
+    if (!(dropping = lms__calloc(bs.n ? bs.n : 1, sizeof *dropping))) {
+        rc = LMS_ENOMEM;
         goto out;
     }
-    if (!c->kv_skipped) {
-        if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_KVPAGES], &cur))) {
-            rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
-            goto out;
-        }
-        for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0;) {
-            lms__kvpage_rec pr;
-            if (k.mv_size != 16 || keyset_has(&ks, k.mv_data) ||
-                lms__kvpage_rec_decode(d.mv_data, d.mv_size, &pr)) {
-                mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT);
-                continue;
-            }
-            c->kvpages++;
-            if (!c->dry) {
-                rc = lms__blob_ref(s, txn, pr.blob, -1, NULL);
-                if (rc && rc != LMS_ENOENT)
-                    goto out;
-                if ((mrc = mdb_cursor_del(cur, 0))) {
-                    rc = lms__mdb_err(mrc, "%s: delete from kvpages", s->index_path);
-                    goto out;
-                }
-                mrc = mdb_cursor_get(cur, &k, &d, MDB_GET_CURRENT);
-                if (mrc == EINVAL)
-                    mrc = MDB_NOTFOUND;
-            } else {
-                mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT);
-            }
-        }
-        mdb_cursor_close(cur);
-        cur = NULL;
-        if (mrc != MDB_NOTFOUND) {
-            rc = lms__mdb_err(mrc, "%s: read kvpages", s->index_path);
-            goto out;
-        }
-    }
-    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_BLOBS], &cur))) {
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_TENSORS], &cur))) {
         rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
         goto out;
     }
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0;) {
-        lms__blob_rec br;
-        if (lms__blob_rec_decode(d.mv_data, d.mv_size, &br) || br.refs != 0 ||
-            (c->dry && br.kind == LMS__BLOB_KVPAGE)) {
-            mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT);
-            continue;
-        }
-        c->blobs++;
-        c->blob_bytes += br.size;
-        if (c->dry) {
-            mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT);
-            continue;
-        }
-        assert(lms__append_locked(s)); /* invariant 3: no import or cp is reviving it */
-        if ((mrc = mdb_cursor_del(cur, 0))) {
-            rc = lms__mdb_err(mrc, "%s: delete from blobs", s->index_path);
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_TENSORS, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_TENSORS, &k, &d, MDB_NEXT, &check)) {
+        lms__tensor_rec tr;
+        size_t bi;
+        lms__rec_name(LMS__DB_TENSORS, k.mv_data, k.mv_size, name, sizeof name);
+        if (check || lms__tensor_rec_decode(d.mv_data, d.mv_size, &tr)) {
+            rc = check ? refuse(s, "%s", lms_last_error()) : refuse(s, "%s: %s", name, lms_last_error());
             goto out;
         }
-        mrc = mdb_cursor_get(cur, &k, &d, MDB_GET_CURRENT);
-        if (mrc == EINVAL)
-            mrc = MDB_NOTFOUND;
+        if (!lms__blobset_find(&bs, tr.hash, &bi)) {
+            lms__admin_hex16(tr.hash, hex);
+            rc = refuse(s, "%s names blob %s, which is not in the index", name, hex);
+            goto out;
+        }
+        bs.v[bi].counted++;
     }
+    mdb_cursor_close(cur);
+    cur = NULL;
     if (mrc != MDB_NOTFOUND) {
-        rc = lms__mdb_err(mrc, "%s: read blobs", s->index_path);
+        rc = lms__mdb_err(mrc, "%s: read tensors", s->index_path);
         goto out;
+    }
+    for (size_t i = 0; i < ks.n_pages; i++) {
+        lms__kvpage_ent *pe = &ks.pages[i];
+        size_t bi;
+        if (!lms__blobset_find(&bs, pe->rec.blob, &bi)) {
+            lms__admin_hex16(pe->key, name);
+            lms__admin_hex16(pe->rec.blob, hex);
+            rc = refuse(s, "KV page %s names blob %s, which is not in the index", name, hex);
+            goto out;
+        }
+        if (pe->named || c->kv_skipped) {
+            bs.v[bi].counted++;
+        } else {
+            dropping[bi]++;
+            c->kvpages++;
+        }
+    }
+    for (size_t i = 0; i < bs.n; i++) {
+        lms__blobent *b = &bs.v[i];
+        if (b->rec.refs < dropping[i] || b->rec.refs - dropping[i] != b->counted) {
+            lms__admin_hex16(b->hash, hex);
+            referrer(s, txn, &ks, b->hash, who, sizeof who);
+            rc = refuse(s, "blobs record %s counts %llu references but the index holds %llu%s", hex,
+                        (unsigned long long)b->rec.refs, (unsigned long long)(b->counted + dropping[i]), who);
+            goto out;
+        }
+    }
+
+    /* the counts hold: drop pages no session names, then blobs nothing references */
+    for (size_t i = 0; i < ks.n_pages && !c->dry; i++) {
+        lms__kvpage_ent *pe = &ks.pages[i];
+        if (pe->named || c->kv_skipped)
+            continue;
+        if ((rc = lms__db_del(s, txn, LMS__DB_KVPAGES, pe->key, 16)) ||
+            (rc = lms__blob_ref(s, txn, pe->rec.blob, -1, NULL)))
+            goto out;
+    }
+    for (size_t i = 0; i < bs.n; i++) {
+        lms__blobent *b = &bs.v[i];
+        if (b->counted != 0)
+            continue;
+        c->blobs++;
+        c->blob_bytes += b->rec.size;
+        if (c->dry)
+            continue;
+        assert(lms__append_locked(s)); /* invariant 3: no import or cp is reviving it */
+        if ((rc = lms__db_del(s, txn, LMS__DB_BLOBS, b->hash, 16)))
+            goto out;
     }
     if (!c->dry)
         lms__crashpoint("gc:drop-before-commit");
@@ -212,7 +258,9 @@ static int drop_txn(lms_store *s, MDB_txn *txn, void *vctx)
 out:
     if (cur)
         mdb_cursor_close(cur);
-    lms__free(ks.k);
+    lms__free(dropping);
+    lms__blobset_free(&bs);
+    lms__kvset_free(&ks);
     return rc;
 }
 
@@ -311,6 +359,9 @@ static int load_layout(lms_store *s, lms__blobset *bs, lms__segset *ss)
         return rc;
     rc = lms__blobset_load(s, txn, bs);
     lms__txn_end(s, txn);
+    for (size_t i = 0; !rc && i < bs->n; i++)
+        if (bs->v[i].bad) /* never give back bytes a record we cannot read may reach */
+            rc = refuse_blob(s, &bs->v[i]);
     if (!rc)
         rc = lms__segset_load(s, ss);
     if (!rc)
@@ -468,11 +519,11 @@ static bool busy_seen(busy_set *b, uint32_t id)
 static int shrink(lms_store *s, const lms_gc_params *p, lms_gc_busy_cb busy, void *ctx, lms_gc_report *rep,
                   busy_set *seen)
 {
-    int lock = -1;
+    lms__lock lock;
     lms__blobset bs = {0};
     lms__segset ss = {0};
     size_t *idx = NULL;
-    int rc = lms__admin_lock(s, &lock);
+    int rc = lms__lock_take(s, &lock);
     if (rc)
         return rc;
     remove_tmp_segments(s);
@@ -556,7 +607,7 @@ out:
     lms__free(idx);
     lms__segset_free(&ss);
     lms__blobset_free(&bs);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     return rc;
 }
 
@@ -659,12 +710,12 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
         return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
 
     /* 1. drop */
-    int lock;
-    if ((rc = lms__admin_lock(s, &lock)))
+    lms__lock lock;
+    if ((rc = lms__lock_take(s, &lock)))
         goto out;
     drop_ctx dc = {.dry = false};
     rc = lms__txn_write(s, drop_txn, &dc);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     if (rc)
         goto out;
     lms__crashpoint("gc:drop-after-commit");

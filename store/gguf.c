@@ -504,7 +504,7 @@ out:
 int lms__gguf_open(const char *path, lms__gguf *g)
 {
     memset(g, 0, sizeof *g);
-    int fd = lms__open(path, O_RDONLY, 0), rc;
+    int fd = lms__open_regular(path), rc;
     if (fd < 0)
         return fd;
     uint64_t size;
@@ -545,11 +545,12 @@ bool lms__gguf_is_source(const char *path)
     if (!lms__is_dir(path)) {
         if (has_suffix(path, ".gguf"))
             return true;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = lms__open_regular(path); /* a FIFO is refused by the reader that opens it next */
         uint8_t b[4];
         bool yes = fd >= 0 && pread(fd, b, 4, 0) == 4 && lms__get_u32(b) == LMS__GGUF_MAGIC;
         if (fd >= 0)
             close(fd);
+        lms_clear_error();
         return yes;
     }
     DIR *d = opendir(path);

@@ -1115,7 +1115,7 @@ int lms__gguf_source_open(const char *src, lms__st_source **out)
                 t->ne[0] == 0 || t->ne[0] > 4096)
                 continue;
             float fr[4096];
-            int fd = lms__open(files[f], O_RDONLY, 0);
+            int fd = lms__open_regular(files[f]);
             if (fd < 0) {
                 rc = fd;
                 goto out;

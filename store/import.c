@@ -8,8 +8,11 @@
  *      final norm, LM head) and hash them (XXH3-128, threads);
  *   3. take the append lock; find tensors already stored (hash + byte
  *      comparison) and identical tensors within the model;
- *   4. append the new blobs at aligned offsets (copy_file_range, threads) and
- *      fsync them;
+ *   4. append the new blobs at aligned offsets (copy_file_range, threads),
+ *      read each back and hash it again (the store keeps the bytes it hashed:
+ *      a source rewritten between the two passes fails the import, naming
+ *      the file), fsync them, and check that no shard's size or modification
+ *      time changed since it was opened;
  *   5. one LMDB write transaction adds blob references, tensor, file and
  *      model records (the model becomes visible atomically);
  *   6. on any failure before 5 commits, the appender truncates the segments
@@ -17,6 +20,8 @@
  *
  * Crash points (common/crashpoint.h), in the order an import passes them;
  * the crash tests kill the process at each (tests/store/test_crash_import.py):
+ *   import:hashed          after each batch's tensors are hashed (nothing
+ *                          written yet for that batch)
  *   import:data-written    after each batch's blobs are copied into segments
  *                          (not yet durable; no record reaches them)
  *   import:data-synced     after the fsync of the new bytes (and of the
@@ -46,6 +51,7 @@
 #include <unistd.h>
 
 #include "common/crashpoint.h"
+#include "store/admin_internal.h"
 #include "store/gguf.h"
 #include "store/mlx.h"
 #include "store/names.h"
@@ -55,12 +61,15 @@
 #define SIDE_FILE_MAX LMS__FILE_RAW_MAX
 #define COPY_CHUNK (64ull << 20)
 
-enum { BLOB_NEW, BLOB_STORED };
+/* BLOB_REPAIR: a stored blob whose bytes fail their own hash (damaged on
+ * disk, or left by an older build that stored bytes other than it hashed):
+ * written anew like BLOB_NEW, and the commit repoints its record there. */
+enum { BLOB_NEW, BLOB_STORED, BLOB_REPAIR };
 
 typedef struct ublob {
     uint8_t key[16];
     uint64_t size;
-    int status;       /* BLOB_NEW or BLOB_STORED */
+    int status;       /* BLOB_NEW, BLOB_STORED or BLOB_REPAIR */
     uint32_t segment;
     uint64_t offset;
     uint64_t count;   /* tensors of this model referencing it */
@@ -81,6 +90,7 @@ typedef lms__named_rec side_file; /* name, encoded file record */
 typedef struct shard_map {
     int fd;
     uint64_t size;
+    struct timespec mtime; /* at open: a source that changes during the import is refused */
 } shard_map;
 
 typedef struct copy_job {
@@ -252,9 +262,9 @@ static int add_side_file(imp *m, const char *name, const char *data, size_t len,
     int rc = 0;
     size_t nl = strlen(name);
     if (nl > 5 && !strcmp(name + nl - 5, ".json")) {
-        cJSON *j = cJSON_ParseWithLength(data, len);
+        cJSON *j = lms__json_parse_strict(path, "the file", data, len);
         if (!j) {
-            rc = lms__err(LMS_EFORMAT, "%s: not valid JSON", path);
+            rc = LMS_EFORMAT;
         } else if (!strcmp(name, "config.json")) {
             if (!cJSON_IsObject(j)) {
                 rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);
@@ -368,20 +378,39 @@ static int open_shards(imp *m)
     for (size_t i = 0; i < m->src->n_shards; i++) {
         lms__st_file *f = m->src->shards[i];
         shard_map *sm = &m->maps[i];
-        sm->fd = lms__open(f->path, O_RDONLY, 0);
+        sm->fd = lms__open_regular(f->path);
         if (sm->fd < 0) {
             int rc = sm->fd;
             sm->fd = -1;
             return rc;
         }
-        uint64_t size;
-        int rc = lms__fstat_size(sm->fd, &size, f->path);
-        if (rc)
-            return rc;
-        if (size != f->file_size)
+        struct stat st;
+        if (fstat(sm->fd, &st))
+            return lms__err_errno(LMS_EIO, errno, "%s: stat", f->path);
+        if ((uint64_t)st.st_size != f->file_size)
             return lms__err(LMS_EIO, "%s: file changed size during import", f->path);
-        sm->size = size;
+        sm->size = (uint64_t)st.st_size;
+        sm->mtime = st.st_mtim;
         (void)posix_fadvise(sm->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    return 0;
+}
+
+/* Every shard still has the size and modification time it had when the
+ * import opened it (checked after the data is written, before the commit):
+ * a source rewritten meanwhile is refused, naming the file. */
+static int check_shards_unchanged(imp *m)
+{
+    for (size_t i = 0; i < m->src->n_shards; i++) {
+        const shard_map *sm = &m->maps[i];
+        const char *path = m->src->shards[i]->path;
+        struct stat st;
+        if (fstat(sm->fd, &st))
+            return lms__err_errno(LMS_EIO, errno, "%s: stat", path);
+        if ((uint64_t)st.st_size != sm->size || st.st_mtim.tv_sec != sm->mtime.tv_sec ||
+            st.st_mtim.tv_nsec != sm->mtime.tv_nsec)
+            return lms__err(LMS_EIO, "%s: the file changed during the import (its %s); nothing was imported", path,
+                            (uint64_t)st.st_size != sm->size ? "size" : "modification time");
     }
     return 0;
 }
@@ -454,7 +483,7 @@ static int src_equal(imp *m, const itensor *t, const itensor *other, const uint8
 #define EMPTY SIZE_MAX
 
 struct task {
-    int kind; /* 0: hash tensor i, 1: copy job i */
+    int kind; /* 0: hash tensor i, 1: copy job i, 2: re-hash written blob i */
     size_t i;
 };
 typedef struct task task;
@@ -511,14 +540,49 @@ static void copy_one(imp *m, size_t i, int worker)
     lms__progress_add(m->prog, j->len);
 }
 
+/* Hash what was written for new blob i, read back from its segment: the
+ * store keeps what it hashed, or the import fails (a source rewritten
+ * between the hashing pass and the copy). */
+static void check_one(imp *m, size_t i, int worker)
+{
+    if (m->wrc)
+        return;
+    const ublob *b = &m->blobs[i];
+    const itensor *t = &m->t[b->first];
+    uint8_t *buf = m->bufs[worker];
+    lms_hasher *h = m->hashers[worker];
+    int fd;
+    const char *path;
+    int rc = lms__append_fd(m->app, b->segment, &fd, &path);
+    lms__hasher_reset(h);
+    for (uint64_t off = 0; !rc && off < b->size; off += IO_CHUNK) {
+        size_t k = (size_t)LMS_MIN((uint64_t)IO_CHUNK, b->size - off);
+        if (!(rc = lms__pread_all(fd, buf, k, b->offset + off, path)))
+            lms__hasher_update(h, buf, k);
+    }
+    if (!rc) {
+        uint8_t key[16];
+        lms__hash128_put(key, lms__hasher_digest(h));
+        if (memcmp(key, b->key, 16))
+            rc = lms__err(LMS_EIO,
+                          "%s: tensor '%s': the bytes copied differ from the bytes hashed: the file changed during "
+                          "the import; nothing was imported",
+                          m->src->shards[t->shard]->path, t->st->name);
+    }
+    if (rc)
+        worker_fail(m, rc);
+}
+
 static void run_task(void *arg, size_t i, int worker)
 {
     imp *m = arg;
     const task *tk = &m->tasks[i];
     if (tk->kind == 0)
         hash_one(m, tk->i, worker);
-    else
+    else if (tk->kind == 1)
         copy_one(m, tk->i, worker);
+    else
+        check_one(m, tk->i, worker);
 }
 
 static int add_task(imp *m, int kind, size_t i)
@@ -566,6 +630,44 @@ static int check_absent(imp *m)
     if (rc == 0 && !m->p.replace)
         return lms__err(LMS_EEXIST, "model '%s' already exists in %s (use --replace)", m->name, m->s->path);
     return rc == LMS_ENOENT ? 0 : rc;
+}
+
+/*
+ * Tensor t hashes to `key`, a stored blob's key, but its bytes differ from
+ * the blob's: say why. The source changed since it was hashed (its bytes
+ * hash otherwise now): an error naming the file. The stored bytes fail
+ * their own key (damaged, or stored by an older build that kept bytes other
+ * than it hashed): 0, and the caller writes the blob anew. Else a true
+ * XXH3-128 collision: an error.
+ */
+static int unequal_stored(imp *m, const itensor *t, const uint8_t key[16], const uint8_t *stored, uint64_t size)
+{
+    lms_hasher *h = m->hashers[0];
+    const char *path = m->src->shards[t->shard]->path;
+    lms__hasher_reset(h);
+    for (uint64_t off = 0; off < t->st->nbytes; off += IO_CHUNK) {
+        size_t k = (size_t)LMS_MIN((uint64_t)IO_CHUNK, t->st->nbytes - off);
+        int rc = src_read(m, t, off, m->cmp_a, k);
+        if (rc)
+            return rc;
+        lms__hasher_update(h, m->cmp_a, k);
+    }
+    if (!lms__hash128_eq(lms__hasher_digest(h), t->hash))
+        return lms__err(LMS_EIO, "%s: tensor '%s': the file changed during the import; nothing was imported", path,
+                        t->st->name);
+    uint8_t got[16];
+    lms__hash128_put(got, lms__hash128(stored, (size_t)size));
+    if (memcmp(got, key, 16)) {
+        char hex[33];
+        lms__admin_hex16(key, hex);
+        lms__warn("import '%s': tensor '%s': the stored blob %s with its hash is damaged (its bytes fail their "
+                  "hash); this import writes it anew for every model that uses it",
+                  m->name, t->st->name, hex);
+        return 0;
+    }
+    return lms__err(LMS_ECORRUPT,
+                    "tensor '%s' has the XXH3-128 hash of a stored blob with other bytes (collision); not importing",
+                    t->st->name);
 }
 
 /* Decide storage for tensors order[from, to); caller holds the append lock. */
@@ -641,22 +743,27 @@ static int decide(imp *m, size_t from, size_t to, uint64_t *bytes_new)
                               t->st->name);
                 break;
             }
-            int eq = src_equal(m, t, NULL, lms__segmap_at(&m->map, r.offset, r.size));
+            const uint8_t *stored = lms__segmap_at(&m->map, r.offset, r.size);
+            int eq = src_equal(m, t, NULL, stored);
             if (eq < 0) {
                 rc = eq;
                 break;
             }
-            if (eq) {
-                rc = lms__err(LMS_ECORRUPT,
-                              "tensor '%s' has the XXH3-128 hash of a stored blob with other bytes (collision); "
-                              "not importing",
-                              t->st->name);
+            if (eq && (rc = unequal_stored(m, t, key, stored, r.size)) == 0) {
+                /* the stored copy is damaged: this import writes it anew */
+                b->status = BLOB_REPAIR;
+                if ((rc = lms__append_reserve(m->app, b->size, &b->segment, &b->offset)) ||
+                    (rc = queue_copies(m, m->nb)))
+                    break;
+                *bytes_new += b->size;
+            } else if (eq) {
                 break;
+            } else {
+                b->status = BLOB_STORED;
+                b->segment = r.segment;
+                b->offset = r.offset;
+                lms__progress_add(m->prog, t->st->nbytes);
             }
-            b->status = BLOB_STORED;
-            b->segment = r.segment;
-            b->offset = r.offset;
-            lms__progress_add(m->prog, t->st->nbytes);
         }
         m->slots[h] = m->nb;
         t->blob = m->nb++;
@@ -708,9 +815,12 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
     lms__pool_run(pool, m->ntasks, run_task, m);
     if ((rc = worker_rc(m)))
         return rc;
-    while (from < m->nt) {
-        size_t jobs0 = m->njobs, next = batch_end(m, to);
-        if ((rc = decide(m, from, to, bytes_new)))
+    if (m->ntasks)
+        lms__crashpoint("import:hashed");
+    size_t copied0 = 0, copied1 = 0; /* blobs whose copies the last run made: re-hashed in the next */
+    for (;;) {
+        size_t jobs0 = m->njobs, nb0 = m->nb, next = from < m->nt ? batch_end(m, to) : to;
+        if (from < m->nt && (rc = decide(m, from, to, bytes_new)))
             return rc;
         m->ntasks = 0;
         for (size_t j = jobs0; j < m->njobs; j++)
@@ -719,11 +829,20 @@ static int store_tensors(imp *m, lms_pool *pool, uint64_t *bytes_new)
         for (size_t k = to; k < next; k++)
             if ((rc = add_task(m, 0, m->order[k])))
                 return rc;
+        for (size_t b = copied0; b < copied1; b++)
+            if (m->blobs[b].status != BLOB_STORED && (rc = add_task(m, 2, b)))
+                return rc;
+        if (!m->ntasks)
+            break;
         lms__pool_run(pool, m->ntasks, run_task, m);
         if ((rc = worker_rc(m)))
             return rc;
         if (m->njobs > jobs0)
             lms__crashpoint("import:data-written");
+        if (next > to)
+            lms__crashpoint("import:hashed");
+        copied0 = nb0;
+        copied1 = m->nb;
         from = to;
         to = next;
     }
@@ -760,11 +879,13 @@ static int drop_model(lms_store *s, MDB_txn *txn, const char *model)
     if (mrc)
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
     MDB_val k = {plen, (void *)model}, v;
-    for (mrc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+    int check;
+    for (mrc = lms__cursor_get(s, c, LMS__DB_TENSORS, &k, &v, MDB_SET_RANGE, &check); mrc == 0;
+         mrc = lms__cursor_get(s, c, LMS__DB_TENSORS, &k, &v, MDB_NEXT, &check)) {
         if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
             break;
         lms__tensor_rec tr;
-        if ((rc = lms__tensor_rec_decode(v.mv_data, v.mv_size, &tr)) ||
+        if ((rc = check) || (rc = lms__tensor_rec_decode(v.mv_data, v.mv_size, &tr)) ||
             (rc = lms__blob_ref(s, txn, tr.hash, -1, NULL)))
             break;
     }
@@ -797,6 +918,18 @@ static int commit_fn(lms_store *s, MDB_txn *txn, void *vctx)
         ublob *b = &m->blobs[i];
         if (b->status == BLOB_STORED) {
             rc = lms__blob_ref(s, txn, b->key, (int64_t)b->count, NULL);
+        } else if (b->status == BLOB_REPAIR) { /* the verified copy replaces the damaged one */
+            lms__blob_rec r;
+            if (!(rc = lms__blob_get(s, txn, b->key, &r))) {
+                r.segment = b->segment;
+                r.offset = b->offset;
+                r.refs += b->count;
+                rc = lms__blob_put(s, txn, b->key, &r);
+            } else if (rc == LMS_ENOENT) {
+                lms__blob_rec nr = {.kind = LMS__BLOB_TENSOR, .segment = b->segment, .offset = b->offset,
+                                    .size = b->size, .refs = b->count};
+                rc = lms__blob_put(s, txn, b->key, &nr);
+            }
         } else {
             lms__blob_rec r = {.kind = LMS__BLOB_TENSOR, .segment = b->segment, .offset = b->offset,
                                .size = b->size, .refs = b->count};
@@ -961,7 +1094,7 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     if ((rc = model_id(&m)))
         goto out;
     double t_sync = lms__now();
-    if ((rc = lms__append_sync(m.app)))
+    if ((rc = lms__append_sync(m.app)) || (rc = check_shards_unchanged(&m)))
         goto out;
     lms__crashpoint("import:data-synced");
     lms__debug("import: fsync in %.3f s", lms__now() - t_sync);

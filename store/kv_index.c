@@ -82,12 +82,15 @@ int lms__kv_read_sessions(lms__kv_reader *r, lms__kv_session_fn fn, void *ctx)
         return lms__mdb_err(mrc, "%s: sessions cursor", s->index_path);
     MDB_val k, v;
     char name[LMS__SESSION_NAME_MAX + 1];
-    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    int check;
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_SESSIONS, &k, &v, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_SESSIONS, &k, &v, MDB_NEXT, &check)) {
         size_t n = LMS_MIN(k.mv_size, sizeof name - 1);
         memcpy(name, k.mv_data, n);
         name[n] = '\0';
         lms__session_rec rec;
-        int dec = lms__session_rec_decode(v.mv_data, v.mv_size, name, &rec);
+        memset(&rec, 0, sizeof rec);
+        int dec = check ? check : lms__session_rec_decode(v.mv_data, v.mv_size, name, &rec);
         if ((rc = fn(ctx, r, name, dec, &rec)))
             goto out;
     }
@@ -341,12 +344,13 @@ static int commit_txn(lms_store *s, MDB_txn *txn, void *arg)
         if ((rc = commit_page(s, txn, c, i)))
             return rc;
     size_t len = lms__session_rec_size(c->rec->n_tokens, c->rec->n_pages);
-    MDB_val k = {strlen(name), (void *)name}, val = {len, NULL};
-    int mrc = mdb_put(txn, s->dbi[LMS__DB_SESSIONS], &k, &val, MDB_RESERVE);
-    if (mrc)
-        return lms__mdb_err(mrc, "%s: write session '%s'", s->index_path, name);
-    lms__session_rec_encode(c->rec, val.mv_data);
-    return 0;
+    uint8_t *buf = lms__malloc(len);
+    if (!buf)
+        return LMS_ENOMEM;
+    lms__session_rec_encode(c->rec, buf);
+    rc = lms__db_put(s, txn, LMS__DB_SESSIONS, name, strlen(name), buf, len, 0);
+    lms__free(buf);
+    return rc;
 }
 
 int lms__kv_write_commit(lms__kv_writer *w, const lms__session_rec *rec, const lms__kv_page_put *pages,
@@ -374,21 +378,15 @@ static int touch_txn(lms_store *s, MDB_txn *txn, void *arg)
     lms__session_rec r;
     if (lms__session_rec_decode(v.mv_data, v.mv_size, name, &r))
         return 0;
-    MDB_val k = {strlen(name), (void *)name}, nv = {v.mv_size, NULL};
     size_t len = v.mv_size;
     uint8_t *copy = lms__malloc(len);
     if (!copy)
         return LMS_ENOMEM;
     memcpy(copy, v.mv_data, len);
-    int mrc = mdb_put(txn, s->dbi[LMS__DB_SESSIONS], &k, &nv, MDB_RESERVE);
-    if (mrc) {
-        lms__free(copy);
-        return lms__mdb_err(mrc, "write session '%s'", name);
-    }
-    memcpy(nv.mv_data, copy, len);
+    lms__session_rec_touch(copy, len, lms__unix_time());
+    rc = lms__db_put(s, txn, LMS__DB_SESSIONS, name, strlen(name), copy, len, 0);
     lms__free(copy);
-    lms__session_rec_touch(nv.mv_data, len, lms__unix_time());
-    return 0;
+    return rc;
 }
 
 int lms__kv_touch(lms_store *s, const char *name)

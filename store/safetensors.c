@@ -165,28 +165,43 @@ static int parse_tensor(const char *path, const cJSON *e, lms__st_tensor *t, uin
     return 0;
 }
 
+cJSON *lms__json_parse_strict(const char *path, const char *what, const char *json, size_t len)
+{
+    const char *nul = memchr(json, '\0', len);
+    if (nul) {
+        lms__err(LMS_EFORMAT, "%s: %s contains a NUL byte (byte %zu)", path, what, (size_t)(nul - json));
+        return NULL;
+    }
+    if (len >= 3 && !memcmp(json, "\xef\xbb\xbf", 3)) {
+        lms__err(LMS_EFORMAT, "%s: %s begins with a UTF-8 byte-order mark, which JSON does not allow", path, what);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
+    if (!root) {
+        size_t at = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
+        lms__err(LMS_EFORMAT, "%s: %s is not valid JSON (error near byte %zu of %zu)", path, what, at, len);
+        return NULL;
+    }
+    for (const char *p = end; p < json + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            lms__err(LMS_EFORMAT, "%s: %s has data after its JSON value (byte %zu)", path, what, (size_t)(p - json));
+            cJSON_Delete(root);
+            return NULL;
+        }
+    return root;
+}
+
 int lms__st_parse_header(const char *path, const char *json, size_t len, uint64_t data_size, lms__st_file *out)
 {
     memset(out, 0, sizeof *out);
     int rc = 0;
-    cJSON *root = NULL;
-    if (memchr(json, '\0', len))
-        return lms__err(LMS_EFORMAT, "%s: header contains a NUL byte", path);
     for (size_t i = 0; i + 6 <= len; i++)
         if (json[i] == '\\' && !memcmp(json + i, "\\u0000", 6))
             return lms__err(LMS_EFORMAT, "%s: header contains an escaped NUL (\\u0000)", path);
-    const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts(json, len, &end, false);
-    if (!root) {
-        size_t at = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
-        return lms__err(LMS_EFORMAT, "%s: header is not valid JSON (error near byte %zu of %zu)", path, at, len);
-    }
-    for (const char *p = end; p < json + len; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            rc = lms__err(LMS_EFORMAT, "%s: header has data after its JSON object (byte %zu)", path,
-                          (size_t)(p - json));
-            goto out;
-        }
+    cJSON *root = lms__json_parse_strict(path, "header", json, len);
+    if (!root)
+        return LMS_EFORMAT;
     if (!cJSON_IsObject(root)) {
         rc = lms__err(LMS_EFORMAT, "%s: header is not a JSON object", path);
         goto out;
@@ -309,7 +324,7 @@ int lms__st_open(const char *path, lms__st_file **out)
     char *json = NULL;
     uint64_t size;
     uint8_t lenbuf[8];
-    int fd = lms__open(path, O_RDONLY, 0), rc;
+    int fd = lms__open_regular(path), rc;
     if (fd < 0)
         return fd;
     if ((rc = lms__fstat_size(fd, &size, path)))
@@ -393,13 +408,9 @@ int lms__st_parse_index(const char *path, const char *json, size_t len, char ***
     int rc = 0;
     name_pair *v = NULL;
     size_t n = 0;
-    if (memchr(json, '\0', len))
-        return lms__err(LMS_EFORMAT, "%s: contains a NUL byte", path);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
+    cJSON *root = lms__json_parse_strict(path, "the index", json, len);
     if (!root)
-        return lms__err(LMS_EFORMAT, "%s: not valid JSON (error near byte %zu)", path,
-                        end && end >= json ? (size_t)(end - json) : 0);
+        return LMS_EFORMAT;
     const cJSON *wm = NULL;
     if (!cJSON_IsObject(root)) {
         rc = lms__err(LMS_EFORMAT, "%s: not a JSON object", path);

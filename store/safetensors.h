@@ -85,6 +85,16 @@ int lms__st_source_open(const char *src, lms__st_source **out);
 void lms__st_source_free(lms__st_source *s); /* NULL ok */
 
 /*
+ * Parse untrusted JSON strictly, as the reference implementations do
+ * (serde_json in safetensors and tokenizers, Python's json): exactly one
+ * value, then only whitespace; no NUL byte anywhere; no UTF-8 byte-order
+ * mark in front (cJSON would skip one). NULL with LMS_EFORMAT detail
+ * "<path>: <what> ..." naming the byte; free the result with cJSON_Delete.
+ */
+struct cJSON;
+struct cJSON *lms__json_parse_strict(const char *path, const char *what, const char *json, size_t len);
+
+/*
  * Parse model.safetensors.index.json's weight_map (pure). Fills parallel
  * arrays names[i] -> shards[i] sorted by name (free each and the arrays with
  * lms__free). Rejects non-objects, non-string shard names, names with '/'.

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "store/store_internal.h"
@@ -24,7 +25,7 @@ void lms__segment_header_encode(uint8_t hdr[LMS__SEG_HEADER_SIZE], uint32_t id, 
     memset(hdr, 0, LMS__SEG_HEADER_SIZE);
     memcpy(hdr, LMS__SEG_MAGIC, 8);
     lms__put_u32(hdr + 8, LMS__SEG_BOM);
-    lms__put_u32(hdr + 12, LMS__FORMAT_VERSION);
+    lms__put_u32(hdr + 12, LMS__SEG_VERSION);
     lms__put_u32(hdr + 16, id);
     lms__put_u32(hdr + 20, LMS__SEG_HEADER_SIZE);
     memcpy(hdr + 24, uuid, 16);
@@ -50,9 +51,9 @@ int lms__segment_header_check(const void *buf, size_t len, const uint8_t *uuid, 
     if (lms__get_u64(h + 56) != lms__hash64(h, 56, 0))
         return lms__err(LMS_ECORRUPT, "%s: segment header checksum mismatch", path);
     uint32_t ver = lms__get_u32(h + 12);
-    if (ver != LMS__FORMAT_VERSION)
-        return lms__err(ver > LMS__FORMAT_VERSION ? LMS_EVERSION : LMS_ECORRUPT,
-                        "%s: segment format version %u, this build reads %u", path, ver, LMS__FORMAT_VERSION);
+    if (ver != LMS__SEG_VERSION)
+        return lms__err(ver > LMS__SEG_VERSION ? LMS_EVERSION : LMS_ECORRUPT,
+                        "%s: segment format version %u, this build reads %u", path, ver, LMS__SEG_VERSION);
     if (lms__get_u32(h + 20) != LMS__SEG_HEADER_SIZE)
         return lms__err(LMS_ECORRUPT, "%s: segment header size is not %u", path, LMS__SEG_HEADER_SIZE);
     uint32_t align = lms__get_u32(h + 40);
@@ -161,7 +162,10 @@ int lms__segment_map(lms_store *s, uint32_t id, lms__segmap *m)
     }
     void *p = mmap(NULL, (size_t)m->size, PROT_READ, MAP_SHARED, m->fd, 0);
     if (p == MAP_FAILED) {
-        rc = lms__err_errno(LMS_EIO, errno, "%s: mmap", m->path);
+        /* ENOMEM: out of address space (RLIMIT_AS) or map count: memory, not a damaged file */
+        rc = errno == ENOMEM ? lms__err(LMS_ENOMEM, "%s: mapping its %llu bytes: out of memory (address space)",
+                                        m->path, (unsigned long long)m->size)
+                             : lms__err_errno(LMS_EIO, errno, "%s: mmap", m->path);
         goto out_close;
     }
     m->base = p;
@@ -192,6 +196,66 @@ void lms__segment_unmap(lms__segmap *m)
     m->fd = -1;
 }
 
+/* ---- the append lock ------------------------------------------------------------- */
+
+static int flock_ex(int fd, const char *path)
+{
+    while (flock(fd, LOCK_EX))
+        if (errno != EINTR)
+            return lms__err_errno(LMS_EIO, errno, "%s: flock", path);
+    return 0;
+}
+
+int lms__lock_take(lms_store *s, lms__lock *l)
+{
+    *l = LMS__LOCK_NONE;
+    if (s->rdonly)
+        return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
+    int rc;
+    for (int tries = 0;; tries++) {
+        int fd = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
+        if (fd < 0)
+            return fd;
+        struct stat a, b;
+        if ((rc = flock_ex(fd, s->lock_path)) || (rc = fstat(fd, &a) ? lms__err_errno(LMS_EIO, errno, "%s: stat",
+                                                                                      s->lock_path)
+                                                                    : 0)) {
+            close(fd);
+            return rc;
+        }
+        if (stat(s->lock_path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            l->file_fd = fd;
+            break;
+        }
+        close(fd); /* deleted or replaced while we waited: lock what the path names now */
+        if (tries == 1000)
+            return lms__err(LMS_EBUSY, "%s: the lock file keeps being deleted or replaced", s->lock_path);
+    }
+    l->dir_fd = lms__open(s->path, O_RDONLY | O_DIRECTORY, 0);
+    if (l->dir_fd < 0 || (rc = flock_ex(l->dir_fd, s->path))) {
+        rc = l->dir_fd < 0 ? l->dir_fd : rc;
+        if (l->dir_fd >= 0)
+            close(l->dir_fd);
+        close(l->file_fd);
+        *l = LMS__LOCK_NONE;
+        return rc;
+    }
+    atomic_fetch_add(&s->append_locks, 1);
+    return 0;
+}
+
+void lms__lock_release(lms_store *s, lms__lock *l)
+{
+    if (l->dir_fd < 0)
+        return;
+    int was = atomic_fetch_sub(&s->append_locks, 1);
+    assert(was > 0);
+    (void)was;
+    close(l->dir_fd); /* releases the flocks */
+    close(l->file_fd);
+    *l = LMS__LOCK_NONE;
+}
+
 /* ---- appender ------------------------------------------------------------------ */
 
 typedef struct seg_state {
@@ -205,8 +269,7 @@ typedef struct seg_state {
 
 struct lms__appender {
     lms_store *s;
-    int lock_fd;
-    bool locked;    /* flock held: counted in s->append_locks */
+    lms__lock lock; /* held: counted in s->append_locks */
     seg_state *segs;
     size_t n, cap;
     seg_state *cur; /* index into segs is stable: we store the position */
@@ -297,21 +360,10 @@ int lms__append_begin(lms_store *s, lms__appender **out)
         return LMS_ENOMEM;
     a->s = s;
     a->next_id = 1;
-    int rc;
-    a->lock_fd = lms__open(s->lock_path, O_RDWR | O_CREAT, 0644);
-    if (a->lock_fd < 0) {
-        rc = a->lock_fd;
-        a->lock_fd = -1;
+    a->lock = LMS__LOCK_NONE;
+    int rc = lms__lock_take(s, &a->lock);
+    if (rc)
         goto fail;
-    }
-    while (flock(a->lock_fd, LOCK_EX)) {
-        if (errno != EINTR) {
-            rc = lms__err_errno(LMS_EIO, errno, "%s: flock", s->lock_path);
-            goto fail;
-        }
-    }
-    a->locked = true;
-    atomic_fetch_add(&s->append_locks, 1);
     uint32_t *ids;
     size_t n;
     rc = lms__segment_list(s, &ids, &n);
@@ -355,7 +407,7 @@ fail:
 int lms__append_reserve(lms__appender *a, uint64_t size, uint32_t *segment, uint64_t *offset)
 {
     lms_store *s = a->s;
-    assert(a->locked); /* invariant 3: appends under the append lock */
+    assert(a->lock.dir_fd >= 0); /* invariant 3: appends under the append lock */
     uint64_t off = 0, end = 0;
     if (a->have_cur) {
         seg_state *g = &a->segs[a->cur_i];
@@ -415,7 +467,7 @@ int lms__append_fd(lms__appender *a, uint32_t segment, int *fd, const char **pat
 
 int lms__append_write(lms__appender *a, uint32_t segment, uint64_t offset, const void *buf, size_t len)
 {
-    assert(a->locked);
+    assert(a->lock.dir_fd >= 0);
     seg_state *g = find_seg(a, segment);
     if (!g)
         return lms__err(LMS_EINVAL, "segment %u is not part of this append session", segment);
@@ -477,13 +529,7 @@ void lms__append_end(lms__appender *a, bool keep)
             close(dfd);
         }
     }
-    if (a->locked) {
-        int was = atomic_fetch_sub(&a->s->append_locks, 1);
-        assert(was > 0);
-        (void)was;
-    }
-    if (a->lock_fd >= 0)
-        close(a->lock_fd); /* releases the flock */
+    lms__lock_release(a->s, &a->lock);
     lms__free(a->segs);
     lms__free(a);
 }

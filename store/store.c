@@ -13,9 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "store/admin_internal.h"
 #include "store/store_internal.h"
 
 const char *const lms__db_names[LMS__DB_COUNT] = {
@@ -54,13 +58,73 @@ int lms__mdb_err(int mdb_rc, const char *fmt, ...)
     return lms__err(code, "%s: %s", what, mdb_strerror(mdb_rc));
 }
 
+/*
+ * Readers of a handle opened without LMDB's lock file (s->nolock: the user
+ * may read the store but not write index/lock.mdb) are not in LMDB's reader
+ * table, so a writer could reuse the pages their snapshot reads. Instead
+ * they hold flock(LOCK_SH) on index/data.mdb while a read transaction of
+ * theirs is open, and every write transaction holds flock(LOCK_EX) on it
+ * (lms__txn_write): such a snapshot never sees a writer. Counted per handle
+ * (one flock per open file description).
+ */
+static void nolock_enter(lms_store *s)
+{
+    pthread_mutex_lock(&s->nolock_mu);
+    if (s->nolock_readers++ == 0)
+        while (flock(s->data_fd, LOCK_SH) && errno == EINTR)
+            ;
+    pthread_mutex_unlock(&s->nolock_mu);
+}
+
+static void nolock_leave(lms_store *s)
+{
+    pthread_mutex_lock(&s->nolock_mu);
+    assert(s->nolock_readers > 0);
+    if (--s->nolock_readers == 0)
+        (void)flock(s->data_fd, LOCK_UN);
+    pthread_mutex_unlock(&s->nolock_mu);
+}
+
+/* The raw meta "format" of txn's snapshot: 4 bytes in format 1, 4 bytes and
+ * the record checksum from format 2. 0 when absent; LMS_ECORRUPT. */
+static int format_of(lms_store *s, MDB_txn *txn, uint32_t *fmt)
+{
+    MDB_val k = {6, (void *)"format"}, v;
+    int mrc = mdb_get(txn, s->dbi[LMS__DB_META], &k, &v);
+    *fmt = 0;
+    if (mrc == MDB_NOTFOUND)
+        return 0;
+    if (mrc)
+        return lms__mdb_err(mrc, "%s: read meta", s->index_path);
+    const uint8_t *p = v.mv_data;
+    if (v.mv_size == 4 && lms__get_u32(p) == 1) {
+        *fmt = 1;
+        return 0;
+    }
+    if (v.mv_size == 4 + LMS__REC_SUM_SIZE && lms__get_u32(p) >= LMS__FORMAT_SUMS &&
+        lms__get_u64(p + 4) == lms__rec_sum("format", 6, p, 4)) {
+        *fmt = lms__get_u32(p);
+        return 0;
+    }
+    return lms__err(LMS_ECORRUPT, "%s: meta record 'format' is damaged (%zu bytes)", s->index_path, v.mv_size);
+}
+
 static int txn_begin(lms_store *s, unsigned flags, MDB_txn **out)
 {
+    if (s->nolock)
+        nolock_enter(s);
     for (int tries = 0;; tries++) {
         pthread_rwlock_rdlock(&s->map_lock);
         int rc = mdb_txn_begin(s->env, NULL, flags, out);
-        if (rc == 0)
+        if (rc == 0) {
+            /* a store another process upgraded meanwhile: records now carry
+             * checksums (the format only grows) */
+            uint32_t fmt;
+            if (s->dbis_open && atomic_load(&s->format) < LMS__FORMAT_VERSION && format_of(s, *out, &fmt) == 0 &&
+                fmt > atomic_load(&s->format) && fmt <= LMS__FORMAT_VERSION)
+                atomic_store(&s->format, fmt);
             return 0;
+        }
         pthread_rwlock_unlock(&s->map_lock);
         if (rc == MDB_MAP_RESIZED && tries < 8) {
             /* another process grew the map: adopt its size */
@@ -71,18 +135,28 @@ static int txn_begin(lms_store *s, unsigned flags, MDB_txn **out)
                 continue;
         }
         *out = NULL;
+        if (s->nolock)
+            nolock_leave(s);
         return lms__mdb_err(rc, "%s: begin transaction", s->index_path);
     }
 }
 
 int lms__txn_read(lms_store *s, MDB_txn **out) { return txn_begin(s, MDB_RDONLY, out); }
 
+/* After a transaction ended (aborted or committed). */
+static void txn_done(lms_store *s)
+{
+    pthread_rwlock_unlock(&s->map_lock);
+    if (s->nolock)
+        nolock_leave(s);
+}
+
 void lms__txn_end(lms_store *s, MDB_txn *txn)
 {
     if (!txn)
         return;
     mdb_txn_abort(txn);
-    pthread_rwlock_unlock(&s->map_lock);
+    txn_done(s);
 }
 
 static int grow_map(lms_store *s)
@@ -99,34 +173,181 @@ static int grow_map(lms_store *s)
     return rc ? lms__mdb_err(rc, "%s: grow map", s->index_path) : 0;
 }
 
+/* Bytes of index/data.mdb that LMDB uses: pages 0 .. last page of the last
+ * committed transaction (that number never goes down). */
+static uint64_t data_used(lms_store *s)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    if (mdb_env_info(s->env, &info) || mdb_env_stat(s->env, &st))
+        return UINT64_MAX;
+    return ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+}
+
+/*
+ * Give back what a failed commit left in index/data.mdb: LMDB writes a
+ * transaction's pages past the end of the file before its meta page makes
+ * them part of the index, and a commit that fails (a full disk) leaves them
+ * there, unused; no snapshot can reach a page past the last one committed.
+ * Holding a write transaction (LMDB's writer lock) no other writer extends
+ * the file meanwhile. Best effort: a failure leaves the bytes for next time.
+ */
+static void trim_data_file(lms_store *s)
+{
+    struct stat st;
+    if (fstat(s->data_fd, &st) || (uint64_t)st.st_size <= data_used(s))
+        return;
+    MDB_txn *txn;
+    if (txn_begin(s, 0, &txn))
+        return;
+    uint64_t used = data_used(s);
+    if (used != UINT64_MAX && fstat(s->data_fd, &st) == 0 && (uint64_t)st.st_size > used &&
+        ftruncate(s->data_fd, (off_t)used) == 0)
+        lms__debug("store %s: gave back %llu bytes a failed commit left in data.mdb", s->path,
+                   (unsigned long long)((uint64_t)st.st_size - used));
+    lms__txn_end(s, txn);
+}
+
+/* A commit that failed: a full file system is named as such (LMDB reports a
+ * short write as EIO). */
+static int commit_err(lms_store *s, int mrc)
+{
+    struct statvfs vs;
+    uint64_t avail = fstatvfs(s->data_fd, &vs) == 0 ? (uint64_t)vs.f_bavail * vs.f_frsize : UINT64_MAX;
+    if (mrc == ENOSPC || mrc == EDQUOT || (mrc == EIO && avail < (4u << 20)))
+        return lms__err(LMS_ENOSPACE,
+                        "%s: commit: no space left on the file system holding the index (%llu bytes free); "
+                        "nothing was changed",
+                        s->index_path, (unsigned long long)(avail == UINT64_MAX ? 0 : avail));
+    return lms__mdb_err(mrc, "%s: commit", s->index_path);
+}
+
 int lms__txn_write(lms_store *s, lms__txn_fn fn, void *ctx)
 {
     if (s->rdonly)
         return lms__err(LMS_EINVAL, "%s: store is open read-only", s->path);
-    for (int attempt = 0; attempt < 32; attempt++) {
+    /* no reader without a reader slot reads while we write (nolock_enter) */
+    pthread_mutex_lock(&s->write_mu);
+    while (flock(s->data_fd, LOCK_EX) && errno == EINTR)
+        ;
+    int rc = 0;
+    bool done = false, trim = false;
+    for (int attempt = 0; attempt < 32 && !done; attempt++) {
         MDB_txn *txn;
-        int rc = txn_begin(s, 0, &txn);
-        if (rc)
-            return rc;
+        if ((rc = txn_begin(s, 0, &txn)))
+            break;
         tl_map_full = false;
         rc = fn(s, txn, ctx);
         bool full = tl_map_full;
         if (rc) {
             lms__txn_end(s, txn);
             if (!(rc == LMS_ENOSPACE && full))
-                return rc;
+                break;
         } else {
             int mrc = mdb_txn_commit(txn);
-            pthread_rwlock_unlock(&s->map_lock);
-            if (mrc == 0)
-                return 0;
-            if (mrc != MDB_MAP_FULL)
-                return lms__mdb_err(mrc, "%s: commit", s->index_path);
+            txn_done(s);
+            trim = true;
+            if (mrc == 0) {
+                done = true;
+                break;
+            }
+            if (mrc != MDB_MAP_FULL) {
+                rc = commit_err(s, mrc);
+                break;
+            }
         }
         if ((rc = grow_map(s)))
-            return rc;
+            break;
+        rc = lms__err(LMS_ENOSPACE, "%s: LMDB map still full after growing it", s->index_path);
     }
-    return lms__err(LMS_ENOSPACE, "%s: LMDB map still full after growing it", s->index_path);
+    if (trim) {
+        char keep[1024]; /* the error detail outlives the clean-up */
+        snprintf(keep, sizeof keep, "%s", rc ? lms_last_error() : "");
+        trim_data_file(s);
+        if (rc)
+            lms__err(rc, "%s", keep);
+    }
+    (void)flock(s->data_fd, LOCK_UN);
+    pthread_mutex_unlock(&s->write_mu);
+    return done ? 0 : rc;
+}
+
+/* ---- record checksums --------------------------------------------------------------------- */
+
+uint64_t lms__rec_sum(const void *key, size_t klen, const void *val, size_t vlen)
+{
+    return lms__hash64(val, vlen, lms__hash64(key, klen, 0));
+}
+
+/* Append `n` bytes of a key part to buf: as they are when they are UTF-8
+ * without control characters, else printable ASCII with \xNN escapes. */
+static size_t name_part(char *buf, size_t cap, size_t o, const uint8_t *p, size_t n)
+{
+    bool plain = lms__utf8_valid((const char *)p, n);
+    for (size_t i = 0; plain && i < n; i++)
+        plain = p[i] >= 0x20 && p[i] != 0x7f && p[i] != '\'';
+    size_t shown = LMS_MIN(n, (size_t)160);
+    for (size_t i = 0; i < shown && o + 5 < cap; i++) {
+        if (plain || (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\' && p[i] != '\''))
+            buf[o++] = (char)p[i];
+        else
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", p[i]);
+    }
+    if (shown < n && o + 4 < cap)
+        o += (size_t)snprintf(buf + o, cap - o, "...");
+    return o;
+}
+
+void lms__rec_name(int db, const void *key, size_t klen, char *buf, size_t cap)
+{
+    const uint8_t *k = key;
+    size_t o = (size_t)snprintf(buf, cap, "%s record ", lms__db_names[db]);
+    if (o >= cap)
+        return;
+    if ((db == LMS__DB_BLOBS || db == LMS__DB_KVPAGES) && klen == 16) {
+        char hex[33];
+        lms__admin_hex16(key, hex);
+        snprintf(buf + o, cap - o, "%s", hex);
+        return;
+    }
+    size_t ml = klen;
+    bool composite = (db == LMS__DB_TENSORS || db == LMS__DB_FILES) && lms__key_split(key, klen, &ml);
+    if (o + 2 < cap)
+        buf[o++] = '\'';
+    o = name_part(buf, cap, o, k, ml);
+    if (composite && o + 4 < cap) {
+        memcpy(buf + o, "'/'", 3);
+        o = name_part(buf, cap, o + 3, k + ml + 1, klen - ml - 1);
+    }
+    if (o + 1 < cap)
+        buf[o++] = '\'';
+    buf[LMS_MIN(o, cap - 1)] = '\0';
+}
+
+int lms__rec_check(lms_store *s, int db, const MDB_val *k, MDB_val *v)
+{
+    if (!lms__has_sums(s))
+        return 0;
+    char name[512];
+    if (v->mv_size < LMS__REC_SUM_SIZE) {
+        lms__rec_name(db, k->mv_data, k->mv_size, name, sizeof name);
+        return lms__err(LMS_ECORRUPT, "%s: %s is shorter than its checksum (the index is damaged)", s->index_path,
+                        name);
+    }
+    v->mv_size -= LMS__REC_SUM_SIZE;
+    const uint8_t *p = v->mv_data;
+    if (lms__get_u64(p + v->mv_size) != lms__rec_sum(k->mv_data, k->mv_size, p, v->mv_size)) {
+        lms__rec_name(db, k->mv_data, k->mv_size, name, sizeof name);
+        return lms__err(LMS_ECORRUPT, "%s: %s fails its checksum (the index is damaged)", s->index_path, name);
+    }
+    return 0;
+}
+
+int lms__cursor_get(lms_store *s, MDB_cursor *c, int db, MDB_val *k, MDB_val *v, MDB_cursor_op op, int *check)
+{
+    int mrc = mdb_cursor_get(c, k, v, op);
+    *check = mrc == 0 ? lms__rec_check(s, db, k, v) : 0;
+    return mrc;
 }
 
 int lms__db_get(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, MDB_val *val)
@@ -135,17 +356,33 @@ int lms__db_get(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen
     int rc = mdb_get(txn, s->dbi[db], &k, val);
     if (rc == MDB_NOTFOUND)
         return LMS_ENOENT;
-    return rc ? lms__mdb_err(rc, "%s: read %s", s->index_path, lms__db_names[db]) : 0;
+    if (rc)
+        return lms__mdb_err(rc, "%s: read %s", s->index_path, lms__db_names[db]);
+    return lms__rec_check(s, db, &k, val);
 }
 
 int lms__db_put(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, const void *val,
                 size_t vlen, unsigned flags)
 {
     MDB_val k = {klen, (void *)key}, v = {vlen, (void *)val};
+    bool sums = lms__has_sums(s);
+    if (sums) { /* room for the value and its checksum, filled below */
+        v.mv_size = vlen + LMS__REC_SUM_SIZE;
+        v.mv_data = NULL;
+        flags |= MDB_RESERVE;
+    }
     int rc = mdb_put(txn, s->dbi[db], &k, &v, flags);
     if (rc == MDB_KEYEXIST)
         return LMS_EEXIST;
-    return rc ? lms__mdb_err(rc, "%s: write %s", s->index_path, lms__db_names[db]) : 0;
+    if (rc)
+        return lms__mdb_err(rc, "%s: write %s", s->index_path, lms__db_names[db]);
+    if (sums) {
+        uint8_t *p = v.mv_data;
+        if (vlen)
+            memcpy(p, val, vlen);
+        lms__put_u64(p + vlen, lms__rec_sum(key, klen, p, vlen));
+    }
+    return 0;
 }
 
 int lms__db_del(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen)
@@ -209,11 +446,12 @@ int lms__db_prefix_each(lms_store *s, MDB_txn *txn, int db, const char *model, l
     if (mrc)
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
     MDB_val k = {plen, (void *)model}, v;
-    int rc = 0;
-    for (mrc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); mrc == 0; mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+    int rc = 0, check;
+    for (mrc = lms__cursor_get(s, c, db, &k, &v, MDB_SET_RANGE, &check); mrc == 0;
+         mrc = lms__cursor_get(s, c, db, &k, &v, MDB_NEXT, &check)) {
         if (k.mv_size < plen || memcmp(k.mv_data, model, plen) != 0)
             break;
-        if ((rc = fn(s, txn, ctx, (const char *)k.mv_data + plen, k.mv_size - plen, &v)))
+        if ((rc = check) || (rc = fn(s, txn, ctx, (const char *)k.mv_data + plen, k.mv_size - plen, &v)))
             break;
     }
     mdb_cursor_close(c);
@@ -328,6 +566,7 @@ void lms__store_unref(lms_store *s) { atomic_fetch_sub(&s->users, 1); }
 
 const char *lms_store_path(const lms_store *s) { return s->path; }
 uint32_t lms_store_alignment(const lms_store *s) { return s->alignment; }
+uint32_t lms_store_format(const lms_store *s) { return atomic_load(&((lms_store *)s)->format); }
 
 int lms_store_segment_path(const lms_store *s, uint32_t segment, char *buf, size_t len)
 {
@@ -347,13 +586,14 @@ static int init_txn(lms_store *s, MDB_txn *txn, void *vctx)
         if (rc)
             return lms__mdb_err(rc, "%s: create database '%s'", s->index_path, lms__db_names[i]);
     }
-    uint32_t fmt;
-    int rc = lms__meta_get_u32(s, txn, "format", &fmt);
-    if (rc != LMS_ENOENT)
-        return rc; /* already initialised by someone (0) or an error */
+    MDB_val k = {6, (void *)"format"}, v;
+    int rc = mdb_get(txn, s->dbi[LMS__DB_META], &k, &v);
+    if (rc != MDB_NOTFOUND)
+        return rc ? lms__mdb_err(rc, "%s: read meta", s->index_path) : 0; /* initialised by someone */
     uint8_t b4[4], b8[8], uuid[16];
     if (getrandom(uuid, sizeof uuid, 0) != (ssize_t)sizeof uuid)
         return lms__err_errno(LMS_EIO, errno, "getrandom");
+    atomic_store(&s->format, LMS__FORMAT_VERSION); /* a new store: records with checksums */
     lms__put_u32(b4, LMS__FORMAT_VERSION);
     if ((rc = lms__db_put(s, txn, LMS__DB_META, "format", 6, b4, 4, 0)))
         return rc;
@@ -388,13 +628,19 @@ static int load_meta(lms_store *s)
             goto out;
         }
     }
-    if ((rc = lms__meta_get_u32(s, txn, "format", &s->format)))
+    uint32_t fmt;
+    if ((rc = format_of(s, txn, &fmt)))
         goto out;
-    if (s->format > LMS__FORMAT_VERSION) {
-        rc = lms__err(LMS_EVERSION, "%s: store format %u is newer than this build (%u)", s->path, s->format,
+    if (fmt == 0) {
+        rc = LMS_ENOENT;
+        goto out;
+    }
+    if (fmt > LMS__FORMAT_VERSION) {
+        rc = lms__err(LMS_EVERSION, "%s: store format %u is newer than this build (%u)", s->path, fmt,
                       LMS__FORMAT_VERSION);
         goto out;
     }
+    atomic_store(&s->format, fmt); /* the meta records below are read through their checksums */
     if ((rc = lms__meta_get_u32(s, txn, "alignment", &s->alignment)) ||
         (rc = lms__meta_get_u64(s, txn, "segment_max", &s->segment_max)))
         goto out;
@@ -413,13 +659,174 @@ static int load_meta(lms_store *s)
         goto out;
     }
     rc = mdb_txn_commit(txn); /* committed, not aborted: keeps the dbi handles */
-    pthread_rwlock_unlock(&s->map_lock);
+    txn_done(s);
+    s->dbis_open = rc == 0;
     return rc ? lms__mdb_err(rc, "%s: open databases", s->index_path) : 0;
 out:
     lms__txn_end(s, txn);
     if (rc == LMS_ENOENT)
         lms_clear_error();
     return rc;
+}
+
+/* ---- format upgrade ------------------------------------------------------------------------- */
+
+typedef struct raw_rec {
+    size_t klen, vlen;
+    uint8_t *kv; /* key then value */
+} raw_rec;
+
+/*
+ * Format 1 -> 2 in one write transaction: every record of every database
+ * gets its checksum, then meta "format" says 2. Records are rewritten as
+ * they are (a damaged one stays damaged; verify's checks that do not rest
+ * on checksums still find it). The caller holds the append lock, so no
+ * writer of this or an older build appends meanwhile; a concurrent rm or mv
+ * of an older build is serialized by LMDB before or after the whole upgrade
+ * and refuses the store once it is format 2.
+ */
+static int upgrade_txn(lms_store *s, MDB_txn *txn, void *vctx)
+{
+    (void)vctx;
+    uint32_t fmt;
+    int rc = format_of(s, txn, &fmt);
+    if (rc || fmt >= LMS__FORMAT_SUMS)
+        return rc; /* upgraded meanwhile by another process */
+    raw_rec *v = NULL;
+    size_t n = 0, cap = 0;
+    for (int db = 0; db < LMS__DB_COUNT && !rc; db++) {
+        MDB_cursor *cur;
+        MDB_val k, d;
+        int mrc = mdb_cursor_open(txn, s->dbi[db], &cur);
+        if (mrc)
+            return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+        n = 0;
+        for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+            if (db == LMS__DB_META && k.mv_size == 6 && !memcmp(k.mv_data, "format", 6))
+                continue; /* written last */
+            if (n == cap) {
+                size_t nc = cap ? 2 * cap : 256;
+                raw_rec *nv = lms__realloc(v, nc * sizeof *nv);
+                if (!nv) {
+                    rc = LMS_ENOMEM;
+                    break;
+                }
+                v = nv;
+                cap = nc;
+            }
+            raw_rec *r = &v[n];
+            if (!(r->kv = lms__malloc(k.mv_size + d.mv_size + 1))) {
+                rc = LMS_ENOMEM;
+                break;
+            }
+            memcpy(r->kv, k.mv_data, k.mv_size);
+            memcpy(r->kv + k.mv_size, d.mv_data, d.mv_size);
+            r->klen = k.mv_size;
+            r->vlen = d.mv_size;
+            n++;
+        }
+        mdb_cursor_close(cur);
+        if (!rc && mrc != MDB_NOTFOUND)
+            rc = lms__mdb_err(mrc, "%s: read %s", s->index_path, lms__db_names[db]);
+        for (size_t i = 0; i < n; i++) {
+            if (!rc) {
+                MDB_val nk = {v[i].klen, v[i].kv}, nd = {v[i].vlen + LMS__REC_SUM_SIZE, NULL};
+                int prc = mdb_put(txn, s->dbi[db], &nk, &nd, MDB_RESERVE);
+                if (prc) {
+                    rc = lms__mdb_err(prc, "%s: upgrade %s", s->index_path, lms__db_names[db]);
+                } else {
+                    uint8_t *p = nd.mv_data;
+                    memcpy(p, v[i].kv + v[i].klen, v[i].vlen);
+                    lms__put_u64(p + v[i].vlen, lms__rec_sum(v[i].kv, v[i].klen, p, v[i].vlen));
+                }
+            }
+            lms__free(v[i].kv);
+        }
+    }
+    lms__free(v);
+    if (rc)
+        return rc;
+    uint8_t b[4 + LMS__REC_SUM_SIZE];
+    lms__put_u32(b, LMS__FORMAT_VERSION);
+    lms__put_u64(b + 4, lms__rec_sum("format", 6, b, 4));
+    MDB_val fk = {6, (void *)"format"}, fd = {sizeof b, b};
+    int prc = mdb_put(txn, s->dbi[LMS__DB_META], &fk, &fd, 0);
+    return prc ? lms__mdb_err(prc, "%s: upgrade meta", s->index_path) : 0;
+}
+
+static int store_upgrade(lms_store *s)
+{
+    lms__lock lock;
+    int rc = lms__lock_take(s, &lock);
+    if (rc)
+        return rc;
+    uint32_t from = atomic_load(&s->format);
+    rc = lms__txn_write(s, upgrade_txn, NULL);
+    lms__lock_release(s, &lock);
+    if (rc)
+        return lms__err_prefix(rc, "%s: upgrading the store from format %u to %u: ", s->path, from,
+                               LMS__FORMAT_VERSION);
+    atomic_store(&s->format, LMS__FORMAT_VERSION);
+    lms__info("store %s: upgraded from format %u to %u (index records now carry checksums)", s->path, from,
+              LMS__FORMAT_VERSION);
+    return 0;
+}
+
+/* ---- open / close --------------------------------------------------------------------------- */
+
+static void store_free(lms_store *s)
+{
+    if (s->env)
+        mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->map_lock);
+    pthread_mutex_destroy(&s->write_mu);
+    pthread_mutex_destroy(&s->nolock_mu);
+    lms__free(s->path);
+    lms__free(s->index_path);
+    lms__free(s->seg_dir);
+    lms__free(s->lock_path);
+    lms__free(s);
+}
+
+static int env_open(lms_store *s, unsigned flags)
+{
+    if (s->env)
+        mdb_env_close(s->env);
+    s->env = NULL;
+    int mrc = mdb_env_create(&s->env);
+    if (mrc) {
+        s->env = NULL;
+        return mrc;
+    }
+    mdb_env_set_maxdbs(s->env, 16);
+    mdb_env_set_maxreaders(s->env, 512);
+    /* LMSTORE_INITIAL_MAP_SIZE (bytes) exists for tests of map growth. */
+    const char *ms = getenv("LMSTORE_INITIAL_MAP_SIZE");
+    size_t mapsize = ms && *ms ? (size_t)strtoull(ms, NULL, 10) : 0;
+    mdb_env_set_mapsize(s->env, mapsize >= 65536 ? mapsize : LMS__INITIAL_MAP_SIZE);
+    return mdb_env_open(s->env, s->index_path, MDB_NOTLS | flags, 0644);
+}
+
+/* The first file of the store this process may not access as reading
+ * (read, and search for folders) or writing needs, for a message that says
+ * exactly what is missing; NULL when none. */
+static const char *missing_access(lms_store *s, bool write, char *buf, size_t cap)
+{
+    static const struct {
+        const char *name;
+        bool dir, read;
+    } f[] = {{"", true, true},          {"/index", true, true}, {"/index/data.mdb", false, true},
+             {"/index/lock.mdb", false, false}, {"/lock", false, false}, {"/segments", true, true}};
+    for (size_t i = 0; i < LMS_ARRAY_LEN(f); i++) {
+        if (!write && !f[i].read)
+            continue;
+        snprintf(buf, cap, "%s%s", s->path, f[i].name);
+        if (access(buf, F_OK) != 0)
+            continue;
+        if (access(buf, (write ? W_OK : R_OK) | (f[i].dir ? X_OK : 0)) != 0)
+            return buf;
+    }
+    return NULL;
 }
 
 int lms_store_open(const char *path, unsigned flags, const lms_store_params *params, lms_store **out)
@@ -443,6 +850,9 @@ int lms_store_open(const char *path, unsigned flags, const lms_store_params *par
         return LMS_ENOMEM;
     int rc = LMS_ENOMEM;
     pthread_rwlock_init(&s->map_lock, NULL);
+    pthread_mutex_init(&s->write_mu, NULL);
+    pthread_mutex_init(&s->nolock_mu, NULL);
+    s->data_fd = -1;
     s->rdonly = rdonly;
     s->path = lms__strdup(path);
     s->index_path = lms__asprintf("%s/index", path);
@@ -477,20 +887,27 @@ int lms_store_open(const char *path, unsigned flags, const lms_store_params *par
             goto fail;
     }
 
-    int mrc = mdb_env_create(&s->env);
-    if (mrc) {
-        s->env = NULL;
-        rc = lms__mdb_err(mrc, "%s: create LMDB environment", s->index_path);
+    char miss[4200];
+    int mrc = env_open(s, rdonly ? MDB_RDONLY : 0);
+    if (mrc == EACCES && rdonly) {
+        /* readable but not ours to write: LMDB cannot enter us in its
+         * reader table (index/lock.mdb); read without it, under the data
+         * file's shared lock (nolock_enter) */
+        mrc = env_open(s, MDB_RDONLY | MDB_NOLOCK);
+        s->nolock = mrc == 0;
+    }
+    if (mrc == EACCES) {
+        const char *what = missing_access(s, !rdonly, miss, sizeof miss);
+        rc = lms__err(LMS_EIO, "%s: permission denied: %s needs %s access to %s", path,
+                      rdonly ? "reading the store" : "writing to the store", rdonly ? "read" : "write",
+                      what ? what : s->index_path);
         goto fail;
     }
-    mdb_env_set_maxdbs(s->env, 16);
-    mdb_env_set_maxreaders(s->env, 512);
-    /* LMSTORE_INITIAL_MAP_SIZE (bytes) exists for tests of map growth. */
-    const char *ms = getenv("LMSTORE_INITIAL_MAP_SIZE");
-    size_t mapsize = ms && *ms ? (size_t)strtoull(ms, NULL, 10) : 0;
-    mdb_env_set_mapsize(s->env, mapsize >= 65536 ? mapsize : LMS__INITIAL_MAP_SIZE);
-    mrc = mdb_env_open(s->env, s->index_path, MDB_NOTLS | (rdonly ? MDB_RDONLY : 0), 0644);
     if (mrc) {
+        rc = lms__mdb_err(mrc, "%s: open LMDB environment", s->index_path);
+        goto fail;
+    }
+    if ((mrc = mdb_env_get_fd(s->env, &s->data_fd))) {
         rc = lms__mdb_err(mrc, "%s: open LMDB environment", s->index_path);
         goto fail;
     }
@@ -506,18 +923,22 @@ int lms_store_open(const char *path, unsigned flags, const lms_store_params *par
     } else if (rc) {
         goto fail;
     }
+    if (s->nolock && atomic_load(&s->format) < LMS__FORMAT_SUMS) {
+        /* writers of format 1 (older builds) do not take the data file's
+         * lock: a snapshot without a reader slot would not be safe */
+        rc = lms__err(LMS_EIO,
+                      "%s: permission denied: reading a format-%u store needs write access to %s/lock.mdb "
+                      "(LMDB's reader table); the store's owner can upgrade it to format %u (any writing lmstore "
+                      "command does), which users who may only read it can read",
+                      path, atomic_load(&s->format), s->index_path, LMS__FORMAT_VERSION);
+        goto fail;
+    }
+    if (!rdonly && atomic_load(&s->format) < LMS__FORMAT_VERSION && (rc = store_upgrade(s)))
+        goto fail;
     *out = s;
     return 0;
 fail:
-    if (s->env)
-        mdb_env_close(s->env);
-    s->env = NULL;
-    pthread_rwlock_destroy(&s->map_lock);
-    lms__free(s->path);
-    lms__free(s->index_path);
-    lms__free(s->seg_dir);
-    lms__free(s->lock_path);
-    lms__free(s);
+    store_free(s);
     return rc;
 }
 
@@ -529,13 +950,7 @@ int lms_store_close(lms_store *s)
     if (users > 0)
         return lms__err(LMS_EBUSY, "%s: %d model(s) or caches opened from the store are still open", s->path,
                         users);
-    mdb_env_close(s->env);
-    pthread_rwlock_destroy(&s->map_lock);
-    lms__free(s->path);
-    lms__free(s->index_path);
-    lms__free(s->seg_dir);
-    lms__free(s->lock_path);
-    lms__free(s);
+    store_free(s);
     return 0;
 }
 
@@ -610,7 +1025,11 @@ int lms_store_models(lms_store *s, lms_model_cb cb, void *ctx)
         goto out;
     }
     MDB_val k, val;
-    for (mrc = mdb_cursor_get(c, &k, &val, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+    int check;
+    for (mrc = lms__cursor_get(s, c, LMS__DB_MODELS, &k, &val, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, c, LMS__DB_MODELS, &k, &val, MDB_NEXT, &check)) {
+        if ((rc = check))
+            goto out;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             model_item *nv = lms__realloc(v, cap * sizeof *v);

@@ -62,7 +62,14 @@ extern "C" {
 
 /* ---- format constants (docs/FORMAT.md) ----------------------------------- */
 
-#define LMS__FORMAT_VERSION 1u
+/* Store format (meta "format"): 1 = the first format; 2 = every index
+ * record ends with its checksum (LMS__REC_SUM_SIZE, lms__rec_sum). A
+ * writable open upgrades a format-1 store (lms__store_upgrade); a read-only
+ * one reads it as it is. */
+#define LMS__FORMAT_VERSION 2u
+#define LMS__FORMAT_SUMS 2u      /* first format whose records carry checksums */
+#define LMS__SEG_VERSION 1u      /* segment header version: the segment layout has not changed */
+#define LMS__REC_SUM_SIZE 8u
 #define LMS__SEG_HEADER_SIZE 4096u
 #define LMS__SEG_MAGIC "\x89LMSSEG\n"   /* 8 bytes */
 #define LMS__SEG_BOM 0x0A0B0C0Du         /* stored little-endian: 0D 0C 0B 0A */
@@ -96,19 +103,25 @@ struct lms_store {
     MDB_env *env;
     MDB_dbi dbi[LMS__DB_COUNT];
     bool rdonly;
-    uint32_t format;       /* meta "format" */
+    bool nolock;           /* read-only without LMDB's lock file (lms_store_open) */
+    int data_fd;           /* index/data.mdb (LMDB's descriptor): flock of write txns, size checks */
+    _Atomic uint32_t format; /* meta "format"; adopted anew by each transaction while below the current one */
     uint32_t alignment;    /* meta "alignment" */
     uint64_t segment_max;  /* meta "segment_max" */
     uint8_t uuid[16];      /* meta "uuid", also in every segment header */
     /* Transactions hold it shared; growing the map holds it exclusive
      * (mdb_env_set_mapsize needs no live transaction in the process). */
     pthread_rwlock_t map_lock;
+    pthread_mutex_t write_mu;   /* one write transaction of this handle at a time (its flock on data_fd) */
+    pthread_mutex_t nolock_mu;  /* nolock: read transactions of this handle sharing one flock */
+    int nolock_readers;
+    bool dbis_open;        /* dbi[] valid (load_meta done) */
     atomic_int users;      /* open models etc.; lms_store_close fails with LMS_EBUSY while > 0 */
     atomic_int append_locks; /* append sessions and admin locks of this handle holding STORE/lock */
 };
 
 /* True while this handle holds the append lock (an append session, or
- * lms__admin_lock): the precondition of appending, of adding a reference to
+ * lms__lock_take): the precondition of appending, of adding a reference to
  * a blob and of writing or deleting blob records (invariant 3). For
  * assertions, as SQLite's btree.c opens with sqlite3BtreeHoldsMutex(). */
 static inline bool lms__append_locked(lms_store *s) { return atomic_load(&s->append_locks) > 0; }
@@ -139,9 +152,37 @@ void lms__txn_end(lms_store *s, MDB_txn *txn);
 typedef int (*lms__txn_fn)(lms_store *s, MDB_txn *txn, void *ctx);
 int lms__txn_write(lms_store *s, lms__txn_fn fn, void *ctx);
 
-/* Thin wrappers: get/put/del with error detail. get returns LMS_ENOENT when
- * absent (detail not set: absence is often expected). The value returned by
- * get is owned by LMDB and valid until the transaction ends. */
+/* ---- record checksums (format 2, docs/FORMAT.md section 3) -------------------------------
+ * Every value in every named database ends with 8 bytes: the XXH3-64 of the
+ * value bytes before them, seeded with the XXH3-64 (seed 0) of the key. A
+ * flipped bit in a key or a value fails the check; the wrappers below add
+ * the checksum on every write and check and strip it on every read, so
+ * record decoders never see it. Stores of format 1 have none (read as they
+ * are until a writable open upgrades them). */
+static inline bool lms__has_sums(lms_store *s) { return atomic_load(&s->format) >= LMS__FORMAT_SUMS; }
+uint64_t lms__rec_sum(const void *key, size_t klen, const void *val, size_t vlen);
+/* "tensors record 'model'/'tensor'": a record for messages (key bytes that
+ * are not printable ASCII escaped). */
+void lms__rec_name(int db, const void *key, size_t klen, char *buf, size_t cap);
+/* Check a raw record of db read from LMDB and strip its checksum (*v shrinks
+ * by LMS__REC_SUM_SIZE). LMS_ECORRUPT naming the record when it fails (*v
+ * then still loses its last 8 bytes when it has them, so that a checker can
+ * go on and decode it). A no-op on a format-1 store. */
+int lms__rec_check(lms_store *s, int db, const MDB_val *k, MDB_val *v);
+/*
+ * mdb_cursor_get on a cursor of db, through the checksum: returns LMDB's
+ * code (0, MDB_NOTFOUND, ...); when it is 0, *check is lms__rec_check's
+ * result for the record (0, or LMS_ECORRUPT with the detail naming it) and
+ * *v the value without its checksum.
+ */
+int lms__cursor_get(lms_store *s, MDB_cursor *c, int db, MDB_val *k, MDB_val *v, MDB_cursor_op op, int *check);
+
+/* Thin wrappers: get/put/del with error detail and the record checksum.
+ * get returns LMS_ENOENT when absent (detail not set: absence is often
+ * expected) and LMS_ECORRUPT (detail naming the record) when the record
+ * fails its checksum. The value returned by get is owned by LMDB, holds no
+ * checksum and is valid until the transaction ends. put appends the
+ * checksum. */
 int lms__db_get(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, MDB_val *val);
 int lms__db_put(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, const void *val,
                 size_t vlen, unsigned flags);
@@ -319,6 +360,22 @@ static inline const uint8_t *lms__segmap_at(const lms__segmap *m, uint64_t offse
     assert(offset <= m->size && len <= m->size - offset);
     return m->base + offset;
 }
+
+/*
+ * The append lock (invariant 3; docs/FORMAT.md 5.1). flock(LOCK_EX) on
+ * STORE/lock, taken again until the path still names the inode locked (a
+ * lock file deleted and made anew meanwhile would otherwise let two writers
+ * each lock one), then flock(LOCK_EX) on the STORE folder itself, which
+ * nothing deletes from under a writer: two writers exclude each other even
+ * when STORE/lock is deleted while one of them holds it. Counted in
+ * s->append_locks. Blocking; LMS_EIO, LMS_EINVAL (read-only store).
+ */
+typedef struct lms__lock {
+    int file_fd, dir_fd; /* -1 when not held */
+} lms__lock;
+#define LMS__LOCK_NONE ((lms__lock){-1, -1})
+int lms__lock_take(lms_store *s, lms__lock *l);
+void lms__lock_release(lms_store *s, lms__lock *l); /* not held: nothing to do */
 
 /* The append session (see the state diagram above). */
 typedef struct lms__appender lms__appender;

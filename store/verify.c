@@ -37,7 +37,8 @@ lms_verify_params lms_verify_default_params(void)
 typedef struct vtensor {
     char *model;  /* owned */
     char *name;   /* owned */
-    size_t blob;  /* index into blobs */
+    size_t blob;  /* index into blobs; SIZE_MAX when its blob is not in the index */
+    lms__tensor_rec rec;
 } vtensor;
 
 typedef struct vstate {
@@ -47,8 +48,9 @@ typedef struct vstate {
     void *ctx;
     lms_verify_report *rep;
     lms__blobset blobs;
-    vtensor *tensors;
+    vtensor *tensors;        /* in key order: a model's tensors are contiguous */
     size_t n_tensors, cap_tensors;
+    lms__kvset kv;           /* sessions and KV pages (not with params->model) */
     lms__segset segs;
     size_t *order;           /* blobs to hash, largest first */
     size_t n_order;
@@ -64,7 +66,7 @@ static void problem(vstate *v, const char *kind, const char *model, const char *
 {
     if (v->p->model && model && strcmp(model, v->p->model) != 0)
         return; /* another model's business */
-    char detail[1024];
+    char detail[1400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
@@ -86,7 +88,13 @@ static bool model_wanted(vstate *v, const char *model)
 typedef struct vmodel {
     char *name;
     lms__model_rec rec;  /* strings not used after the snapshot */
-    uint64_t seen_tensors, seen_bytes;
+    uint64_t seen_tensors, seen_bytes, seen_params, seen_files;
+    uint32_t seen_mask;
+    size_t t_first, t_count; /* its tensors in vstate.tensors */
+    bool tensors_bad;    /* a tensor record of it fails its checksum or does not decode */
+    char *config;        /* config.json as stored (owned), NULL when none */
+    size_t config_len;
+    bool config_bad;     /* config.json's record fails */
     bool bad;
 } vmodel;
 
@@ -95,7 +103,14 @@ static int cmp_vmodel(const void *a, const void *b)
     return strcmp(((const vmodel *)a)->name, ((const vmodel *)b)->name);
 }
 
-static int add_tensor(vstate *v, const char *model, size_t mlen, const char *name, size_t nlen, size_t blob)
+static vmodel *find_model(vmodel *models, size_t n, const char *name)
+{
+    vmodel key = {.name = (char *)name};
+    return n ? bsearch(&key, models, n, sizeof *models, cmp_vmodel) : NULL;
+}
+
+static int add_tensor(vstate *v, const char *model, size_t mlen, const char *name, size_t nlen, size_t blob,
+                      const lms__tensor_rec *rec)
 {
     if (v->n_tensors == v->cap_tensors) {
         size_t cap = v->cap_tensors ? v->cap_tensors * 2 : 256;
@@ -109,6 +124,7 @@ static int add_tensor(vstate *v, const char *model, size_t mlen, const char *nam
     t->model = lms__strndup(model, mlen);
     t->name = lms__strndup(name, nlen);
     t->blob = blob;
+    t->rec = *rec;
     if (!t->model || !t->name) {
         lms__free(t->model);
         lms__free(t->name);
@@ -118,19 +134,18 @@ static int add_tensor(vstate *v, const char *model, size_t mlen, const char *nam
     return 0;
 }
 
-static void kv_problem(void *ctx, const char *name, const char *detail)
+static void kv_problem(void *ctx, const char *session, const char *detail)
 {
     vstate *v = ctx;
-    if (v->p->model)
-        return; /* KV sessions are not part of one model's check */
-    problem(v, "kv", name, NULL, UINT32_MAX, 0, "%s", detail);
+    problem(v, "kv", session, NULL, UINT32_MAX, 0, "%s", detail);
 }
 
 /*
  * Walk every "model NUL item" record of db (tensors, files) in key order: a
- * malformed key is a problem and skipped; fn gets the model and item names
- * NUL-terminated (valid during the call) and the record. Stops at fn's first
- * non-zero return (ENOMEM: the check cannot go on) and returns it.
+ * record failing its checksum or with a malformed key is a problem and
+ * skipped; fn gets the model and item names NUL-terminated (valid during
+ * the call) and the record. Stops at fn's first non-zero return (ENOMEM:
+ * the check cannot go on) and returns it.
  */
 typedef int (*item_fn)(vstate *v, vmodel *models, size_t n_models, const char *model, size_t mlen,
                        const char *item, const MDB_val *d);
@@ -141,18 +156,32 @@ static int each_item(vstate *v, MDB_txn *txn, int db, vmodel *models, size_t n_m
     MDB_cursor *cur;
     MDB_val k, d;
     char name[LMS__MODEL_NAME_MAX + LMS__ITEM_NAME_MAX + 2];
-    int rc = 0, mrc = mdb_cursor_open(txn, s->dbi[db], &cur);
+    int rc = 0, check, mrc = mdb_cursor_open(txn, s->dbi[db], &cur);
     if (mrc)
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+    for (mrc = lms__cursor_get(s, cur, db, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, db, &k, &d, MDB_NEXT, &check)) {
         size_t mlen;
-        if (!lms__key_split(k.mv_data, k.mv_size, &mlen) || k.mv_size >= sizeof name) {
+        bool split = lms__key_split(k.mv_data, k.mv_size, &mlen) && k.mv_size < sizeof name;
+        if (split) {
+            memcpy(name, k.mv_data, k.mv_size);
+            name[k.mv_size] = '\0';
+        }
+        if (check) {
+            vmodel *m = split ? find_model(models, n_models, name) : NULL;
+            if (m && db == LMS__DB_TENSORS)
+                m->tensors_bad = true;
+            if (m && db == LMS__DB_FILES && !strcmp(name + mlen + 1, "config.json"))
+                m->config_bad = true;
+            problem(v, "record", split ? name : NULL, split ? name + mlen + 1 : NULL, UINT32_MAX, 0, "%s",
+                    lms_last_error());
+            continue;
+        }
+        if (!split) {
             problem(v, "record", NULL, NULL, UINT32_MAX, 0, "%s: malformed key of %zu bytes", lms__db_names[db],
                     k.mv_size);
             continue;
         }
-        memcpy(name, k.mv_data, k.mv_size);
-        name[k.mv_size] = '\0';
         if ((rc = fn(v, models, n_models, name, mlen, name + mlen + 1, &d)))
             break;
     }
@@ -162,27 +191,40 @@ static int each_item(vstate *v, MDB_txn *txn, int db, vmodel *models, size_t n_m
     return rc;
 }
 
-/* item_fn for tensors: each must reach an existing blob of its size; count references. */
+/* item_fn for tensors: each must reach an existing tensor blob of its size; count references. */
 static int check_tensor(vstate *v, vmodel *models, size_t n_models, const char *model, size_t mlen,
                         const char *tname, const MDB_val *d)
 {
     bool wanted = model_wanted(v, model);
     if (wanted)
         v->rep->tensors++;
-    vmodel key = {.name = (char *)model};
-    vmodel *m = bsearch(&key, models, n_models, sizeof *models, cmp_vmodel);
+    vmodel *m = find_model(models, n_models, model);
     if (!m)
         problem(v, "record", model, tname, UINT32_MAX, 0,
                 "tensor '%s' belongs to model '%s', which has no model record", tname, model);
+    size_t tlen = strlen(tname);
+    if (tlen == 0 || tlen > LMS__ITEM_NAME_MAX || !lms__utf8_valid(tname, tlen))
+        problem(v, "record", model, tname, UINT32_MAX, 0, "model '%s': a tensor name is empty, too long or not UTF-8",
+                model);
     lms__tensor_rec tr;
     if (lms__tensor_rec_decode(d->mv_data, d->mv_size, &tr)) {
+        if (m)
+            m->tensors_bad = true;
         problem(v, "record", model, tname, UINT32_MAX, 0, "model '%s' tensor '%s': %s", model, tname,
                 lms_last_error());
         return 0;
     }
     if (m) {
+        if (!m->t_count)
+            m->t_first = v->n_tensors;
+        m->t_count++;
         m->seen_tensors++;
         m->seen_bytes += tr.nbytes;
+        uint64_t ne = 1;
+        for (uint32_t i = 0; i < tr.ndim; i++)
+            ne *= tr.shape[i];
+        m->seen_params += ne;
+        m->seen_mask |= 1u << tr.dtype;
     }
     size_t bi;
     if (!lms__blobset_find(&v->blobs, tr.hash, &bi)) {
@@ -190,17 +232,20 @@ static int check_tensor(vstate *v, vmodel *models, size_t n_models, const char *
         lms__admin_hex16(tr.hash, hex);
         problem(v, "missing-blob", model, tname, UINT32_MAX, 0,
                 "model '%s' tensor '%s': its blob %s is not in the index", model, tname, hex);
-        return 0;
+        return add_tensor(v, model, mlen, tname, tlen, SIZE_MAX, &tr);
     }
     lms__blobent *b = &v->blobs.v[bi];
     b->counted++;
     if (wanted)
         b->wanted = true;
-    if (b->rec.size != tr.nbytes)
+    if (!b->bad && b->rec.size != tr.nbytes)
         problem(v, "record", model, tname, b->rec.segment, b->rec.offset,
                 "model '%s' tensor '%s' is %llu bytes but its blob is %llu bytes", model, tname,
                 (unsigned long long)tr.nbytes, (unsigned long long)b->rec.size);
-    return add_tensor(v, model, mlen, tname, strlen(tname), bi);
+    else if (!b->bad && b->rec.kind != LMS__BLOB_TENSOR)
+        problem(v, "record", model, tname, b->rec.segment, b->rec.offset,
+                "model '%s' tensor '%s': its blob is recorded as a KV page", model, tname);
+    return add_tensor(v, model, mlen, tname, tlen, bi, &tr);
 }
 
 /* item_fn for side files: decodable, decompress to their recorded size and checksum. */
@@ -208,27 +253,159 @@ static int check_file(vstate *v, vmodel *models, size_t n_models, const char *mo
                       const char *fname, const MDB_val *d)
 {
     (void)mlen;
+    vmodel *m = find_model(models, n_models, model);
+    if (m)
+        m->seen_files++;
     if (!model_wanted(v, model))
         return 0;
-    vmodel key = {.name = (char *)model};
-    if (!bsearch(&key, models, n_models, sizeof *models, cmp_vmodel))
+    if (!m)
         problem(v, "record", model, fname, UINT32_MAX, 0,
                 "file '%s' belongs to model '%s', which has no model record", fname, model);
+    bool config = !strcmp(fname, "config.json");
     lms__file_rec fr;
     char *data = NULL;
+    size_t len = 0;
     int frc = lms__file_rec_decode(d->mv_data, d->mv_size, &fr);
     if (!frc && fr.raw_size > (1ull << 32))
         frc = lms__err(LMS_ECORRUPT, "file record: raw size %llu out of range",
                        (unsigned long long)fr.raw_size);
     if (!frc)
-        frc = lms__file_rec_inflate(&fr, fname, &data, NULL);
-    lms__free(data);
+        frc = lms__file_rec_inflate(&fr, fname, &data, &len);
     if (frc == LMS_ENOMEM)
         return frc;
-    if (frc)
+    if (frc) {
+        if (m && config)
+            m->config_bad = true;
         problem(v, "file", model, fname, UINT32_MAX, 0, "model '%s' file '%s': %s", model, fname,
                 lms_last_error());
+    } else if (m && config && !m->config) {
+        m->config = data; /* for the model id */
+        m->config_len = len;
+        data = NULL;
+    }
+    lms__free(data);
     return 0;
+}
+
+/*
+ * What a model record says against what its tensor and file records hold:
+ * counts and totals, the storage order, and the model id, a hash over
+ * config.json and every tensor's name, dtype, shape, size and blob
+ * (docs/FORMAT.md 3.2): a tensor record or config.json that changed under
+ * the model (a flipped dtype, shape or name) gives another id.
+ */
+static int check_model(vstate *v, vmodel *m)
+{
+    if (m->bad || !model_wanted(v, m->name))
+        return 0;
+    if (m->seen_tensors != m->rec.n_tensors || m->seen_bytes != m->rec.tensor_bytes)
+        problem(v, "model", m->name, NULL, UINT32_MAX, 0,
+                "model '%s' records %llu tensors (%llu bytes) but the index holds %llu (%llu bytes)", m->name,
+                (unsigned long long)m->rec.n_tensors, (unsigned long long)m->rec.tensor_bytes,
+                (unsigned long long)m->seen_tensors, (unsigned long long)m->seen_bytes);
+    else if (!m->tensors_bad && (m->seen_params != m->rec.n_params || m->seen_mask != m->rec.dtype_mask))
+        problem(v, "model", m->name, NULL, UINT32_MAX, 0,
+                "model '%s' records %llu parameters (dtype mask 0x%x) but its tensors hold %llu (0x%x)", m->name,
+                (unsigned long long)m->rec.n_params, m->rec.dtype_mask, (unsigned long long)m->seen_params,
+                m->seen_mask);
+    if (m->seen_files != m->rec.n_files)
+        problem(v, "model", m->name, NULL, UINT32_MAX, 0, "model '%s' records %u side files but the index holds %llu",
+                m->name, m->rec.n_files, (unsigned long long)m->seen_files);
+    if (m->tensors_bad || m->config_bad || m->seen_tensors != m->rec.n_tensors)
+        return 0; /* reported already; the id below would only repeat it */
+    uint8_t *seen = lms__calloc(m->t_count ? m->t_count : 1, 1);
+    lms__id_tensor *ids = lms__calloc(m->t_count ? m->t_count : 1, sizeof *ids);
+    if (!seen || !ids) {
+        lms__free(seen);
+        lms__free(ids);
+        return LMS_ENOMEM;
+    }
+    bool order_ok = true;
+    for (size_t i = 0; i < m->t_count; i++) {
+        const vtensor *t = &v->tensors[m->t_first + i];
+        ids[i] = (lms__id_tensor){t->name, &t->rec};
+        if (t->rec.order >= m->t_count || seen[t->rec.order]++)
+            order_ok = false;
+    }
+    if (!order_ok)
+        problem(v, "model", m->name, NULL, UINT32_MAX, 0,
+                "model '%s': its tensors' storage orders are not 0 .. %zu, each once", m->name,
+                m->t_count ? m->t_count - 1 : 0);
+    uint8_t id[16];
+    int rc = lms__model_id(m->config, m->config_len, ids, m->t_count, id);
+    if (!rc && memcmp(id, m->rec.id, 16) != 0) {
+        char a[33], b[33];
+        lms__admin_hex16(m->rec.id, a);
+        lms__admin_hex16(id, b);
+        problem(v, "model", m->name, NULL, UINT32_MAX, 0,
+                "model '%s': its id is %s but its config.json and tensor records (names, dtypes, shapes, blobs) "
+                "give %s: one of them changed under it",
+                m->name, a, b);
+    }
+    lms__free(seen);
+    lms__free(ids);
+    return rc;
+}
+
+/* Bytes of one element of a session's dtype (F16, BF16, F32), else 0. */
+static uint32_t kv_elem_size(uint32_t dtype)
+{
+    return dtype == LMS_DTYPE_F16 || dtype == LMS_DTYPE_BF16 ? 2 : dtype == LMS_DTYPE_F32 ? 4 : 0;
+}
+
+/* KV pages hold references to their blobs; sessions name pages that must be
+ * stored and agree with them. */
+static void check_kv(vstate *v)
+{
+    lms__kvset *ks = &v->kv;
+    char hex[33], bhex[33];
+    for (size_t i = 0; i < ks->n_pages; i++) {
+        lms__kvpage_ent *pe = &ks->pages[i];
+        if (pe->bad)
+            continue;
+        lms__admin_hex16(pe->key, hex);
+        size_t bi;
+        if (!lms__blobset_find(&v->blobs, pe->rec.blob, &bi)) {
+            lms__admin_hex16(pe->rec.blob, bhex);
+            problem(v, "kv", NULL, NULL, UINT32_MAX, 0, "KV page %s: its blob %s is not in the index", hex, bhex);
+            continue;
+        }
+        lms__blobent *b = &v->blobs.v[bi];
+        b->counted++;
+        if (!b->bad && (b->rec.size != pe->rec.stored_size || b->rec.kind != LMS__BLOB_KVPAGE))
+            problem(v, "kv", NULL, NULL, b->rec.segment, b->rec.offset,
+                    "KV page %s: stored size %llu but its blob is %llu bytes of kind %u", hex,
+                    (unsigned long long)pe->rec.stored_size, (unsigned long long)b->rec.size, b->rec.kind);
+    }
+    for (size_t i = 0; i < v->blobs.n; i++)
+        if (!v->blobs.v[i].bad && v->blobs.v[i].rec.kind == LMS__BLOB_KVPAGE)
+            v->blobs.v[i].count_known = true;
+    for (size_t i = 0; i < ks->n_sess; i++) {
+        const lms__kvsess_ent *se = &ks->sess[i];
+        if (se->dec_rc)
+            continue; /* reported by lms__kvset_load */
+        const lms__session_rec *r = &se->rec;
+        uint32_t es = kv_elem_size(r->dtype);
+        for (uint32_t p = 0; p < r->n_pages; p++) {
+            lms__kvpage_ent *pe = lms__kvset_page(ks, lms__session_page_key(r, p));
+            lms__admin_hex16(lms__session_page_key(r, p), hex);
+            if (!pe) {
+                problem(v, "kv", se->name, NULL, UINT32_MAX, 0, "session '%s': page %u (%s) is not stored", se->name,
+                        p, hex);
+                break;
+            }
+            if (pe->bad) {
+                problem(v, "kv", se->name, NULL, UINT32_MAX, 0, "session '%s': the record of page %u (%s) is damaged",
+                        se->name, p, hex);
+                continue;
+            }
+            uint32_t n = LMS_MIN(r->page_tokens, r->n_tokens - p * r->page_tokens);
+            if (pe->rec.n_tokens != n || pe->rec.elem_size != es)
+                problem(v, "kv", se->name, NULL, UINT32_MAX, 0,
+                        "session '%s': page %u (%s) holds %u tokens of %u-byte elements, the session says %u of %u",
+                        se->name, p, hex, pe->rec.n_tokens, pe->rec.elem_size, n, es);
+        }
+    }
 }
 
 static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_models_out)
@@ -238,12 +415,25 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
     size_t n_models = 0, cap_models = 0;
     MDB_cursor *cur = NULL;
     MDB_val k, d;
-    int rc, mrc;
+    int rc = 0, mrc, check;
+
+    /* meta: read at open; here only their checksums */
+    if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_META], &cur)))
+        return lms__mdb_err(mrc, "%s: cursor", s->index_path);
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_META, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_META, &k, &d, MDB_NEXT, &check))
+        if (check && !(k.mv_size == 6 && !memcmp(k.mv_data, "format", 6))) /* format: checked at open */
+            problem(v, "record", NULL, NULL, UINT32_MAX, 0, "%s", lms_last_error());
+    mdb_cursor_close(cur);
+    cur = NULL;
+    if (mrc != MDB_NOTFOUND)
+        return lms__mdb_err(mrc, "%s: read meta", s->index_path);
 
     /* models */
     if ((mrc = mdb_cursor_open(txn, s->dbi[LMS__DB_MODELS], &cur)))
         return lms__mdb_err(mrc, "%s: cursor", s->index_path);
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_MODELS, &k, &d, MDB_FIRST, &check); mrc == 0;
+         mrc = lms__cursor_get(s, cur, LMS__DB_MODELS, &k, &d, MDB_NEXT, &check)) {
         if (n_models == cap_models) {
             size_t cap = cap_models ? cap_models * 2 : 16;
             vmodel *m = lms__realloc(models, cap * sizeof *m);
@@ -262,9 +452,15 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
             goto out;
         }
         n_models++;
-        if (lms__model_rec_decode(d.mv_data, d.mv_size, &m->rec)) {
+        if (check || lms__model_rec_decode(d.mv_data, d.mv_size, &m->rec)) {
             m->bad = true;
-            problem(v, "record", m->name, NULL, UINT32_MAX, 0, "model '%s': %s", m->name, lms_last_error());
+            if (check)
+                problem(v, "record", m->name, NULL, UINT32_MAX, 0, "%s", lms_last_error());
+            else
+                problem(v, "record", m->name, NULL, UINT32_MAX, 0, "model '%s': %s", m->name, lms_last_error());
+        } else if (k.mv_size == 0 || k.mv_size > LMS__MODEL_NAME_MAX || !lms__utf8_valid(k.mv_data, k.mv_size) ||
+                   memchr(k.mv_data, '\0', k.mv_size)) {
+            problem(v, "record", m->name, NULL, UINT32_MAX, 0, "a model name is empty, too long or not UTF-8");
         }
     }
     mdb_cursor_close(cur);
@@ -273,38 +469,34 @@ static int index_pass(vstate *v, MDB_txn *txn, vmodel **models_out, size_t *n_mo
         rc = lms__mdb_err(mrc, "%s: read models", s->index_path);
         goto out;
     }
-    if (v->p->model) {
-        vmodel key = {.name = (char *)v->p->model};
-        if (!bsearch(&key, models, n_models, sizeof *models, cmp_vmodel)) {
-            rc = lms__err(LMS_ENOENT, "no model '%s' in %s", v->p->model, s->path);
-            goto out;
-        }
+    if (v->p->model && !find_model(models, n_models, v->p->model)) {
+        rc = lms__err(LMS_ENOENT, "no model '%s' in %s", v->p->model, s->path);
+        goto out;
     }
     v->rep->models = v->p->model ? 1 : n_models;
 
     /* tensors: each must reach an existing blob of its size; count references */
     if ((rc = each_item(v, txn, LMS__DB_TENSORS, models, n_models, check_tensor)))
         goto out;
-    for (size_t i = 0; i < n_models; i++) {
-        vmodel *m = &models[i];
-        if (m->bad)
-            continue;
-        if (m->seen_tensors != m->rec.n_tensors || m->seen_bytes != m->rec.tensor_bytes)
-            problem(v, "model", m->name, NULL, UINT32_MAX, 0,
-                    "model '%s' records %llu tensors (%llu bytes) but the index holds %llu (%llu bytes)", m->name,
-                    (unsigned long long)m->rec.n_tensors, (unsigned long long)m->rec.tensor_bytes,
-                    (unsigned long long)m->seen_tensors, (unsigned long long)m->seen_bytes);
-    }
-
     /* side files: decodable, decompress to their recorded size and checksum */
     if ((rc = each_item(v, txn, LMS__DB_FILES, models, n_models, check_file)))
         goto out;
+    for (size_t i = 0; i < n_models; i++)
+        if ((rc = check_model(v, &models[i])))
+            goto out;
 
-    /* KV pages and sessions hold references too */
-    rc = lms__kv_count_refs(s, txn, &v->blobs, kv_problem, v);
-    if (rc)
+    /* KV pages hold references too; sessions name pages (all of them a
+     * whole-store check: a KV session is no model's) */
+    if ((rc = lms__kvset_load(s, txn, &v->kv, v->p->model ? NULL : kv_problem, v)))
         goto out;
-    rc = 0;
+    if (!v->p->model)
+        check_kv(v);
+    else
+        for (size_t i = 0; i < v->kv.n_pages; i++) { /* still count: their blobs' counts include them */
+            size_t bi;
+            if (!v->kv.pages[i].bad && lms__blobset_find(&v->blobs, v->kv.pages[i].rec.blob, &bi))
+                v->blobs.v[bi].counted++;
+        }
 out:
     if (cur)
         mdb_cursor_close(cur);
@@ -318,6 +510,10 @@ static void blob_checks(vstate *v)
 {
     lms_store *s = v->s;
     lms__blobset *bs = &v->blobs;
+    if (v->p->model) /* KV blobs' counts were counted (above) */
+        for (size_t i = 0; i < bs->n; i++)
+            if (!bs->v[i].bad && bs->v[i].rec.kind == LMS__BLOB_KVPAGE)
+                bs->v[i].count_known = true;
     for (size_t i = 0; i < bs->n; i++) {
         lms__blobent *b = &bs->v[i];
         char hex[33];
@@ -325,10 +521,11 @@ static void blob_checks(vstate *v)
         bool relevant = !v->p->model || b->wanted;
         if (b->bad) {
             if (relevant)
-                problem(v, "record", NULL, NULL, UINT32_MAX, 0, "blob %s: undecodable record", hex);
+                problem(v, "record", NULL, NULL, UINT32_MAX, 0, "blobs record %s %s", hex,
+                        b->sum_bad ? "fails its checksum (the index is damaged)" : "does not decode");
             continue;
         }
-        if (b->rec.refs != b->counted && (!v->p->model || b->wanted) && b->count_known)
+        if (b->rec.refs != b->counted && relevant && b->count_known)
             problem(v, "refcount", NULL, NULL, b->rec.segment, b->rec.offset,
                     "blob %s records %llu references but %llu records reference it", hex,
                     (unsigned long long)b->rec.refs, (unsigned long long)b->counted);
@@ -511,6 +708,21 @@ static void report_corrupt(vstate *v)
                     v->tensors[t].model, v->tensors[t].name, hex, b->rec.segment,
                     (unsigned long long)b->rec.offset, (unsigned long long)b->rec.size);
         }
+        /* a KV page's bytes: every session whose K/V it holds */
+        for (size_t i = 0; i < v->kv.n_sess; i++) {
+            const lms__kvsess_ent *se = &v->kv.sess[i];
+            for (uint32_t p = 0; !se->dec_rc && p < se->rec.n_pages; p++) {
+                const lms__kvpage_ent *pe = lms__kvset_page(&v->kv, lms__session_page_key(&se->rec, p));
+                if (!pe || pe->bad || memcmp(pe->rec.blob, b->hash, 16))
+                    continue;
+                named = true;
+                problem(v, "corrupt", se->name, NULL, b->rec.segment, b->rec.offset,
+                        "KV session '%s' page %u: bytes fail their XXH3-128 (blob %s, segment %u, offset %llu, %llu "
+                        "bytes); the session cannot be resumed",
+                        se->name, p, hex, b->rec.segment, (unsigned long long)b->rec.offset,
+                        (unsigned long long)b->rec.size);
+            }
+        }
         if (!named)
             problem(v, "corrupt", NULL, NULL, b->rec.segment, b->rec.offset,
                     "%s blob %s: bytes fail their XXH3-128 (segment %u, offset %llu, %llu bytes)",
@@ -558,7 +770,12 @@ int lms_store_verify(lms_store *s, const lms_verify_params *params, lms_verify_c
             lms__segent *g = &v.segs.v[i];
             if (!g->has_blobs || !g->header_ok)
                 continue;
-            if (lms__segment_map(s, g->id, &g->map)) {
+            int mrc = lms__segment_map(s, g->id, &g->map);
+            if (mrc == LMS_ENOMEM) { /* a resource of this process, not damage */
+                rc = lms__err_prefix(mrc, "verify maps each segment whole: ");
+                goto out;
+            }
+            if (mrc) {
                 problem(&v, "segment-header", NULL, NULL, g->id, 0, "%s", lms_last_error());
                 continue;
             }
@@ -579,8 +796,11 @@ int lms_store_verify(lms_store *s, const lms_verify_params *params, lms_verify_c
     rc = 0;
 out:
     lms__txn_end(s, txn);
-    for (size_t i = 0; i < n_models; i++)
+    for (size_t i = 0; i < n_models; i++) {
         lms__free(models[i].name);
+        lms__free(models[i].config);
+    }
+    lms__kvset_free(&v.kv);
     lms__free(models);
     for (size_t i = 0; i < v.n_tensors; i++) {
         lms__free(v.tensors[i].model);

@@ -69,6 +69,8 @@ int lms_bench_engine(int argc, char **argv)
     bool json = false;
     lms_dtype kvdt = LMS_DTYPE_F16;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &v)) store_opt = v;
         else if (lms_cli_opt(argc, argv, &i, "--device", &v)) devname = v;
         else if (lms_cli_opt(argc, argv, &i, "--prompt", &v) && lms_cli_parse_i64(v, &n) && n > 0) prompt = n;
@@ -88,7 +90,7 @@ int lms_bench_engine(int argc, char **argv)
             else if (!strcmp(v, "f32")) kvdt = LMS_DTYPE_F32;
             else return lms_cli_usage("bench engine", "--kv-dtype: '%s' is not f16, bf16 or f32", v);
         } else if (lms_cli_flag(argv, i, "--json")) json = true, i++;
-        else if (argv[i][0] == '-') return lms_cli_usage("bench engine", "bad option or value '%s'\n%s", argv[i], usage);
+        else if (lms_cli_is_option(argv[i])) return lms_cli_usage("bench engine", "bad option or value '%s'\n%s", argv[i], usage);
         else if (!model) model = argv[i++];
         else return lms_cli_usage("bench engine", "unexpected argument '%s'", argv[i]);
     }

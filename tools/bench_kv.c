@@ -277,6 +277,8 @@ int lms_bench_kv(int argc, char **argv)
     const char *codec_s = "all", *data = NULL, *store_dir = NULL, *dev_s = "cpu", *random_s = "bits", *v;
     bool json = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--tokens", &v)) {
             if (!lms_cli_parse_i64(v, &tokens) || tokens < 16 || tokens > (1 << 20))
                 return lms_cli_usage("bench", "bad --tokens %s", v);

@@ -74,6 +74,8 @@ int lms_bench_load(int argc, char **argv)
     int64_t n;
     uint64_t sz;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) || lms_cli_opt(argc, argv, &i, "--device", &devname) ||
             lms_cli_opt(argc, argv, &i, "--place", &place) || lms_cli_opt(argc, argv, &i, "--prefetch", &prefetch))
             continue;
@@ -110,28 +112,28 @@ int lms_bench_load(int argc, char **argv)
             if (!strcmp(v, "blocks")) t.order = LMS_ORDER_BLOCKS_FIRST;
             else if (!strcmp(v, "file")) t.order = LMS_ORDER_FILE;
             else return lms_cli_usage("bench", "--order wants blocks or file");
-        } else if (!strcmp(argv[i], "--json")) {
+        } else if (lms_cli_flag(argv, i, "--json")) {
             json = true, i++;
-        } else if (!strcmp(argv[i], "--staging")) {
+        } else if (lms_cli_flag(argv, i, "--staging")) {
             staging = true, i++;
-        } else if (!strcmp(argv[i], "--readers")) {
+        } else if (lms_cli_flag(argv, i, "--readers")) {
             readers = true, i++;
-        } else if (!strcmp(argv[i], "--no-readers")) {
+        } else if (lms_cli_flag(argv, i, "--no-readers")) {
             t.no_readers = true, i++;
         } else if (lms_cli_opt(argc, argv, &i, "--ring-first", &v)) {
             if (!lms_cli_parse_i64(v, &n) || n < 1 || n > 1024)
                 return lms_cli_usage("bench", "--ring-first wants 1..1024");
             t.ring_first_slots = (int)n;
-        } else if (!strcmp(argv[i], "--ring-hostalloc")) {
+        } else if (lms_cli_flag(argv, i, "--ring-hostalloc")) {
             t.ring_host_alloc = true, i++;
-        } else if (!strcmp(argv[i], "--reserve")) {
+        } else if (lms_cli_flag(argv, i, "--reserve")) {
             reserve = true, i++;
-        } else if (!strcmp(argv[i], "--verify")) {
+        } else if (lms_cli_flag(argv, i, "--verify")) {
             p.verify = true, i++;
-        } else if (!strcmp(argv[i], "--help")) {
+        } else if (lms_cli_flag(argv, i, "--help")) {
             fputs(usage, stdout);
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' || model) {
+        } else if (lms_cli_is_option(argv[i]) || model) {
             return lms_cli_usage("bench", "unexpected argument '%s'", argv[i]);
         } else {
             model = argv[i++];

@@ -114,9 +114,24 @@ int lms_cli_usage(const char *cmd, const char *fmt, ...)
     return LMS_EXIT_USAGE;
 }
 
+static bool only_operands; /* "--" was seen */
+
+bool lms_cli_end_of_options(char **argv, int *i)
+{
+    if (only_operands || strcmp(argv[*i], "--") != 0)
+        return false;
+    only_operands = true;
+    (*i)++;
+    return true;
+}
+
+bool lms_cli_is_option(const char *arg) { return !only_operands && arg[0] == '-' && arg[1]; }
+
 bool lms_cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
 {
     const char *a = argv[*i];
+    if (only_operands)
+        return false;
     size_t n = strlen(name);
     if (strncmp(a, name, n) != 0)
         return false;
@@ -136,7 +151,7 @@ bool lms_cli_opt(int argc, char **argv, int *i, const char *name, const char **v
     return true;
 }
 
-bool lms_cli_flag(char **argv, int i, const char *name) { return strcmp(argv[i], name) == 0; }
+bool lms_cli_flag(char **argv, int i, const char *name) { return !only_operands && strcmp(argv[i], name) == 0; }
 
 bool lms_cli_parse_i64(const char *s, int64_t *out)
 {
@@ -211,13 +226,13 @@ int lms_cli_model_pair(const char *cmd, int argc, char **argv,
 {
     const char *store_opt = NULL, *src = NULL, *dst = NULL;
     for (int i = 1; i < argc;) {
-        if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
+        if (lms_cli_end_of_options(argv, &i) || lms_cli_opt(argc, argv, &i, "--store", &store_opt))
             continue;
         if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
             printf("usage: lmstore %s MODEL NEWNAME [--store DIR]\n", cmd);
             return LMS_EXIT_OK;
         }
-        if (argv[i][0] == '-' && argv[i][1])
+        if (lms_cli_is_option(argv[i]))
             return lms_cli_usage(cmd, "unknown option %s", argv[i]);
         if (!src)
             src = argv[i];

@@ -50,6 +50,18 @@ void lms_cli_set_help(int (*help)(void), int argc, char **argv);
  * command's help is shown instead and the program exits with its status. */
 int lms_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/*
+ * "--" ends the options: every argument after it is an operand, also one
+ * that begins with '-' (a model or session name an older lmstore let
+ * someone create). Each option loop starts with
+ *     if (lms_cli_end_of_options(argv, &i)) continue;
+ * which skips a first "--" and returns true; from then on lms_cli_opt and
+ * lms_cli_flag match nothing and lms_cli_is_option is false.
+ */
+bool lms_cli_end_of_options(char **argv, int *i);
+/* An option (not after "--", begins with '-', not "-" alone). */
+bool lms_cli_is_option(const char *arg);
+
 /* Option helpers: match "--name VALUE" or "--name=VALUE" at argv[*i];
  * on a match advance *i past it, set *val and return true. */
 bool lms_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);

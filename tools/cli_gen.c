@@ -11,10 +11,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/common.h"
-#include "store/kv_records.h"
+#include "store/names.h"
 #include "tools/cli.h"
 
 const char lms_cli_gen_opts_help[] =
@@ -145,7 +146,7 @@ int lms_cli_gen_positional(const char *cmd, int argc, char **argv, int *i, lms_c
         if (r != 0)
             return r;
     }
-    if (a[0] == '-' && a[1])
+    if (lms_cli_is_option(a))
         return lms_cli_usage(cmd, "unknown option '%s'", a);
     if (o->model)
         return lms_cli_usage(cmd, "unexpected argument '%s'", a);
@@ -156,11 +157,13 @@ int lms_cli_gen_positional(const char *cmd, int argc, char **argv, int *i, lms_c
 
 /* ---- model ------------------------------------------------------------------------ */
 
-int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable, lms_cli_model *cm)
+int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, int store_mode, lms_cli_model *cm)
 {
     memset(cm, 0, sizeof *cm);
     const char *path = lms_cli_store_path(o->store);
-    int rc = lms_store_open(path, writable ? 0 : LMS_STORE_RDONLY, NULL, &cm->st);
+    int rc = lms_store_open(path, store_mode == LMS_CLI_STORE_READ ? LMS_STORE_RDONLY : 0, NULL, &cm->st);
+    if (rc && store_mode == LMS_CLI_STORE_TRY_WRITE)
+        rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, &cm->st);
     if (rc) {
         lms_cli_fail(cmd, rc, path);
         goto out_fail;
@@ -242,25 +245,10 @@ void lms_cli_json_sampling(FILE *f, const lms_cli_gen_opts *o)
 
 bool lms_cli_session_name_ok(const char *cmd, const char *name)
 {
-    /* The rules the store applies when it saves (see lms_kv_save). */
-    size_t n = strlen(name);
-    const char *why = NULL;
-    char too_long[64];
-    snprintf(too_long, sizeof too_long, "is longer than %d bytes", LMS__SESSION_NAME_MAX);
-    if (n == 0)
-        why = "is empty";
-    else if (n > LMS__SESSION_NAME_MAX)
-        why = too_long;
-    else if (!lms__utf8_valid(name, n))
-        why = "is not valid UTF-8";
-    else if (name[0] == '-')
-        why = "begins with '-' (it would read as an option)";
-    for (size_t i = 0; !why && i < n; i++)
-        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-            why = "contains a control character";
-    if (!why)
+    /* the one check the store applies when it saves (store/names.c) */
+    if (lms__name_check(LMS__NAME_SESSION, name) == 0)
         return true;
-    fprintf(stderr, "lmstore %s: error: session name '%.60s' %s; nothing was generated or saved\n", cmd, name, why);
+    fprintf(stderr, "lmstore %s: error: %s; nothing was generated or saved\n", cmd, lms_last_error());
     return false;
 }
 
@@ -359,7 +347,14 @@ char *lms_cli_read_file(const char *path, size_t *len)
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* named as a folder, not "Input/output error" */
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
+    int read_errno = 0;
     char *buf = malloc(cap);
     while (buf) {
         if (n + 1 >= cap) {
@@ -372,16 +367,19 @@ char *lms_cli_read_file(const char *path, size_t *len)
             buf = p;
             cap *= 2;
         }
+        errno = 0;
         size_t r = fread(buf + n, 1, cap - 1 - n, f);
         n += r;
-        if (r == 0)
+        if (r == 0) {
+            read_errno = errno;
             break;
+        }
     }
     int err = ferror(f);
     fclose(f);
     if (!buf || err) {
         free(buf);
-        errno = err ? EIO : ENOMEM;
+        errno = err ? (read_errno ? read_errno : EIO) : ENOMEM;
         return NULL;
     }
     buf[n] = '\0';
@@ -509,6 +507,7 @@ typedef struct gen_ctx {
     FILE *out;
     lms_cli_gen_result *res;
     bool oom;
+    int write_errno; /* writing the streamed text failed (stdout on a full disk) */
 } gen_ctx;
 
 static bool is_chat_stop(const lms_cli_model *cm, int32_t id)
@@ -565,9 +564,9 @@ static int on_token(void *user, int32_t id, const char *piece, size_t len)
         memcpy(r->text + r->len, piece, len);
         r->len += len;
         r->text[r->len] = '\0';
-        if (g->out) {
-            fwrite(piece, 1, len, g->out);
-            fflush(g->out);
+        if (g->out && (fwrite(piece, 1, len, g->out) != len || fflush(g->out) != 0)) {
+            g->write_errno = errno ? errno : EIO; /* nobody reads the rest: stop */
+            return 1;
         }
     }
     /* The token is in the sequence already: keep it in the output too. */
@@ -592,6 +591,8 @@ int lms_cli_generate(lms_cli_model *cm, const lms_cli_gen_opts *o, bool chat, co
         return rc;
     if (g.oom)
         return lms__err(LMS_ENOMEM, "out of memory collecting the output");
+    if (g.write_errno)
+        return lms__err(LMS_EIO, "writing to standard output: %s", strerror(g.write_errno));
     if (g.end_of_turn) { /* the end-of-turn id reached the callback: not a generated token */
         res->metrics.stop_reason = LMS_STOP_EOS;
         if (res->metrics.gen_tokens)

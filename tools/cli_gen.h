@@ -82,9 +82,16 @@ typedef struct lms_cli_model {
     char *default_system;       /* system message the template writes when none is given, or NULL */
 } lms_cli_model;
 
+/* How lms_cli_model_open opens the store. */
+enum {
+    LMS_CLI_STORE_READ = 0,      /* read-only */
+    LMS_CLI_STORE_WRITE = 1,     /* read-write (saving sessions) */
+    LMS_CLI_STORE_TRY_WRITE = 2, /* read-write where this user may write it, else read-only (a resume
+                                  * records the session's last-used time when it can) */
+};
 /* Open everything; on failure prints the error and returns LMS_EXIT_FAIL
- * (with *cm closed). writable: the store is opened read-write (sessions). */
-int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, bool writable, lms_cli_model *cm);
+ * (with *cm closed). */
+int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, int store_mode, lms_cli_model *cm);
 void lms_cli_model_close(lms_cli_model *cm);
 
 /*

@@ -117,6 +117,8 @@ int lms_cmd_chat(int argc, char **argv)
     const char *resume = NULL;
     bool json = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         const char *v;
         if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
             usage(stdout);
@@ -136,7 +138,7 @@ int lms_cmd_chat(int argc, char **argv)
         return lms_cli_usage(cmd, "which model? (lmstore chat MODEL)");
 
     lms_cli_model cm;
-    if (lms_cli_model_open(cmd, &o, true, &cm) != LMS_EXIT_OK)
+    if (lms_cli_model_open(cmd, &o, LMS_CLI_STORE_WRITE, &cm) != LMS_EXIT_OK)
         return LMS_EXIT_FAIL;
     int status = lms_cli_model_chat_init(cmd, &o, &cm);
     if (status != LMS_EXIT_OK)

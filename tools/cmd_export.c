@@ -16,6 +16,8 @@ int lms_cmd_export(int argc, char **argv)
     const char *store_opt = NULL, *model = NULL, *dir = NULL, *shard = NULL;
     bool quiet = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) ||
             lms_cli_opt(argc, argv, &i, "--max-shard-size", &shard))
             continue;
@@ -31,7 +33,7 @@ int lms_cmd_export(int argc, char **argv)
                    "GGUF file for llama.cpp (models with GGUF-quantized tensors export only so).\n"
                    "Tensor bytes are checked against their hashes on the way out.\n");
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
+        } else if (lms_cli_is_option(argv[i])) {
             return lms_cli_usage("export", "unknown option %s", argv[i]);
         } else if (!model) {
             model = argv[i];

@@ -42,6 +42,8 @@ int lms_cmd_gc(int argc, char **argv)
     lms_gc_params gp = lms_gc_default_params();
     bool json = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) ||
             lms_cli_opt(argc, argv, &i, "--compact-below", &below) || lms_cli_opt(argc, argv, &i, "--grace", &grace))
             continue;

@@ -80,6 +80,8 @@ int lms_cmd_import(int argc, char **argv)
     const char *store_opt = NULL, *name = NULL, *threads = NULL, *align = NULL, *src = NULL, *segmax = NULL;
     bool replace = false, quiet = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) || lms_cli_opt(argc, argv, &i, "--name", &name) ||
             lms_cli_opt(argc, argv, &i, "--threads", &threads) ||
             lms_cli_opt(argc, argv, &i, "--alignment", &align) ||
@@ -102,7 +104,7 @@ int lms_cmd_import(int argc, char **argv)
                    "--alignment B   blob alignment of a NEW store (default 4096)\n"
                    "--segment-max B segment size of a NEW store (default 4G)\n");
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
+        } else if (lms_cli_is_option(argv[i])) {
             return lms_cli_usage("import", "unknown option %s", argv[i]);
         } else if (!src) {
             src = argv[i];

@@ -204,6 +204,8 @@ int lms_cmd_info(int argc, char **argv)
     const char *store_opt = NULL, *model = NULL;
     info_ctx c = {0};
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
             continue;
         if (lms_cli_flag(argv, i, "--json"))
@@ -211,7 +213,7 @@ int lms_cmd_info(int argc, char **argv)
         else if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
             printf("usage: lmstore info MODEL [--store DIR] [--json]\n");
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' && argv[i][1])
+        } else if (lms_cli_is_option(argv[i]))
             return lms_cli_usage("info", "unknown option %s", argv[i]);
         else if (model)
             return lms_cli_usage("info", "more than one MODEL given");

@@ -180,6 +180,8 @@ int lms_cmd_kv(int argc, char **argv)
     const char *store_opt = NULL, *sub = NULL, *name = NULL;
     bool json = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
             continue;
         if (lms_cli_flag(argv, i, "--json"))
@@ -187,7 +189,7 @@ int lms_cmd_kv(int argc, char **argv)
         else if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
             usage();
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' && argv[i][1])
+        } else if (lms_cli_is_option(argv[i]))
             return lms_cli_usage("kv", "unknown option %s", argv[i]);
         else if (!sub)
             sub = argv[i];

@@ -55,6 +55,8 @@ int lms_cmd_logits(int argc, char **argv)
     const char *text = NULL, *ids_arg = NULL, *out_path = NULL, *v;
     bool all = false, json = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
             usage(stdout);
             return LMS_EXIT_OK;
@@ -93,7 +95,7 @@ int lms_cmd_logits(int argc, char **argv)
     float *logits = NULL;
     FILE *f = NULL;
     lms_cli_model cm;
-    if (lms_cli_model_open(cmd, &o, false, &cm) != LMS_EXIT_OK) {
+    if (lms_cli_model_open(cmd, &o, LMS_CLI_STORE_READ, &cm) != LMS_EXIT_OK) {
         free(ids);
         return LMS_EXIT_FAIL;
     }

@@ -186,6 +186,8 @@ int lms_cmd_ls(int argc, char **argv)
     const char *store_opt = NULL;
     bool json = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
             continue;
         if (lms_cli_flag(argv, i, "--json"))

@@ -45,6 +45,8 @@ int lms_cmd_perplexity(int argc, char **argv)
     bool json = false;
     int64_t ctx = 0;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
             usage(stdout);
             return LMS_EXIT_OK;
@@ -86,7 +88,7 @@ int lms_cmd_perplexity(int argc, char **argv)
     float *logits = NULL;
     int32_t *enc = NULL;
     lms_cli_model cm;
-    if (lms_cli_model_open(cmd, &o, false, &cm) != LMS_EXIT_OK) {
+    if (lms_cli_model_open(cmd, &o, LMS_CLI_STORE_READ, &cm) != LMS_EXIT_OK) {
         free(ids);
         free(text);
         return LMS_EXIT_FAIL;

@@ -39,6 +39,8 @@ int lms_cmd_quantize(int argc, char **argv)
     lms_quantize_params qp = lms_quantize_default_params();
     bool quiet = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) || lms_cli_opt(argc, argv, &i, "--type", &type) ||
             lms_cli_opt(argc, argv, &i, "--group-size", &group) || lms_cli_opt(argc, argv, &i, "--threads", &threads))
             continue;
@@ -57,7 +59,7 @@ int lms_cmd_quantize(int argc, char **argv)
                    "--keep-embeddings  leave the token embedding and the LM head unquantized\n"
                    "--group-size N     MLX group size: 32, 64 (default) or 128\n");
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
+        } else if (lms_cli_is_option(argv[i])) {
             return lms_cli_usage("quantize", "unknown option %s", argv[i]);
         } else if (!model) {
             model = argv[i];

@@ -15,6 +15,8 @@ int lms_cmd_rm(int argc, char **argv)
     const char *models[256];
     int n = 0;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt))
             continue;
         if (lms_cli_flag(argv, i, "--help") || lms_cli_flag(argv, i, "-h")) {
@@ -23,7 +25,7 @@ int lms_cmd_rm(int argc, char **argv)
                    "reference counts. Run `lmstore gc` to give the space back.\n");
             return LMS_EXIT_OK;
         }
-        if (argv[i][0] == '-' && argv[i][1])
+        if (lms_cli_is_option(argv[i]))
             return lms_cli_usage("rm", "unknown option %s", argv[i]);
         if (n == 256)
             return lms_cli_usage("rm", "at most 256 models at once");

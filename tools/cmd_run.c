@@ -36,7 +36,8 @@ static void usage(FILE *f)
             "exit status 130); a second Ctrl-C exits at once.\n"
             "\n"
             "  PROMPT...              the prompt (words joined by spaces); after --, words\n"
-            "                         that begin with '-' are prompt too\n"
+            "                         that begin with '-' are prompt too (and MODEL, when\n"
+            "                         -- comes before it)\n"
             "  -p, --prompt TEXT      the prompt (tokenized with the model's tokenizer)\n"
             "  -f, --prompt-file F    the prompt is the text of file F\n"
             "  --prompt-ids LIST      the prompt as token ids, comma separated\n"
@@ -81,22 +82,17 @@ int lms_cmd_run(int argc, char **argv)
     lms_cli_gen_opts_init(&o);
     const char *text = NULL, *ids_arg = NULL, *save = NULL, *resume = NULL, *prompt_file = NULL;
     char *words = NULL; /* PROMPT... */
-    bool chat = false, json = false, only_words = false;
+    bool chat = false, json = false;
 
     for (int i = 1; i < argc;) {
         const char *v;
-        if (only_words || (o.model && (argv[i][0] != '-' || !argv[i][1]))) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
+        if (o.model && !lms_cli_is_option(argv[i])) { /* words after MODEL (all of them after --) */
             if (add_word(&words, argv[i++])) {
                 free(words);
                 return lms_cli_fail(cmd, LMS_ENOMEM, NULL);
             }
-        } else if (lms_cli_flag(argv, i, "--")) {
-            only_words = o.model != NULL;
-            if (!only_words) {
-                free(words);
-                return lms_cli_usage(cmd, "-- before MODEL");
-            }
-            i++;
         } else if (lms_cli_flag(argv, i, "-h") || lms_cli_flag(argv, i, "--help")) {
             usage(stdout);
             return LMS_EXIT_OK;
@@ -178,7 +174,8 @@ int lms_cmd_run(int argc, char **argv)
     size_t n_prompt = 0, n_enc = 0;
     lms_cli_gen_result res = {0};
     lms_cli_model cm;
-    if (lms_cli_model_open(cmd, &o, save != NULL, &cm) != LMS_EXIT_OK) {
+    int store_mode = save ? LMS_CLI_STORE_WRITE : resume ? LMS_CLI_STORE_TRY_WRITE : LMS_CLI_STORE_READ;
+    if (lms_cli_model_open(cmd, &o, store_mode, &cm) != LMS_EXIT_OK) {
         free(given);
         free(file_text);
         free(words);

@@ -183,6 +183,8 @@ int lms_cmd_tokenize(int argc, char **argv)
     const char *store_opt = NULL, *tok_file = NULL, *cfg_file = NULL, *text = NULL, *file = NULL, *model = NULL;
     bool special = false, add_special = true, json = false, jsonl = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) || lms_cli_opt(argc, argv, &i, "--tokenizer", &tok_file) ||
             lms_cli_opt(argc, argv, &i, "--config", &cfg_file) || lms_cli_opt(argc, argv, &i, "--text", &text) ||
             lms_cli_opt(argc, argv, &i, "--file", &file))
@@ -201,7 +203,7 @@ int lms_cmd_tokenize(int argc, char **argv)
         else if (lms_cli_flag(argv, i, "--no-add-special")) add_special = false;
         else if (lms_cli_flag(argv, i, "--json")) json = true;
         else if (lms_cli_flag(argv, i, "--jsonl")) jsonl = true;
-        else if (argv[i][0] == '-' && argv[i][1])
+        else if (lms_cli_is_option(argv[i]))
             return lms_cli_usage("tokenize", "unknown option %s", argv[i]);
         else if (model)
             return lms_cli_usage("tokenize", "too many arguments");
@@ -277,8 +279,7 @@ int lms_cmd_tokenize(int argc, char **argv)
             p = nl ? nl + 1 : end;
         }
     }
-    if (fflush(stdout))
-        status = lms_cli_fail("tokenize", -3, "writing to stdout");
+    /* a failed write to stdout is reported as every command's (tools/main.c) */
 out:
     free(buf);
     lms_tokenizer_free(tok);

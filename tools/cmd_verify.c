@@ -43,6 +43,8 @@ int lms_cmd_verify(int argc, char **argv)
     const char *store_opt = NULL, *model = NULL, *threads = NULL;
     bool json = false, quick = false, quiet = false;
     for (int i = 1; i < argc;) {
+        if (lms_cli_end_of_options(argv, &i))
+            continue;
         if (lms_cli_opt(argc, argv, &i, "--store", &store_opt) || lms_cli_opt(argc, argv, &i, "--threads", &threads))
             continue;
         if (lms_cli_flag(argv, i, "--json")) {
@@ -59,7 +61,7 @@ int lms_cmd_verify(int argc, char **argv)
                    "given). Each problem names the model and tensor. Exit status 1 on any problem.\n"
                    "--index-only  skip hashing the bytes\n");
             return LMS_EXIT_OK;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
+        } else if (lms_cli_is_option(argv[i])) {
             return lms_cli_usage("verify", "unknown option %s", argv[i]);
         } else if (!model) {
             model = argv[i];
@@ -84,6 +86,7 @@ int lms_cmd_verify(int argc, char **argv)
         return lms_cli_fail("verify", rc, "open store");
     vctx c = {json, json ? cJSON_CreateArray() : NULL};
     lms_verify_report rep;
+    uint32_t format = lms_store_format(s);
     rc = lms_store_verify(s, &vp, on_problem, &c, &rep);
     if (rc) {
         cJSON_Delete(c.problems);
@@ -96,6 +99,7 @@ int lms_cmd_verify(int argc, char **argv)
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "ok", rep.problems == 0);
+        cJSON_AddNumberToObject(o, "format", format);
         if (model)
             cJSON_AddStringToObject(o, "model", model);
         cJSON_AddNumberToObject(o, "models", (double)rep.models);

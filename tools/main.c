@@ -10,6 +10,7 @@
  * as the value of an option (--text -h) or after "--" it is an argument
  * like any other.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,18 +64,42 @@ static int command_help(const command *c, int argc, char **argv)
     return c->fn(n, hargv);
 }
 
+/* What a command printed must have reached stdout: a write that failed (a
+ * full disk, /dev/full) fails the command, named, with exit status 1. A
+ * command that failed already has said why. */
+static int finish_stdout(const char *cmd, int status)
+{
+    int e = errno; /* a write that failed earlier left its reason here */
+    bool bad = fflush(stdout) != 0;
+    if (bad)
+        e = errno;
+    bad = ferror(stdout) || bad;
+    if (fclose(stdout) != 0 && !bad) {
+        bad = true;
+        e = errno;
+    }
+    if (!bad || status != LMS_EXIT_OK)
+        return status;
+    fprintf(stderr, "lmstore%s%s: error: writing to standard output: %s\n", cmd ? " " : "", cmd ? cmd : "",
+            e ? strerror(e) : "a write failed");
+    return LMS_EXIT_FAIL;
+}
+
 static const command *current;
 static int current_argc;
 static char **current_argv;
 
 static int current_help(void) { return command_help(current, current_argc, current_argv); }
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
     int i = 1;
     while (i < argc && argv[i][0] == '-') {
         const char *v;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        if (!strcmp(argv[i], "--")) { /* the end of the global options */
+            i++;
+            break;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return LMS_EXIT_OK;
         } else if (!strcmp(argv[i], "--version") || !strcmp(argv[i], "-V")) {
@@ -119,4 +144,10 @@ int main(int argc, char **argv)
     current_argv = argv;
     lms_cli_set_help(current_help, argc, argv);
     return c->fn(argc, argv);
+}
+
+int main(int argc, char **argv)
+{
+    int status = dispatch(argc, argv);
+    return finish_stdout(current ? current->name : NULL, status);
 }

@@ -56,6 +56,10 @@ LMS_API int lms_store_close(lms_store *store);
 
 LMS_API const char *lms_store_path(const lms_store *store);
 LMS_API uint32_t lms_store_alignment(const lms_store *store);
+/* The store's format version (docs/FORMAT.md): a store of an older format
+ * is read as it is through a read-only handle and upgraded by the first
+ * writable open. */
+LMS_API uint32_t lms_store_format(const lms_store *store);
 
 /* Free a buffer lmstore returned to the caller. NULL ok. */
 LMS_API void lms_free(void *p);

@@ -195,10 +195,12 @@ static __attribute__((unused)) int kvt_check_store(lms_store *st)
     MDB_txn *txn;
     MDB_cursor *cur;
     MDB_val k, v;
-    int sessions = 0;
+    int sessions = 0, check;
     assert_int_equal(lms__txn_read(st, &txn), 0);
     assert_int_equal(mdb_cursor_open(txn, st->dbi[LMS__DB_SESSIONS], &cur), 0);
-    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    for (int rc = lms__cursor_get(st, cur, LMS__DB_SESSIONS, &k, &v, MDB_FIRST, &check); rc == 0;
+         rc = lms__cursor_get(st, cur, LMS__DB_SESSIONS, &k, &v, MDB_NEXT, &check)) {
+        assert_int_equal(check, 0);
         lms__session_rec r;
         assert_int_equal(lms__session_rec_decode(v.mv_data, v.mv_size, NULL, &r), 0);
         for (uint32_t i = 0; i < r.n_pages; i++) {
@@ -223,7 +225,9 @@ static __attribute__((unused)) int kvt_check_store(lms_store *st)
     mdb_cursor_close(cur);
     /* blob refs of KV blobs == kvpages records naming them */
     assert_int_equal(mdb_cursor_open(txn, st->dbi[LMS__DB_BLOBS], &cur), 0);
-    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    for (int rc = lms__cursor_get(st, cur, LMS__DB_BLOBS, &k, &v, MDB_FIRST, &check); rc == 0;
+         rc = lms__cursor_get(st, cur, LMS__DB_BLOBS, &k, &v, MDB_NEXT, &check)) {
+        assert_int_equal(check, 0);
         lms__blob_rec b;
         assert_int_equal(lms__blob_rec_decode(v.mv_data, v.mv_size, &b), 0);
         if (b.kind != LMS__BLOB_KVPAGE)
@@ -232,7 +236,9 @@ static __attribute__((unused)) int kvt_check_store(lms_store *st)
         MDB_cursor *c2;
         MDB_val k2, v2;
         assert_int_equal(mdb_cursor_open(txn, st->dbi[LMS__DB_KVPAGES], &c2), 0);
-        for (int r2 = mdb_cursor_get(c2, &k2, &v2, MDB_FIRST); r2 == 0; r2 = mdb_cursor_get(c2, &k2, &v2, MDB_NEXT)) {
+        for (int r2 = lms__cursor_get(st, c2, LMS__DB_KVPAGES, &k2, &v2, MDB_FIRST, &check); r2 == 0;
+             r2 = lms__cursor_get(st, c2, LMS__DB_KVPAGES, &k2, &v2, MDB_NEXT, &check)) {
+            assert_int_equal(check, 0);
             lms__kvpage_rec pr;
             assert_int_equal(lms__kvpage_rec_decode(v2.mv_data, v2.mv_size, &pr), 0);
             if (k.mv_size == 16 && !memcmp(pr.blob, k.mv_data, 16))

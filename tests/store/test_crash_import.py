@@ -48,6 +48,7 @@ def main():
     root = tc.ROOT
     src_base = gen_model(os.path.join(root, "src-base"), *tc.BASE)
     src_new = gen_model(os.path.join(root, "src-new"), *tc.NEW)
+    tc.SOURCES.update(base=src_base, new=src_new)
     # 600 KB segments: the import fills the last one and creates several
     template = os.path.join(root, "t-import")
     lms("import", src_base, "--store", template, "--name", "base", "--segment-max", "600K", "--quiet", check=0)
@@ -88,14 +89,21 @@ def main():
     tc.run(args_for(tc.clone(template, "probe")))
     dur = time.monotonic() - t0
     killed = present = 0
+    bad = []
     for i in range(tc.TRIALS):
         store = tc.clone(template, f"time-{i % 2}")
         at = tc.RNG.uniform(0.0, dur * 1.1)
-        killed += tc.run(args_for(store), kill_after=at)
-        present += check(store, f"trial {i} (kill after {at:.3f} s)")
+        tag = f"trial {i} (kill after {at:.3f} s)"
+        try:
+            killed += tc.run(args_for(store), kill_after=at)
+            present += check(store, tag)
+        except AssertionError as e:
+            bad.append(f"{tag}: {e}")
+            print(f"INCONSISTENCY import {tag}: {e}")
     print(f"import: {k} crash points ({', '.join(seen)}); {tc.TRIALS} timed kills ({killed} died mid-run, "
-          f"model present after {present})")
-    print("crash test (import) passed")
+          f"model present after {present}); {len(bad)} inconsistencies")
+    assert not bad, "\n".join(bad)
+    print(f"crash test (import) passed: {k + tc.TRIALS} kills, 0 inconsistencies")
 
 
 if __name__ == "__main__":

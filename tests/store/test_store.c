@@ -245,12 +245,12 @@ static void append_lock_is_tracked_while_held(void **state)
     assert_true(lms__append_locked(s));
     lms__append_end(a, false);
     assert_false(lms__append_locked(s));
-    int fd;
-    assert_int_equal(lms__admin_lock(s, &fd), 0);
+    lms__lock lk;
+    assert_int_equal(lms__lock_take(s, &lk), 0);
     assert_true(lms__append_locked(s));
-    lms__admin_unlock(s, fd);
+    lms__lock_release(s, &lk);
     assert_false(lms__append_locked(s));
-    lms__admin_unlock(s, -1); /* not locked: nothing to release */
+    lms__lock_release(s, &lk); /* not held: nothing to release */
     assert_false(lms__append_locked(s));
     assert_int_equal(lms_store_close(s), 0);
     lms_test_rmrf(dir);

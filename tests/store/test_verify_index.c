@@ -153,10 +153,10 @@ static found damage(const char *tag, int what, const char *tensor)
 {
     lms_store *s = fresh(tag);
     edit e = {what, tensor};
-    int lock; /* the edits add references and write blob records: the append lock's */
-    assert_int_equal(lms__admin_lock(s, &lock), 0);
+    lms__lock lock; /* the edits add references and write blob records: the append lock's */
+    assert_int_equal(lms__lock_take(s, &lock), 0);
     assert_int_equal(lms__txn_write(s, edit_txn, &e), 0);
-    lms__admin_unlock(s, lock);
+    lms__lock_release(s, &lock);
     found f = {0};
     lms_verify_report r;
     lms_verify_params vp = lms_verify_default_params();

@@ -84,7 +84,8 @@ def test_folder_without_config_json_warns_and_run_names_the_file():
 
 
 def test_bad_session_names_are_refused_before_generating():
-    cases = {"": "is empty", "-x": "begins with '-'", "a\nb": "control character", "x" * 401: "longer than 400"}
+    cases = {"": "must not be empty", "-x": "begins with '-'", "a\nb": "control character", "x" * 401: "more than 400",
+             "\udcff": "not valid UTF-8"}  # (the byte 0xff)
     for name, why in cases.items():
         p = refused(["run", "tiny", "hello", "--store", STORE, "--max-tokens", "50", "--save-session", name], 2,
                     why, "nothing was generated")
