@@ -131,9 +131,12 @@ int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n)
         return -1;
     uint32_t h = (uint32_t)lms__hash64(k, n, 0);
     size_t j = h & (m->cap - 1);
-    while (m->ent[j].len != UINT32_MAX) {
-        if (m->ent[j].h == h && m->ent[j].len == n && !memcmp(m->arena + m->ent[j].off, k, n))
-            return m->ent[j].val;
+    /* at most cap probes, and only keys inside the arena: the table may come
+     * from an untrusted image (tok_internal.h, design note 4) */
+    for (size_t probes = 0; probes < m->cap && m->ent[j].len != UINT32_MAX; probes++) {
+        const struct lms__sm_ent *e = &m->ent[j];
+        if (e->h == h && e->len == n && (uint64_t)e->off + n <= m->arena_len && !memcmp(m->arena + e->off, k, n))
+            return m->vlim && (uint32_t)e->val >= m->vlim ? -1 : e->val;
         j = (j + 1) & (m->cap - 1);
     }
     return -1;
@@ -217,7 +220,7 @@ bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v)
     if (!m->cap)
         return false;
     size_t j = um_slot(k, m->cap);
-    while (m->ent[j].key != UINT64_MAX) {
+    for (size_t probes = 0; probes < m->cap && m->ent[j].key != UINT64_MAX; probes++) { /* bounded: see lms__sm_get */
         if (m->ent[j].key == k) {
             *v = m->ent[j].val;
             return true;
