@@ -138,6 +138,7 @@ static void wr64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 typedef struct writer {
     tok_buf b;
     uint64_t sec[SEC_COUNT][2]; /* offset, size */
+    uint64_t keys[SEC_COUNT];   /* entries of a hash table section */
 } writer;
 
 static int put_section(writer *w, int id, const void *p, size_t n)
@@ -231,9 +232,36 @@ static int put_pipeline(const lms_tokenizer *t, tok_buf *b)
     return rc;
 }
 
+/* A map's slots in the smallest table that holds them (lms__sm_pack). */
+static int put_strmap(writer *w, const lms__strmap *m, int slots, int keys)
+{
+    struct lms__sm_ent *ent;
+    size_t cap, n;
+    int rc = lms__sm_pack(m, &ent, &cap, &n);
+    w->keys[slots] = n;
+    if (!rc)
+        rc = put_section(w, slots, ent, cap * sizeof *ent);
+    if (!rc)
+        rc = put_section(w, keys, m->arena, cap ? m->arena_len : 0);
+    lms__free(ent);
+    return rc;
+}
+
+static int put_u64map(writer *w, const lms__u64map *m, int slots)
+{
+    struct lms__um_ent *ent;
+    size_t cap, n;
+    int rc = lms__um_pack(m, &ent, &cap, &n);
+    w->keys[slots] = n;
+    if (!rc)
+        rc = put_section(w, slots, ent, cap * sizeof *ent);
+    lms__free(ent);
+    return rc;
+}
+
 static int put_trie(writer *w, const tok_trie *tr, int edges, int term)
 {
-    int rc = put_section(w, edges, tr->edges.ent, tr->edges.cap * sizeof *tr->edges.ent);
+    int rc = put_u64map(w, &tr->edges, edges);
     return rc ? rc : put_section(w, term, tr->term, tr->n_nodes * sizeof *tr->term);
 }
 
@@ -252,11 +280,8 @@ int lms_tokenizer_compile(const lms_tokenizer *t, void **out, size_t *len)
     if ((rc = lms__tb_add(&w.b, head, sizeof head)))
         goto out;
     /* the large tables, as they are in memory (design note 4 of tok_internal.h) */
-    if ((rc = put_section(&w, SEC_VOCAB_SLOTS, t->vocab.ent, t->vocab.cap * sizeof *t->vocab.ent)) ||
-        (rc = put_section(&w, SEC_VOCAB_KEYS, t->vocab.arena, t->vocab.cap ? t->vocab.arena_len : 0)) ||
-        (rc = put_section(&w, SEC_ENC_SLOTS, t->enc.ent, t->enc.cap * sizeof *t->enc.ent)) ||
-        (rc = put_section(&w, SEC_ENC_KEYS, t->enc.arena, t->enc.cap ? t->enc.arena_len : 0)) ||
-        (rc = put_section(&w, SEC_MERGES, t->merges.ent, t->merges.cap * sizeof *t->merges.ent)) ||
+    if ((rc = put_strmap(&w, &t->vocab, SEC_VOCAB_SLOTS, SEC_VOCAB_KEYS)) ||
+        (rc = put_strmap(&w, &t->enc, SEC_ENC_SLOTS, SEC_ENC_KEYS)) || (rc = put_u64map(&w, &t->merges, SEC_MERGES)) ||
         (rc = put_section(&w, SEC_TOK_BYTES, t->tok_arena, t->tok_arena_len)) ||
         (rc = put_section(&w, SEC_TOK_OFF, t->tok_off, t->vocab_size * sizeof *t->tok_off)) ||
         (rc = put_section(&w, SEC_TOK_LEN, t->tok_len, t->vocab_size * sizeof *t->tok_len)) ||
@@ -330,11 +355,11 @@ int lms_tokenizer_compile(const lms_tokenizer *t, void **out, size_t *len)
     wr32(h + H_ADDED, (uint32_t)t->n_added);
     wr32(h + H_TRIE_RAW_NODES, (uint32_t)t->trie_raw.n_nodes);
     wr32(h + H_TRIE_NORM_NODES, (uint32_t)t->trie_norm.n_nodes);
-    wr64(h + H_VOCAB_N, t->vocab.n);
-    wr64(h + H_ENC_N, t->enc.n);
-    wr64(h + H_MERGES_N, t->merges.n);
-    wr64(h + H_TRIE_RAW_N, t->trie_raw.edges.n);
-    wr64(h + H_TRIE_NORM_N, t->trie_norm.edges.n);
+    wr64(h + H_VOCAB_N, w.keys[SEC_VOCAB_SLOTS]);
+    wr64(h + H_ENC_N, w.keys[SEC_ENC_SLOTS]);
+    wr64(h + H_MERGES_N, w.keys[SEC_MERGES]);
+    wr64(h + H_TRIE_RAW_N, w.keys[SEC_TRIE_RAW_EDGES]);
+    wr64(h + H_TRIE_NORM_N, w.keys[SEC_TRIE_NORM_EDGES]);
     for (int i = 0; i < SEC_COUNT; i++) {
         wr64(h + IMG_HEADER + i * TABLE_ENTRY, w.sec[i][0]);
         wr64(h + IMG_HEADER + i * TABLE_ENTRY + 8, w.sec[i][1]);
@@ -719,7 +744,7 @@ static int read_header(reader *r)
             return lms__err(LMS_EFORMAT, "tokenizer image: section '%s' (offset %llu, %llu bytes) lies outside the "
                             "%zu-byte image or is misaligned",
                             sec_names[i], (unsigned long long)off, (unsigned long long)size, r->len);
-        r->sec[i][0] = off;
+        r->sec[i][0] = size ? off : 0; /* an empty section's offset means nothing */
         r->sec[i][1] = size;
     }
     return 0;
@@ -791,9 +816,7 @@ int lms_tokenizer_open_image(const void *image, size_t len, lms_tokenizer **out)
     if ((rc = read_added(t, &r, rd32(h + H_ADDED))) || (rc = read_tries(t, &r, h)) ||
         (rc = read_post(t, &r, rd32(h + H_POST_PREFIX), rd32(h + H_POST_SUFFIX))))
         goto fail;
-    cursor c = {sec_ptr(&r, SEC_PIPELINE), (const uint8_t *)sec_ptr(&r, SEC_PIPELINE) + r.sec[SEC_PIPELINE][1], false};
-    if (!c.p)
-        c.p = c.end = (const uint8_t *)"";
+    cursor c = {r.base + r.sec[SEC_PIPELINE][0], r.base + r.sec[SEC_PIPELINE][0] + r.sec[SEC_PIPELINE][1], false};
     if ((rc = read_norms(t, &c)) || (rc = read_pres(t, &c)) || (rc = read_decs(t, &c)))
         goto fail;
     if (c.p != c.end) {

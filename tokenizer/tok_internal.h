@@ -59,6 +59,10 @@ int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val); /* overwr
 int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n);    /* -1 if absent */
 void lms__sm_free(lms__strmap *m);
 int lms__sm_reserve(lms__strmap *m, size_t n); /* room for n keys without growing */
+/* The slots of m in the smallest table that holds its keys at the map's load
+ * (*out: *cap slots holding *n keys, lms__free; NULL and 0 for an empty map).
+ * Keys keep their offsets; a table already that small is copied as it is. */
+int lms__sm_pack(const lms__strmap *m, struct lms__sm_ent **out, size_t *cap, size_t *n);
 
 /* uint64 -> uint64 (key UINT64_MAX reserved = empty slot); key and value side
  * by side so a lookup touches one cache line. Linear probing from the
@@ -75,6 +79,7 @@ int lms__um_put(lms__u64map *m, uint64_t k, uint64_t v);
 bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v);
 void lms__um_free(lms__u64map *m);
 int lms__um_reserve(lms__u64map *m, size_t n);
+int lms__um_pack(const lms__u64map *m, struct lms__um_ent **out, size_t *cap, size_t *n); /* as lms__sm_pack */
 
 /* ---- components -------------------------------------------------------------- */
 

@@ -142,6 +142,53 @@ int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n)
     return -1;
 }
 
+/* Smallest table (a power of two, at least 16) that holds n keys at the load
+ * the map keeps while it grows. */
+static size_t sm_min_cap(size_t n)
+{
+    size_t cap = 16;
+    while (n * 4 > cap * 3)
+        cap *= 2;
+    return cap;
+}
+
+int lms__sm_pack(const lms__strmap *m, struct lms__sm_ent **out, size_t *cap, size_t *n)
+{
+    *out = NULL;
+    *cap = *n = 0;
+    if (!m->cap)
+        return 0;
+    size_t used = 0; /* counted, not m->n: an image's count is untrusted */
+    for (size_t i = 0; i < m->cap; i++)
+        used += m->ent[i].len != UINT32_MAX;
+    size_t nc = sm_min_cap(used);
+    *n = used;
+    if (nc >= m->cap) { /* already as small as it gets: the same slots (so re-packing is stable) */
+        nc = m->cap;
+        if (!(*out = lms__malloc(nc * sizeof **out)))
+            return LMS_ENOMEM;
+        memcpy(*out, m->ent, nc * sizeof **out);
+        *cap = nc;
+        return 0;
+    }
+    struct lms__sm_ent *ne = lms__malloc(nc * sizeof *ne);
+    if (!ne)
+        return LMS_ENOMEM;
+    for (size_t i = 0; i < nc; i++)
+        ne[i].len = UINT32_MAX;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->ent[i].len == UINT32_MAX)
+            continue;
+        size_t j = m->ent[i].h & (nc - 1);
+        while (ne[j].len != UINT32_MAX)
+            j = (j + 1) & (nc - 1);
+        ne[j] = m->ent[i];
+    }
+    *out = ne;
+    *cap = nc;
+    return 0;
+}
+
 void lms__sm_free(lms__strmap *m)
 {
     lms__free(m->ent);
@@ -228,6 +275,44 @@ bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v)
         j = (j + 1) & (m->cap - 1);
     }
     return false;
+}
+
+int lms__um_pack(const lms__u64map *m, struct lms__um_ent **out, size_t *cap, size_t *n)
+{
+    *out = NULL;
+    *cap = *n = 0;
+    if (!m->cap)
+        return 0;
+    size_t used = 0, nc = 16; /* as in lms__sm_pack */
+    for (size_t i = 0; i < m->cap; i++)
+        used += m->ent[i].key != UINT64_MAX;
+    while (used * 2 > nc)
+        nc *= 2;
+    *n = used;
+    if (nc >= m->cap) { /* as in lms__sm_pack */
+        nc = m->cap;
+        if (!(*out = lms__malloc(nc * sizeof **out)))
+            return LMS_ENOMEM;
+        memcpy(*out, m->ent, nc * sizeof **out);
+        *cap = nc;
+        return 0;
+    }
+    struct lms__um_ent *ne = lms__malloc(nc * sizeof *ne);
+    if (!ne)
+        return LMS_ENOMEM;
+    for (size_t i = 0; i < nc; i++)
+        ne[i].key = UINT64_MAX;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->ent[i].key == UINT64_MAX)
+            continue;
+        size_t j = um_slot(m->ent[i].key, nc);
+        while (ne[j].key != UINT64_MAX)
+            j = (j + 1) & (nc - 1);
+        ne[j] = m->ent[i];
+    }
+    *out = ne;
+    *cap = nc;
+    return 0;
 }
 
 void lms__um_free(lms__u64map *m)
