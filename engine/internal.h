@@ -133,6 +133,11 @@ typedef struct lms__wsrc {
     int (*file)(void *ctx, const char *name, char **data, size_t *len);
     void (*free_file)(void *p);
     const char *name; /* for messages */
+    /* (optional) The model's tokenizer (the store's compiled image, opened in
+     * place); LMS_ENOENT when the model has none. NULL: the engine parses
+     * tokenizer.json read through `file`. Called on a thread of its own,
+     * while the other callbacks may run. */
+    int (*tokenizer)(void *ctx, lms_tokenizer **out);
 } lms__wsrc;
 
 int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights *w);

@@ -162,30 +162,25 @@ int lms__sm_pack(const lms__strmap *m, struct lms__sm_ent **out, size_t *cap, si
     for (size_t i = 0; i < m->cap; i++)
         used += m->ent[i].len != UINT32_MAX;
     size_t nc = sm_min_cap(used);
-    *n = used;
-    if (nc >= m->cap) { /* already as small as it gets: the same slots (so re-packing is stable) */
+    bool same = nc >= m->cap; /* already as small as it gets: the same slots (so re-packing is stable) */
+    if (same)
         nc = m->cap;
-        if (!(*out = lms__malloc(nc * sizeof **out)))
-            return LMS_ENOMEM;
-        memcpy(*out, m->ent, nc * sizeof **out);
-        *cap = nc;
-        return 0;
-    }
     struct lms__sm_ent *ne = lms__malloc(nc * sizeof *ne);
     if (!ne)
         return LMS_ENOMEM;
-    for (size_t i = 0; i < nc; i++)
-        ne[i].len = UINT32_MAX;
+    for (size_t i = 0; i < nc; i++) /* empty slots written whole: the image's bytes are deterministic */
+        ne[i] = (struct lms__sm_ent){0, UINT32_MAX, 0, 0};
     for (size_t i = 0; i < m->cap; i++) {
         if (m->ent[i].len == UINT32_MAX)
             continue;
-        size_t j = m->ent[i].h & (nc - 1);
-        while (ne[j].len != UINT32_MAX)
+        size_t j = same ? i : m->ent[i].h & (nc - 1);
+        while (!same && ne[j].len != UINT32_MAX)
             j = (j + 1) & (nc - 1);
         ne[j] = m->ent[i];
     }
     *out = ne;
     *cap = nc;
+    *n = used;
     return 0;
 }
 
@@ -288,30 +283,25 @@ int lms__um_pack(const lms__u64map *m, struct lms__um_ent **out, size_t *cap, si
         used += m->ent[i].key != UINT64_MAX;
     while (used * 2 > nc)
         nc *= 2;
-    *n = used;
-    if (nc >= m->cap) { /* as in lms__sm_pack */
+    bool same = nc >= m->cap;
+    if (same)
         nc = m->cap;
-        if (!(*out = lms__malloc(nc * sizeof **out)))
-            return LMS_ENOMEM;
-        memcpy(*out, m->ent, nc * sizeof **out);
-        *cap = nc;
-        return 0;
-    }
     struct lms__um_ent *ne = lms__malloc(nc * sizeof *ne);
     if (!ne)
         return LMS_ENOMEM;
     for (size_t i = 0; i < nc; i++)
-        ne[i].key = UINT64_MAX;
+        ne[i] = (struct lms__um_ent){UINT64_MAX, 0};
     for (size_t i = 0; i < m->cap; i++) {
         if (m->ent[i].key == UINT64_MAX)
             continue;
-        size_t j = um_slot(m->ent[i].key, nc);
-        while (ne[j].key != UINT64_MAX)
+        size_t j = same ? i : um_slot(m->ent[i].key, nc);
+        while (!same && ne[j].key != UINT64_MAX)
             j = (j + 1) & (nc - 1);
         ne[j] = m->ent[i];
     }
     *out = ne;
     *cap = nc;
+    *n = used;
     return 0;
 }
 
