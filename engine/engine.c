@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/internal.h"
 #include "engine/engine_priv.h"
@@ -57,6 +58,23 @@ static int model_file(void *ctx, const char *name, char **data, size_t *len)
 
 static int model_tokenizer(void *ctx, lms_tokenizer **out) { return lms_model_tokenizer(ctx, out); }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* The tensors' pages, in storage (forward-pass) order, 16 MiB at a time. A
+ * hint: what it does not reach, the forward pass faults in. */
+static void model_prefetch(void *ctx, const atomic_bool *stop)
+{
+    const lms_model *m = ctx;
+    for (size_t i = 0, n = lms_model_tensor_count(m); i < n && !atomic_load(stop); i++) {
+        const lms_tensor *t = lms_model_tensor_at(m, i);
+        uintptr_t a = (uintptr_t)t->host & ~(uintptr_t)4095, e = (uintptr_t)t->host + t->nbytes;
+        for (; t->host && a < e && !atomic_load(stop); a += (uintptr_t)16 << 20)
+            (void)madvise((void *)a, LMS_MIN((uintptr_t)16 << 20, e - a), MADV_POPULATE_READ);
+    }
+}
+
 /* ---- creation ---------------------------------------------------------------------------------- */
 
 static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
@@ -77,16 +95,22 @@ static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
  * Opening the tokenizer needs nothing the rest of engine creation makes, so
  * it runs on a thread of its own meanwhile (a compiled image opens in well
  * under a millisecond; tokenizer.json of a model imported before images
- * existed takes 0.1-1.5 s to parse). Errors are thread-local: the job keeps
- * the message and the creating thread raises it again.
+ * existed takes 0.1-1.5 s to parse). On the CPU that thread then reads the
+ * weights' pages into the page tables for as long as this one still works
+ * (committing the KV arena, mostly): a core that would idle does what the
+ * first forward pass would do in its page faults (bench/RESULTS.md, cold
+ * start). Errors are thread-local: the job keeps the message and the
+ * creating thread raises it again.
  */
 typedef struct tok_job {
     const lms__wsrc *src;
     bool skip;          /* lms_engine_params.no_tokenizer */
+    bool prefetch;      /* then src->prefetch */
     lms_tokenizer *tok; /* NULL: the model has none */
     int rc;
     char err[1024];
-    double ms;
+    double ms, prefetch_ms;
+    atomic_bool stop;   /* the creating thread is done: prefetching ends */
     pthread_t th;
     bool started;
 } tok_job;
@@ -121,7 +145,11 @@ static void *tok_job_run(void *arg)
     j->rc = j->skip ? 0 : open_tokenizer(j->src, &j->tok);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", lms_last_error());
-    j->ms = (lms__now() - t0) * 1e3;
+    double t1 = lms__now();
+    j->ms = (t1 - t0) * 1e3;
+    if (j->prefetch && !j->rc)
+        j->src->prefetch(j->src->ctx, &j->stop);
+    j->prefetch_ms = (lms__now() - t1) * 1e3;
     return NULL;
 }
 
@@ -134,6 +162,7 @@ static void tok_job_start(tok_job *j)
 
 static void tok_job_join(tok_job *j)
 {
+    atomic_store(&j->stop, true); /* prefetching only while this thread works */
     if (j->started) {
         pthread_join(j->th, NULL);
         j->started = false;
@@ -244,7 +273,8 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     char *cfg = NULL, *gen = NULL;
     size_t len;
     const lms__fwd_ops *ops = NULL;
-    tok_job tj = {.src = src, .skip = params && params->no_tokenizer};
+    /* weights read on the CPU from the mapping: prefetched beside (not a device's copy) */
+    tok_job tj = {.src = src, .skip = params && params->no_tokenizer, .prefetch = !dev && src->prefetch};
     lms_engine *e = lms__calloc(1, sizeof *e);
     *out = NULL;
     if (!e)
@@ -306,9 +336,9 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     snprintf(e->name, sizeof e->name, "%s", src->name);
     e->load_ms = (lms__now() - t0) * 1e3;
     lms__debug("%s: engine created in %.1f ms: config and weights %.1f ms, KV cache %.1f ms, forward pass %.1f ms; "
-               "tokenizer %.1f ms beside them (waited %.1f ms for it)",
+               "beside them tokenizer %.1f ms, weights prefetch %.1f ms (waited %.1f ms for them)",
                src->name, e->load_ms, (t_cfg - t0) * 1e3, (t_kv - t_cfg) * 1e3, (t - t_kv) * 1e3, tj.ms,
-               (lms__now() - t) * 1e3);
+               tj.prefetch_ms, (lms__now() - t) * 1e3);
     src->free_file(cfg);
     src->free_file(gen);
     *out = e;
@@ -342,7 +372,8 @@ int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_eng
         if (rc)
             return rc;
     }
-    lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model), model_tokenizer};
+    lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model), model_tokenizer,
+                     model_prefetch};
     return lms__engine_create_src(&src, lms_model_id(model), dev, params, out);
 }
 

@@ -22,6 +22,7 @@
 #ifndef LMS_ENGINE_INTERNAL_H
 #define LMS_ENGINE_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -138,6 +139,10 @@ typedef struct lms__wsrc {
      * tokenizer.json read through `file`. Called on a thread of its own,
      * while the other callbacks may run. */
     int (*tokenizer)(void *ctx, lms_tokenizer **out);
+    /* (optional) Read the host pages of the weights into the page tables now
+     * (the CPU reads them in place; first touches would otherwise fault them
+     * in during the first forward pass), a range at a time until *stop. */
+    void (*prefetch)(void *ctx, const atomic_bool *stop);
 } lms__wsrc;
 
 int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights *w);

@@ -128,7 +128,9 @@ LMS_API int lms_store_models(lms_store *store, lms_model_cb cb, void *ctx);
 LMS_API int lms_store_model(lms_store *store, const char *model, lms_model_cb cb, void *ctx);
 /* A model's tensors in storage (forward-pass) order, from one snapshot. */
 LMS_API int lms_store_tensors(lms_store *store, const char *model, lms_tensor_cb cb, void *ctx);
-/* Stored side files (config.json, tokenizer.json, ...), by name. */
+/* Stored side files (config.json, tokenizer.json, ...), by name; not
+ * lmstore's own, whose names begin with '.' (the compiled tokenizer's
+ * reference, docs/FORMAT.md 3.8). */
 LMS_API int lms_store_files(lms_store *store, const char *model, lms_file_cb cb, void *ctx);
 /* One side file, decompressed; *data is NUL-terminated, free with lms_free
  * (NULL after a failure). LMS_ENOENT naming the model and file when absent;

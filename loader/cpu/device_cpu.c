@@ -4,15 +4,19 @@
  * events are no-ops because every operation completes before it returns.
  *
  * Large allocations (the KV arena: hundreds of MB allocated and touched at
- * start-up) are anonymous mappings aligned to 2 MiB and advised as huge
- * pages, and zeroing one of them whole lets the kernel populate it
- * (MADV_POPULATE_WRITE): 189 MB take about 25 ms that way against about
- * 160 ms of 4 KiB page faults under memset, and give it back in under a
- * millisecond at exit (bench/RESULTS.md, cold start).
+ * start-up) are anonymous mappings aligned to 2 MiB, and zeroing one of them
+ * whole lets the kernel populate it (MADV_POPULATE_WRITE) instead of taking
+ * a page fault per 4 KiB under memset: 466 MB in about 310 ms against 540.
+ * They are advised as huge pages when the kernel has that many free 2 MiB
+ * blocks at hand (/proc/buddyinfo): then 466 MB take about 85 ms and go back
+ * in a millisecond; without free blocks the advice makes the kernel compact
+ * memory first, which was seen to stall for seconds (bench/RESULTS.md, cold
+ * start).
  */
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -36,6 +40,38 @@ typedef struct big_map {
 static pthread_mutex_t big_mu = PTHREAD_MUTEX_INITIALIZER;
 static big_map *big_list;
 
+/* 2 MiB blocks free in the buddy allocator (orders 9 and up, all zones):
+ * huge pages to be had without compaction; 0 when unknown. */
+static uint64_t free_huge_blocks(void)
+{
+    FILE *f = fopen("/proc/buddyinfo", "r");
+    char line[512];
+    uint64_t blocks = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f)) { /* Node 0, zone   Normal  c0 c1 ... c10 */
+        char *p = strstr(line, "zone");
+        if (!p)
+            continue;
+        p += 4;
+        while (*p == ' ')
+            p++;
+        while (*p && *p != ' ') /* the zone's name */
+            p++;
+        char *end;
+        for (int order = 0;; order++) {
+            unsigned long long c = strtoull(p, &end, 10);
+            if (end == p)
+                break;
+            if (order >= 9 && order < 9 + 20)
+                blocks += (uint64_t)c << (order - 9);
+            p = end;
+        }
+    }
+    fclose(f);
+    return blocks;
+}
+
 static void *big_alloc(size_t bytes)
 {
     if (lms__fault_hit(LMS_FAULT_ALLOC)) /* counted as lms__aligned_alloc's would be */
@@ -53,7 +89,8 @@ static void *big_alloc(size_t bytes)
     b->len = len;
     b->bytes = bytes;
     b->p = (void *)(((uintptr_t)base + BIG_ALLOC - 1) & ~(uintptr_t)(BIG_ALLOC - 1));
-    madvise(b->p, bytes, MADV_HUGEPAGE); /* advice: fine to be refused */
+    if (free_huge_blocks() >= 2 * (bytes / BIG_ALLOC + 1)) /* with room to spare: no compaction stall */
+        madvise(b->p, bytes, MADV_HUGEPAGE);                  /* advice: fine to be refused */
     pthread_mutex_lock(&big_mu);
     b->next = big_list;
     big_list = b;

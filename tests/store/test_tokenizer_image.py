@@ -58,7 +58,11 @@ def test_import_compiles_the_tokenizer_and_readers_use_it_in_place():
     lms("import", model(os.path.join(d, "m"), "qwen3"), "--store", store, "--name", "m", check=0)
     assert len(images(store)) == 1 and images(store)[0].endswith(".lmtok"), images(store)
     _, out, _ = lms("info", "m", "--store", store, check=0)
-    assert ".tokenizer.lmstok" in out
+    assert ".tokenizer.lmstok" not in out and "tokenizer.json" in out  # lmstore's own files are not listed
+    import subprocess
+    from storeutil import BIN
+    p = subprocess.run([BIN, "cat", "m", ".tokenizer.lmstok", "--store", store], capture_output=True)
+    assert p.returncode == 0 and p.stdout.startswith(b"LMSTKREF") and len(p.stdout) == 64, p
     ids, err = tokenize(store, "m", "debug")
     assert "opened in place" in err, err
     assert ids == hf_ids("qwen3"), (ids, hf_ids("qwen3"))
