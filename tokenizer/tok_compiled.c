@@ -485,17 +485,6 @@ static const char *get_bytes(cursor *c, size_t *n)
     return s;
 }
 
-static char *dup_bytes(const char *s, size_t n)
-{
-    char *d = lms__malloc(n + 1);
-    if (d) {
-        if (n)
-            memcpy(d, s, n);
-        d[n] = '\0';
-    }
-    return d;
-}
-
 static int get_pattern(cursor *c, tok_pattern *p, const char *where)
 {
     unsigned kind = get_u8(c);
@@ -505,7 +494,7 @@ static int get_pattern(cursor *c, tok_pattern *p, const char *where)
         return bad("tokenizer image: %s: bad pattern", where);
     if (kind == PAT_LITERAL) {
         p->lit_len = n;
-        return (p->lit = dup_bytes(s, n)) ? 0 : LMS_ENOMEM;
+        return (p->lit = lms__tok_memdup0(s, n)) ? 0 : LMS_ENOMEM;
     }
     if (kind == PAT_REGEX)
         return lms__tok_pattern_regex(p, s, n, where);
@@ -553,7 +542,7 @@ static int read_norms(lms_tokenizer *t, cursor *c)
         if (c->short_read)
             return bad("tokenizer image: %s: truncated", "pipeline");
         if (nm->type == NORM_REPLACE || nm->type == NORM_PREPEND) {
-            if (!(nm->content = dup_bytes(s, cn)))
+            if (!(nm->content = lms__tok_memdup0(s, cn)))
                 return LMS_ENOMEM;
             nm->content_len = cn;
         }
@@ -630,7 +619,7 @@ static int read_decs(lms_tokenizer *t, cursor *c)
                                       d->stop < 0 || d->start > 1000000 || d->stop > 1000000)))
             return bad("tokenizer image: %s: a decoder's settings are out of range", "pipeline");
         if (d->type == DEC_REPLACE || d->type == DEC_STRIP) {
-            if (!(d->content = dup_bytes(s, cn)))
+            if (!(d->content = lms__tok_memdup0(s, cn)))
                 return LMS_ENOMEM;
             d->content_len = cn;
         }
@@ -823,7 +812,7 @@ int lms_tokenizer_open_image(const void *image, size_t len, lms_tokenizer **out)
         rc = bad("tokenizer image: section '%s' has bytes after its last step", sec_names[SEC_PIPELINE]);
         goto fail;
     }
-    if (r.sec[SEC_CHAT][1] && !(t->chat_template = dup_bytes(sec_ptr(&r, SEC_CHAT), (size_t)r.sec[SEC_CHAT][1]))) {
+    if (r.sec[SEC_CHAT][1] && !(t->chat_template = lms__tok_memdup0(sec_ptr(&r, SEC_CHAT), (size_t)r.sec[SEC_CHAT][1]))) {
         rc = LMS_ENOMEM;
         goto fail;
     }

@@ -201,6 +201,8 @@ typedef struct tok_buf {
 int lms__tb_reserve(tok_buf *b, size_t extra);
 int lms__tb_add(tok_buf *b, const void *p, size_t n);
 void lms__tb_free(tok_buf *b);
+/* n bytes (NULs included) and a terminating NUL (strndup would stop at a NUL). */
+char *lms__tok_memdup0(const char *s, size_t n);
 
 /* The GPT-2 byte <-> unicode alphabet. */
 uint32_t lms__bl_byte_to_cp(uint8_t b);

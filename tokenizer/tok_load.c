@@ -145,17 +145,6 @@ static int jstring_bytes(const cJSON *v, const char *what, const char **s, size_
     return unmark(v->valuestring, s, n);
 }
 
-/* n bytes (NULs included) + a terminating NUL; strndup would stop at a NUL */
-static char *memdup0(const char *s, size_t n)
-{
-    char *d = lms__malloc(n + 1);
-    if (d) {
-        if (n)
-            memcpy(d, s, n);
-        d[n] = '\0';
-    }
-    return d;
-}
 
 /* ---- patterns -------------------------------------------------------------------- */
 
@@ -236,7 +225,7 @@ static int compile_regex(const char *src, size_t n, const char *where, pcre2_cod
 
 int lms__tok_pattern_regex(tok_pattern *p, const char *src, size_t n, const char *where)
 {
-    if (!(p->src = memdup0(src, n)))
+    if (!(p->src = lms__tok_memdup0(src, n)))
         return LMS_ENOMEM;
     p->src_len = n;
     return compile_regex(src, n, where, &p->re);
@@ -259,7 +248,7 @@ static int parse_pattern(const cJSON *o, const char *where, tok_pattern *p)
     if (s) {
         if ((rc = jstring_bytes(s, where, &str, &n)))
             return rc;
-        p->lit = memdup0(str, n);
+        p->lit = lms__tok_memdup0(str, n);
         p->lit_len = n;
         return p->lit ? 0 : LMS_ENOMEM;
     }
@@ -304,7 +293,7 @@ static int add_norm(lms_tokenizer *t, const cJSON *o, int depth)
         nm.type = rep ? NORM_REPLACE : NORM_PREPEND;
         if ((rc = jstring_bytes(jget(o, rep ? "content" : "prepend"), rep ? "Replace.content" : "Prepend.prepend", &c, &cn)))
             return rc;
-        if (!(nm.content = memdup0(c, cn)))
+        if (!(nm.content = lms__tok_memdup0(c, cn)))
             return LMS_ENOMEM;
         nm.content_len = cn;
         if (rep && (rc = parse_pattern(o, "normalizer Replace", &nm.pat))) {
@@ -456,11 +445,11 @@ static int add_dec(lms_tokenizer *t, const cJSON *o, int depth)
             return rc;
         if (!n)
             return lms__err(LMS_EFORMAT, "tokenizer.json: decoder Replace with an empty pattern");
-        d.pat = memdup0(s, n);
+        d.pat = lms__tok_memdup0(s, n);
         d.pat_len = n;
         if ((rc = jstring_bytes(jget(o, "content"), "decoder Replace.content", &s, &n)))
             goto fail;
-        d.content = memdup0(s, n);
+        d.content = lms__tok_memdup0(s, n);
         d.content_len = n;
         if (!d.pat || !d.content) {
             rc = LMS_ENOMEM;
@@ -479,7 +468,7 @@ static int add_dec(lms_tokenizer *t, const cJSON *o, int depth)
             return lms__err(LMS_EFORMAT, "tokenizer.json: decoder Strip needs numbers \"start\" and \"stop\"");
         d.start = st->valueint;
         d.stop = sp->valueint;
-        if (!(d.content = memdup0(s, n)))
+        if (!(d.content = lms__tok_memdup0(s, n)))
             return LMS_ENOMEM;
         d.content_len = n;
     } else if (!strcmp(type, "Metaspace")) {
@@ -824,7 +813,7 @@ static int load_added(lms_tokenizer *t, const cJSON *added, tok_buf *arena)
         a->rstrip = jbool(it, "rstrip", false);
         a->single_word = jbool(it, "single_word", false);
         a->normalized = jbool(it, "normalized", !a->special);
-        if (!(a->content = memdup0(c, cn)))
+        if (!(a->content = lms__tok_memdup0(c, cn)))
             return LMS_ENOMEM;
         a->len = cn;
         t->n_added++;

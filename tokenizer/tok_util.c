@@ -40,6 +40,17 @@ int lms__tb_add(tok_buf *b, const void *p, size_t n)
     return 0;
 }
 
+char *lms__tok_memdup0(const char *s, size_t n)
+{
+    char *d = lms__malloc(n + 1);
+    if (d) {
+        if (n)
+            memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
 void lms__tb_free(tok_buf *b)
 {
     lms__free(b->p);
