@@ -11,8 +11,10 @@
  * saved session always holds every token of the conversation.
  */
 #include <assert.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/internal.h"
 #include "engine/engine_priv.h"
@@ -54,6 +56,25 @@ static int model_file(void *ctx, const char *name, char **data, size_t *len)
     return rc;
 }
 
+static int model_tokenizer(void *ctx, lms_tokenizer **out) { return lms_model_tokenizer(ctx, out); }
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* The tensors' pages, in storage (forward-pass) order, 16 MiB at a time. A
+ * hint: what it does not reach, the forward pass faults in. */
+static void model_prefetch(void *ctx, const atomic_bool *stop)
+{
+    const lms_model *m = ctx;
+    for (size_t i = 0, n = lms_model_tensor_count(m); i < n && !atomic_load(stop); i++) {
+        const lms_tensor *t = lms_model_tensor_at(m, i);
+        uintptr_t a = (uintptr_t)t->host & ~(uintptr_t)4095, e = (uintptr_t)t->host + t->nbytes;
+        for (; t->host && a < e && !atomic_load(stop); a += (uintptr_t)16 << 20)
+            (void)madvise((void *)a, LMS_MIN((uintptr_t)16 << 20, e - a), MADV_POPULATE_READ);
+    }
+}
+
 /* ---- creation ---------------------------------------------------------------------------------- */
 
 static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
@@ -66,6 +87,93 @@ static int read_opt_file(const lms__wsrc *src, const char *name, char **out)
         return 0;
     }
     return rc;
+}
+
+/* ---- the tokenizer, opened beside the rest of start-up --------------------------------------- */
+
+/*
+ * Opening the tokenizer needs nothing the rest of engine creation makes, so
+ * it runs on a thread of its own meanwhile (a compiled image opens in well
+ * under a millisecond; tokenizer.json of a model imported before images
+ * existed takes 0.1-1.5 s to parse). On the CPU that thread then reads the
+ * weights' pages into the page tables for as long as this one still works
+ * (committing the KV arena, mostly): a core that would idle does what the
+ * first forward pass would do in its page faults (bench/RESULTS.md, cold
+ * start). Errors are thread-local: the job keeps the message and the
+ * creating thread raises it again.
+ */
+typedef struct tok_job {
+    const lms__wsrc *src;
+    bool skip;          /* lms_engine_params.no_tokenizer */
+    bool prefetch;      /* then src->prefetch */
+    lms_tokenizer *tok; /* NULL: the model has none */
+    int rc;
+    char err[1024];
+    double ms, prefetch_ms;
+    atomic_bool stop;   /* the creating thread is done: prefetching ends */
+    pthread_t th;
+    bool started;
+} tok_job;
+
+static int open_tokenizer(const lms__wsrc *src, lms_tokenizer **out)
+{
+    char *tokj = NULL, *tokc = NULL;
+    int rc;
+    *out = NULL;
+    if (src->tokenizer) {
+        rc = src->tokenizer(src->ctx, out);
+        if (rc == LMS_ENOENT) { /* a model may come without one */
+            lms_clear_error();
+            rc = 0;
+        }
+        return rc;
+    }
+    if ((rc = read_opt_file(src, "tokenizer.json", &tokj)) || (rc = read_opt_file(src, "tokenizer_config.json", &tokc)))
+        goto out;
+    if (tokj && (rc = lms_tokenizer_load(tokj, strlen(tokj), tokc, out)))
+        lms__err_prefix(rc, "%s: tokenizer.json: ", src->name);
+out:
+    src->free_file(tokj);
+    src->free_file(tokc);
+    return rc;
+}
+
+static void *tok_job_run(void *arg)
+{
+    tok_job *j = arg;
+    double t0 = lms__now();
+    j->rc = j->skip ? 0 : open_tokenizer(j->src, &j->tok);
+    if (j->rc)
+        snprintf(j->err, sizeof j->err, "%s", lms_last_error());
+    double t1 = lms__now();
+    j->ms = (t1 - t0) * 1e3;
+    if (j->prefetch && !j->rc)
+        j->src->prefetch(j->src->ctx, &j->stop);
+    j->prefetch_ms = (lms__now() - t1) * 1e3;
+    return NULL;
+}
+
+static void tok_job_start(tok_job *j)
+{
+    j->started = pthread_create(&j->th, NULL, tok_job_run, j) == 0;
+    if (!j->started)
+        tok_job_run(j); /* no thread to be had: in series */
+}
+
+static void tok_job_join(tok_job *j)
+{
+    atomic_store(&j->stop, true); /* prefetching only while this thread works */
+    if (j->started) {
+        pthread_join(j->th, NULL);
+        j->started = false;
+    }
+}
+
+/* Wait for the job; its error (if any) becomes this thread's. */
+static int tok_job_finish(tok_job *j)
+{
+    tok_job_join(j);
+    return j->rc ? lms__err(j->rc, "%s", j->err) : 0;
 }
 
 /* Settings in effect: defaults resolved, ranges checked. */
@@ -105,8 +213,8 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
     return 0;
 }
 
-/* The KV cache on the engine's device, its arena touched now so that memory
- * stays flat while tokens flow. */
+/* The KV cache on the engine's device (lms_kv_create touches its arena, so
+ * that memory stays flat while tokens flow). */
 static int create_kv(lms_engine *e, const lms__hparams *hp, const uint8_t *model_id)
 {
     int rc;
@@ -124,8 +232,6 @@ static int create_kv(lms_engine *e, const lms__hparams *hp, const uint8_t *model
         return rc;
     lms_kv_geometry g;
     lms_kv_get_geometry(e->kv, &g);
-    if (e->dev->ops->memset && (rc = e->dev->ops->memset(e->dev, g.base, 0, (size_t)g.n_pages * g.page_bytes, NULL)))
-        return rc;
     e->kvv.base = g.base;
     e->kvv.dtype = e->p.kv_dtype;
     e->kvv.page_tokens = g.page_tokens;
@@ -160,10 +266,12 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
                            const lms_engine_params *params, lms_engine **out)
 {
     int rc;
-    double t0 = lms__now();
-    char *cfg = NULL, *gen = NULL, *tokj = NULL, *tokc = NULL;
+    double t0 = lms__now(), t;
+    char *cfg = NULL, *gen = NULL;
     size_t len;
     const lms__fwd_ops *ops = NULL;
+    /* weights read on the CPU from the mapping: prefetched beside (not a device's copy) */
+    tok_job tj = {.src = src, .skip = params && params->no_tokenizer, .prefetch = !dev && src->prefetch};
     lms_engine *e = lms__calloc(1, sizeof *e);
     *out = NULL;
     if (!e)
@@ -171,6 +279,7 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     e->p = params ? *params : lms_engine_default_params();
     e->src = *src;
     e->pending = -1;
+    tok_job_start(&tj);
     if ((rc = src->file(src->ctx, "config.json", &cfg, &len))) {
         if (rc == LMS_ENOENT)
             rc = lms__err(LMS_ENOENT, "%s: no config.json among the model's files", src->name);
@@ -193,10 +302,12 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     if ((rc = resolve_params(e, hp, src)) || (rc = choose_backend(e, src, &ops)))
         goto fail;
     e->kernels = lms__kernels_best();
+    double t_cfg = lms__now();
     if ((rc = lms__pool_create(ops == &lms__fwd_cpu ? e->p.threads : 1, &e->pool)))
         goto fail;
     if ((rc = create_kv(e, hp, model_id)))
         goto fail;
+    double t_kv = lms__now();
     if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->p.prefill_block, e->p.n_ctx, &e->kvv,
                               &e->fwd)))
         goto fail;
@@ -213,30 +324,28 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
         goto fail;
     }
 
-    /* the tokenizer (optional: a model may come without one) */
-    if (!e->p.no_tokenizer) {
-        if ((rc = read_opt_file(src, "tokenizer.json", &tokj)) || (rc = read_opt_file(src, "tokenizer_config.json", &tokc)))
-            goto fail;
-        if (tokj) {
-            if ((rc = lms_tokenizer_load(tokj, strlen(tokj), tokc, &e->tok))) {
-                lms__err_prefix(rc, "%s: tokenizer.json: ", src->name);
-                goto fail;
-            }
-        }
-    }
+    /* the tokenizer (optional: a model may come without one), opened meanwhile */
+    t = lms__now();
+    rc = tok_job_finish(&tj);
+    e->tok = tj.tok;
+    if (rc)
+        goto fail;
     snprintf(e->name, sizeof e->name, "%s", src->name);
     e->load_ms = (lms__now() - t0) * 1e3;
+    lms__debug("%s: engine created in %.1f ms: config and weights %.1f ms, KV cache %.1f ms, forward pass %.1f ms; "
+               "beside them tokenizer %.1f ms, weights prefetch %.1f ms (waited %.1f ms for them)",
+               src->name, e->load_ms, (t_cfg - t0) * 1e3, (t_kv - t_cfg) * 1e3, (t - t_kv) * 1e3, tj.ms,
+               tj.prefetch_ms, (lms__now() - t) * 1e3);
     src->free_file(cfg);
     src->free_file(gen);
-    src->free_file(tokj);
-    src->free_file(tokc);
     *out = e;
     return 0;
 fail:
+    tok_job_join(&tj); /* this thread's error is the one reported */
+    if (!e->tok)
+        lms_tokenizer_free(tj.tok);
     src->free_file(cfg);
     src->free_file(gen);
-    src->free_file(tokj);
-    src->free_file(tokc);
     lms_engine_free(e);
     return rc;
 }
@@ -260,7 +369,8 @@ int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_eng
         if (rc)
             return rc;
     }
-    lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model)};
+    lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model), model_tokenizer,
+                     model_prefetch};
     return lms__engine_create_src(&src, lms_model_id(model), dev, params, out);
 }
 

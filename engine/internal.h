@@ -22,6 +22,7 @@
 #ifndef LMS_ENGINE_INTERNAL_H
 #define LMS_ENGINE_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,6 +134,15 @@ typedef struct lms__wsrc {
     int (*file)(void *ctx, const char *name, char **data, size_t *len);
     void (*free_file)(void *p);
     const char *name; /* for messages */
+    /* (optional) The model's tokenizer (the store's compiled image, opened in
+     * place); LMS_ENOENT when the model has none. NULL: the engine parses
+     * tokenizer.json read through `file`. Called on a thread of its own,
+     * while the other callbacks may run. */
+    int (*tokenizer)(void *ctx, lms_tokenizer **out);
+    /* (optional) Read the host pages of the weights into the page tables now
+     * (the CPU reads them in place; first touches would otherwise fault them
+     * in during the first forward pass), a range at a time until *stop. */
+    void (*prefetch)(void *ctx, const atomic_bool *stop);
 } lms__wsrc;
 
 int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights *w);

@@ -103,6 +103,8 @@ int lms__st_folder_open(const char *dir, lms__st_folder **out, lms__wsrc *src)
     src->file = st_file_fn;
     src->free_file = lms__free;
     src->name = f->dir;
+    src->tokenizer = NULL; /* tokenizer.json through st_file_fn */
+    src->prefetch = NULL;
     return 0;
 fail:
     lms__st_folder_close(f);

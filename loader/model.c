@@ -744,6 +744,13 @@ int lms_model_file(const lms_model *m, const char *file, void **data, size_t *le
     return lms_store_file(m->store, m->name, file, data, len);
 }
 
+int lms_model_tokenizer(const lms_model *m, lms_tokenizer **out)
+{
+    if (!m || !out)
+        return lms__err(LMS_EINVAL, "lms_model_tokenizer: model and out are required");
+    return lms_store_tokenizer(m->store, m->name, out);
+}
+
 const uint8_t *lms_model_id(const lms_model *m) { return m ? m->id : NULL; }
 const char *lms_model_name(const lms_model *m) { return m ? m->name : NULL; }
 int lms_model_n_layers(const lms_model *m) { return m ? m->n_layers : 0; }

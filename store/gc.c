@@ -38,6 +38,7 @@
 #include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/kv_records.h"
+#include "store/tokimg.h"
 
 lms_gc_params lms_gc_default_params(void)
 {
@@ -698,11 +699,15 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
         return lms__err(LMS_EINVAL, "gc: no store");
     double t0 = lms__now();
     double below = params->compact_below == 0 ? 0.5 : params->compact_below;
+    uint64_t tok_freed = 0; /* bytes of compiled tokenizers removed */
     int rc = lms_store_segment_bytes(s, &report->bytes_before, NULL);
     if (rc)
         return rc;
     if (params->dry_run) {
+        uint64_t tok_garbage = 0;
         rc = forecast(s, below, report);
+        if (!rc && !(rc = lms__tokimg_sweep(s, true, &tok_garbage)))
+            report->bytes_freed += tok_garbage;
         report->bytes_after = report->bytes_before - LMS_MIN(report->bytes_freed, report->bytes_before);
         goto out;
     }
@@ -715,6 +720,8 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
         goto out;
     drop_ctx dc = {.dry = false};
     rc = lms__txn_write(s, drop_txn, &dc);
+    if (!rc) /* compiled tokenizers no model names, under the lock (store/tokimg.h) */
+        rc = lms__tokimg_sweep(s, false, &tok_freed);
     lms__lock_release(s, &lock);
     if (rc)
         goto out;
@@ -736,7 +743,7 @@ int lms_store_gc(lms_store *s, const lms_gc_params *params, lms_gc_busy_cb busy,
     if (!rc) /* what the files shrank by, and the holes punched inside them (their size stays) */
         report->bytes_freed = (report->bytes_before > report->bytes_after ? report->bytes_before - report->bytes_after
                                                                           : 0) +
-                              report->bytes_punched;
+                              report->bytes_punched + tok_freed;
 out:
     report->seconds = lms__now() - t0;
     return rc;

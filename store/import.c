@@ -57,6 +57,7 @@
 #include "store/names.h"
 #include "store/safetensors.h"
 #include "store/store_internal.h"
+#include "store/tokimg.h"
 
 #define SIDE_FILE_MAX LMS__FILE_RAW_MAX
 #define COPY_CHUNK (64ull << 20)
@@ -132,6 +133,7 @@ typedef struct imp {
     bool mapped;
     lms_progress *prog;
     uint8_t id[16];
+    lms__tokimg *tokimg; /* the compiled tokenizer, NULL without one (store/tokimg.h) */
     /* worker errors */
     pthread_mutex_t mu;
     int wrc;
@@ -350,6 +352,27 @@ static int read_side_files(imp *m)
     if (!rc && m->nf)
         qsort(m->files, m->nf, sizeof *m->files, cmp_side);
     return rc;
+}
+
+/* The compiled tokenizer (store/tokimg.h): made from the side files before
+ * the append lock is taken; its reference is one more side file. */
+static int add_tokimg(imp *m)
+{
+    int rc = lms__tokimg_prepare(m->s, m->files, m->nf, &m->tokimg);
+    if (rc || !m->tokimg)
+        return rc;
+    side_file *nv = lms__realloc(m->files, (m->nf + 1) * sizeof *nv);
+    if (!nv)
+        return LMS_ENOMEM;
+    m->files = nv;
+    side_file *f = &m->files[m->nf++];
+    memset(f, 0, sizeof *f);
+    if (!(f->name = lms__strdup(LMS__TOKREF_NAME)))
+        return LMS_ENOMEM;
+    if ((rc = lms__file_rec_encode(m->tokimg->ref, sizeof m->tokimg->ref, 0, &f->rec, &f->len)))
+        return rc;
+    qsort(m->files, m->nf, sizeof *m->files, cmp_side);
+    return 0;
 }
 
 /* The side files a reader made (GGUF metadata -> config.json, ...). */
@@ -1042,6 +1065,8 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
         rc = cpath ? lms__mlx_bind(m.config, m.config_len, cpath, m.src) : LMS_ENOMEM;
         lms__free(cpath);
     }
+    if (!rc)
+        rc = add_tokimg(&m);
     if (rc)
         goto out;
     for (size_t i = 0; i < m.src->n_shards; i++) {
@@ -1099,6 +1124,10 @@ int lms_import(lms_store *s, const char *src, const lms_import_params *params, l
     lms__crashpoint("import:data-synced");
     lms__debug("import: fsync in %.3f s", lms__now() - t_sync);
 
+    /* the compiled tokenizer's file, complete before a record names it */
+    if (m.tokimg && (rc = lms__tokimg_write(s, m.tokimg)))
+        goto out;
+
     /* 5. one transaction makes it visible */
     if ((rc = lms__txn_write(s, commit_fn, &m)))
         goto out;
@@ -1118,6 +1147,7 @@ out:
         rc = lms__err_prefix(rc, "import '%s': ", m.name);
     lms__progress_done(m.prog);
     if (m.app) { /* 6. roll back; NULL after a commit */
+        lms__tokimg_unwrite(m.tokimg);
         lms__crashpoint("import:before-rollback");
         lms__append_end(m.app, false);
         lms__crashpoint("import:after-rollback");
@@ -1131,6 +1161,7 @@ out:
         lms__free(m.maps);
     }
     lms__named_recs_free(m.files, m.nf);
+    lms__tokimg_free(m.tokimg);
     lms__free(m.jobs);
     lms__free(m.tasks);
     for (int w = 0; w < m.nworkers; w++) {

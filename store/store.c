@@ -1187,6 +1187,8 @@ static int file_collect(lms_store *s, MDB_txn *txn, void *vctx, const char *fnam
     file_list *l = vctx;
     lms__file_rec fr;
     int rc;
+    if (flen && fname[0] == '.')
+        return 0; /* lmstore's own (docs/FORMAT.md 3.5), not the model's */
     if ((rc = lms__file_rec_decode(val->mv_data, val->mv_size, &fr)))
         return lms__err_prefix(rc, "%s: model '%s' file '%.*s': ", s->index_path, l->model, (int)flen, fname);
     if (l->n == l->cap) {

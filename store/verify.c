@@ -24,6 +24,7 @@
 #include "lmstore/store.h"
 #include "store/admin_internal.h"
 #include "store/store_internal.h"
+#include "store/tokimg.h"
 
 lms_verify_params lms_verify_default_params(void)
 {
@@ -271,6 +272,8 @@ static int check_file(vstate *v, vmodel *models, size_t n_models, const char *mo
                        (unsigned long long)fr.raw_size);
     if (!frc)
         frc = lms__file_rec_inflate(&fr, fname, &data, &len);
+    if (!frc && !strcmp(fname, LMS__TOKREF_NAME)) /* and the compiled tokenizer it names */
+        frc = lms__tokimg_check(v->s, data, len, v->p->hash);
     if (frc == LMS_ENOMEM)
         return frc;
     if (frc) {
@@ -784,6 +787,10 @@ int lms_store_verify(lms_store *s, const lms_verify_params *params, lms_verify_c
     }
     lms__txn_end(s, txn);
     txn = NULL;
+    uint64_t tok_garbage = 0; /* compiled tokenizers no model names (store/tokimg.h) */
+    if (!params->model && (rc = lms__tokimg_garbage(s, &tok_garbage)))
+        goto out;
+    report->garbage_bytes += tok_garbage;
     if (params->hash) {
         if ((rc = hash_pass(&v)))
             goto out;

@@ -238,6 +238,18 @@ int lms_tokenizer_decode(const lms_tokenizer *t, const int32_t *ids, size_t n, b
     }
     if (!rc)
         rc = lms__tb_add(&res, "", 0);
+    if (!rc && !lms__utf8_valid(res.p, res.len)) {
+        /* only token strings from a damaged image get here (tokenizer.json
+         * is valid UTF-8): the text stays valid, as the API promises */
+        tok_buf lossy = {0};
+        size_t used;
+        if (!(rc = lms__utf8_lossy(&lossy, (const uint8_t *)res.p, res.len, true, &used)) &&
+            !(rc = lms__tb_add(&lossy, "", 0))) {
+            lms__tb_free(&res);
+            res = lossy;
+        } else
+            lms__tb_free(&lossy);
+    }
     if (!rc) {
         *text = res.p;
         if (len)

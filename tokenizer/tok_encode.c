@@ -334,8 +334,11 @@ static bool is_word_char(uint32_t cp)
            cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_PC;
 }
 
-/* Leftmost-longest added token at or after `from`; false when none. */
-static bool trie_find(const tok_trie *tr, const char *s, size_t n, size_t from, size_t *ms, size_t *me, int32_t *idx)
+/* Leftmost-longest added token at or after `from`; false when none. Nodes
+ * and token indices read from the tables are checked (an image's tables are
+ * untrusted, tok_internal.h design note 4). */
+static bool trie_find(const tok_trie *tr, size_t n_added, const char *s, size_t n, size_t from, size_t *ms, size_t *me,
+                      int32_t *idx)
 {
     for (size_t i = from; i < n; i++) {
         if (!tr->first[(uint8_t)s[i]])
@@ -344,10 +347,10 @@ static bool trie_find(const tok_trie *tr, const char *s, size_t n, size_t from, 
         size_t best = 0;
         int32_t bi = -1;
         for (size_t j = i; j < n; j++) {
-            if (!lms__um_get(&tr->edges, node << 8 | (uint8_t)s[j], &child))
+            if (!lms__um_get(&tr->edges, node << 8 | (uint8_t)s[j], &child) || child >= tr->n_nodes)
                 break;
             node = child;
-            if (tr->term[node] >= 0) {
+            if (tr->term[node] >= 0 && (size_t)tr->term[node] < n_added) {
                 best = j + 1;
                 bi = tr->term[node];
             }
@@ -400,7 +403,7 @@ static int split_added(enc_ctx *c, const tok_trie *tr, const char *s, size_t n, 
     int rc;
     out->n = 0;
     if (!tr->empty) {
-        while (from < n && trie_find(tr, s, n, from, &ms, &me, &idx)) {
+        while (from < n && trie_find(tr, t->n_added, s, n, from, &ms, &me, &idx)) {
             const tok_added *a = &t->added[idx];
             size_t start = ms, stop = me;
             from = me;
@@ -494,7 +497,8 @@ static inline int try_pair(enc_ctx *c, int32_t pos)
 {
     uint64_t v;
     const bsym *a = &c->sym[pos], *b = &c->sym[a->next];
-    if (!lms__um_get(&c->t->merges, (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id, &v))
+    if (!lms__um_get(&c->t->merges, (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id, &v) ||
+        (uint32_t)v >= c->t->vocab_size) /* a merged id outside the vocabulary: a damaged image */
         return 0;
     return heap_push(c, (bmerge){(uint32_t)(v >> 32), (uint32_t)pos, (int32_t)(uint32_t)v, a->id, b->id});
 }

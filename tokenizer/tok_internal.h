@@ -15,6 +15,15 @@
  *      vocabulary as written.
  *  (3) Merges are keyed by (left id, right id) -> (rank, merged id); a
  *      repeated pair keeps its last rank, as HF does.
+ *  (4) The large tables (the two string maps, the merges, the id -> string
+ *      arrays, the added-token tries) have one layout in memory and in the
+ *      compiled form (tok_compiled.c, docs/TOKENIZER.md): a tokenizer opened
+ *      from a compiled image points them into the image and borrows it.
+ *      The image is untrusted, so every lookup checks what it reads (string
+ *      offsets inside the arena, values inside the vocabulary, probe
+ *      sequences bounded by the table size) instead of checking every entry
+ *      at open: opening stays O(1) in the vocabulary size, and a damaged
+ *      image gives wrong ids at worst, never a wild read.
  */
 #ifndef LMS_TOK_INTERNAL_H
 #define LMS_TOK_INTERNAL_H
@@ -31,7 +40,9 @@
 
 /* ---- maps ---------------------------------------------------------------- */
 
-/* bytes -> int32, keys copied into an arena. */
+/* bytes -> int32, keys copied into an arena. Slots hold the low 32 bits of
+ * XXH3-64 (seed 0) of the key; linear probing from h & (cap - 1); an empty
+ * slot has len UINT32_MAX. This layout is also the compiled form's. */
 typedef struct lms__strmap {
     struct lms__sm_ent {
         uint32_t off, len;
@@ -41,15 +52,22 @@ typedef struct lms__strmap {
     size_t cap, n; /* cap: power of two (0 = empty) */
     char *arena;
     size_t arena_len, arena_cap;
+    uint32_t vlim; /* values >= vlim read as absent (0 = no limit): an untrusted image's */
 } lms__strmap;
 
 int lms__sm_put(lms__strmap *m, const char *k, size_t n, int32_t val); /* overwrites */
 int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n);    /* -1 if absent */
 void lms__sm_free(lms__strmap *m);
 int lms__sm_reserve(lms__strmap *m, size_t n); /* room for n keys without growing */
+/* The slots of m in the smallest table that holds its keys at the map's load
+ * (*out: *cap slots holding *n keys, lms__free; NULL and 0 for an empty map).
+ * Keys keep their offsets; a table already that small is copied as it is. */
+int lms__sm_pack(const lms__strmap *m, struct lms__sm_ent **out, size_t *cap, size_t *n);
 
-/* uint64 -> uint64 (key UINT64_MAX reserved); key and value side by side so
- * a lookup touches one cache line. */
+/* uint64 -> uint64 (key UINT64_MAX reserved = empty slot); key and value side
+ * by side so a lookup touches one cache line. Linear probing from the
+ * murmur3 64-bit finalizer of the key & (cap - 1); the compiled form's
+ * layout too. */
 typedef struct lms__u64map {
     struct lms__um_ent {
         uint64_t key, val;
@@ -61,6 +79,7 @@ int lms__um_put(lms__u64map *m, uint64_t k, uint64_t v);
 bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v);
 void lms__um_free(lms__u64map *m);
 int lms__um_reserve(lms__u64map *m, size_t n);
+int lms__um_pack(const lms__u64map *m, struct lms__um_ent **out, size_t *cap, size_t *n); /* as lms__sm_pack */
 
 /* ---- components -------------------------------------------------------------- */
 
@@ -69,6 +88,8 @@ typedef struct tok_pattern {
     char *lit; /* literal (String) or NULL */
     size_t lit_len;
     pcre2_code *re; /* Regex, JIT-compiled when possible */
+    char *src;      /* the regex as written in tokenizer.json (for the compiled form) */
+    size_t src_len;
 } tok_pattern;
 
 enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND, NORM_STRIP, NORM_LOWERCASE };
@@ -157,6 +178,15 @@ struct lms_tokenizer {
 
     int32_t bos_id, eos_id;
     char *chat_template;
+
+    /* Opened from a compiled image (tok_compiled.c): vocab, enc, merges,
+     * tok_arena/off/len/flags, the tries' tables and the added tokens'
+     * contents point into it (borrowed, design note 4); release(release_arg)
+     * runs at lms_tokenizer_free (e.g. to unmap it). */
+    const void *image;
+    size_t tok_arena_len; /* bytes of tok_arena */
+    void (*release)(void *);
+    void *release_arg;
 };
 
 enum { TOKF_ADDED = 1, TOKF_SPECIAL = 2 };
@@ -171,6 +201,8 @@ typedef struct tok_buf {
 int lms__tb_reserve(tok_buf *b, size_t extra);
 int lms__tb_add(tok_buf *b, const void *p, size_t n);
 void lms__tb_free(tok_buf *b);
+/* n bytes (NULs included) and a terminating NUL (strndup would stop at a NUL). */
+char *lms__tok_memdup0(const char *s, size_t n);
 
 /* The GPT-2 byte <-> unicode alphabet. */
 uint32_t lms__bl_byte_to_cp(uint8_t b);
@@ -187,14 +219,22 @@ size_t lms__utf8_invalid_at(const char *s, size_t n);
 int lms__utf8_lossy(tok_buf *out, const uint8_t *s, size_t n, bool final, size_t *consumed);
 bool lms__is_unicode_ws(uint32_t cp); /* Rust char::is_whitespace */
 
-/* The string of an id (NULL if none). */
+/* The string of an id (NULL if none); NUL-terminated. */
 static inline const char *lms__tok_str(const lms_tokenizer *t, int32_t id, size_t *len)
 {
     if (id < 0 || (size_t)id >= t->vocab_size || t->tok_len[id] == UINT32_MAX)
         return NULL;
-    *len = t->tok_len[id];
-    return t->tok_arena + t->tok_off[id];
+    uint64_t off = t->tok_off[id], n = t->tok_len[id];
+    if (off + n >= t->tok_arena_len || t->tok_arena[off + n] != '\0') /* a damaged image */
+        return NULL;
+    *len = (size_t)n;
+    return t->tok_arena + off;
 }
+
+/* Regex compilation shared by the JSON loader and the compiled form: the
+ * source is kept in p->src. where names the component in errors. */
+int lms__tok_pattern_regex(tok_pattern *p, const char *src, size_t n, const char *where);
+void lms__tok_pattern_free(tok_pattern *p);
 
 /* Per-token raw bytes for streaming (decoder steps that act per token). */
 int lms__tok_piece(const lms_tokenizer *t, int32_t id, bool first, tok_buf *out);

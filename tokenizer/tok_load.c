@@ -145,17 +145,6 @@ static int jstring_bytes(const cJSON *v, const char *what, const char **s, size_
     return unmark(v->valuestring, s, n);
 }
 
-/* n bytes (NULs included) + a terminating NUL; strndup would stop at a NUL */
-static char *memdup0(const char *s, size_t n)
-{
-    char *d = lms__malloc(n + 1);
-    if (d) {
-        if (n)
-            memcpy(d, s, n);
-        d[n] = '\0';
-    }
-    return d;
-}
 
 /* ---- patterns -------------------------------------------------------------------- */
 
@@ -211,7 +200,7 @@ static int translate_regex(const char *src, size_t n, tok_buf *out)
     return rc;
 }
 
-int lms__tok_compile_regex(const char *src, size_t n, const char *where, pcre2_code **out)
+static int compile_regex(const char *src, size_t n, const char *where, pcre2_code **out)
 {
     int errcode;
     PCRE2_SIZE erroff;
@@ -234,6 +223,21 @@ int lms__tok_compile_regex(const char *src, size_t n, const char *where, pcre2_c
     return 0;
 }
 
+int lms__tok_pattern_regex(tok_pattern *p, const char *src, size_t n, const char *where)
+{
+    if (!(p->src = lms__tok_memdup0(src, n)))
+        return LMS_ENOMEM;
+    p->src_len = n;
+    return compile_regex(src, n, where, &p->re);
+}
+
+void lms__tok_pattern_free(tok_pattern *p)
+{
+    lms__free(p->lit);
+    lms__free(p->src);
+    pcre2_code_free(p->re);
+}
+
 static int parse_pattern(const cJSON *o, const char *where, tok_pattern *p)
 {
     const cJSON *pat = jget(o, "pattern");
@@ -244,23 +248,18 @@ static int parse_pattern(const cJSON *o, const char *where, tok_pattern *p)
     if (s) {
         if ((rc = jstring_bytes(s, where, &str, &n)))
             return rc;
-        p->lit = memdup0(str, n);
+        p->lit = lms__tok_memdup0(str, n);
         p->lit_len = n;
         return p->lit ? 0 : LMS_ENOMEM;
     }
     if (r) {
         if ((rc = jstring_bytes(r, where, &str, &n)))
             return rc;
-        return lms__tok_compile_regex(str, n, where, &p->re);
+        return lms__tok_pattern_regex(p, str, n, where);
     }
     return lms__err(LMS_EFORMAT, "tokenizer.json: %s: pattern is neither {\"String\"} nor {\"Regex\"}", where);
 }
 
-static void free_pattern(tok_pattern *p)
-{
-    lms__free(p->lit);
-    pcre2_code_free(p->re);
-}
 
 /* ---- normalizers --------------------------------------------------------------------- */
 
@@ -294,12 +293,12 @@ static int add_norm(lms_tokenizer *t, const cJSON *o, int depth)
         nm.type = rep ? NORM_REPLACE : NORM_PREPEND;
         if ((rc = jstring_bytes(jget(o, rep ? "content" : "prepend"), rep ? "Replace.content" : "Prepend.prepend", &c, &cn)))
             return rc;
-        if (!(nm.content = memdup0(c, cn)))
+        if (!(nm.content = lms__tok_memdup0(c, cn)))
             return LMS_ENOMEM;
         nm.content_len = cn;
         if (rep && (rc = parse_pattern(o, "normalizer Replace", &nm.pat))) {
             lms__free(nm.content);
-            free_pattern(&nm.pat);
+            lms__tok_pattern_free(&nm.pat);
             return rc;
         }
     } else
@@ -307,7 +306,7 @@ static int add_norm(lms_tokenizer *t, const cJSON *o, int depth)
     tok_norm *a = lms__realloc(t->norms, (t->n_norms + 1) * sizeof *a);
     if (!a) {
         lms__free(nm.content);
-        free_pattern(&nm.pat);
+        lms__tok_pattern_free(&nm.pat);
         return LMS_ENOMEM;
     }
     t->norms = a;
@@ -369,15 +368,17 @@ static int add_pre(lms_tokenizer *t, const cJSON *o, int depth)
         else return lms__err(LMS_EUNSUPPORTED, "tokenizer.json: pre_tokenizer Split behavior '%s' is not supported", b);
         p.invert = jbool(o, "invert", false);
         if ((rc = parse_pattern(o, "pre_tokenizer Split", &p.pat))) {
-            free_pattern(&p.pat);
+            lms__tok_pattern_free(&p.pat);
             return rc;
         }
     } else if (!strcmp(type, "ByteLevel")) {
         p.type = PRE_BYTELEVEL;
         p.add_prefix_space = jbool(o, "add_prefix_space", true);
         p.use_regex = jbool(o, "use_regex", true);
-        if (p.use_regex && (rc = lms__tok_compile_regex(gpt2_regex, sizeof gpt2_regex - 1, "ByteLevel", &p.pat.re)))
+        if (p.use_regex && (rc = lms__tok_pattern_regex(&p.pat, gpt2_regex, sizeof gpt2_regex - 1, "ByteLevel"))) {
+            lms__tok_pattern_free(&p.pat);
             return rc;
+        }
     } else if (!strcmp(type, "Digits")) {
         p.type = PRE_CHARS;
         p.chars = CHARS_NUMERIC;
@@ -406,7 +407,7 @@ static int add_pre(lms_tokenizer *t, const cJSON *o, int depth)
         return lms__err(LMS_EUNSUPPORTED, "tokenizer.json: pre_tokenizer '%s' is not supported", type);
     tok_pre *a = lms__realloc(t->pres, (t->n_pres + 1) * sizeof *a);
     if (!a) {
-        free_pattern(&p.pat);
+        lms__tok_pattern_free(&p.pat);
         return LMS_ENOMEM;
     }
     t->pres = a;
@@ -444,11 +445,11 @@ static int add_dec(lms_tokenizer *t, const cJSON *o, int depth)
             return rc;
         if (!n)
             return lms__err(LMS_EFORMAT, "tokenizer.json: decoder Replace with an empty pattern");
-        d.pat = memdup0(s, n);
+        d.pat = lms__tok_memdup0(s, n);
         d.pat_len = n;
         if ((rc = jstring_bytes(jget(o, "content"), "decoder Replace.content", &s, &n)))
             goto fail;
-        d.content = memdup0(s, n);
+        d.content = lms__tok_memdup0(s, n);
         d.content_len = n;
         if (!d.pat || !d.content) {
             rc = LMS_ENOMEM;
@@ -467,7 +468,7 @@ static int add_dec(lms_tokenizer *t, const cJSON *o, int depth)
             return lms__err(LMS_EFORMAT, "tokenizer.json: decoder Strip needs numbers \"start\" and \"stop\"");
         d.start = st->valueint;
         d.stop = sp->valueint;
-        if (!(d.content = memdup0(s, n)))
+        if (!(d.content = lms__tok_memdup0(s, n)))
             return LMS_ENOMEM;
         d.content_len = n;
     } else if (!strcmp(type, "Metaspace")) {
@@ -812,7 +813,7 @@ static int load_added(lms_tokenizer *t, const cJSON *added, tok_buf *arena)
         a->rstrip = jbool(it, "rstrip", false);
         a->single_word = jbool(it, "single_word", false);
         a->normalized = jbool(it, "normalized", !a->special);
-        if (!(a->content = memdup0(c, cn)))
+        if (!(a->content = lms__tok_memdup0(c, cn)))
             return LMS_ENOMEM;
         a->len = cn;
         t->n_added++;
@@ -899,20 +900,26 @@ void lms_tokenizer_free(lms_tokenizer *t)
 {
     if (!t)
         return;
-    lms__sm_free(&t->vocab);
-    lms__sm_free(&t->enc);
-    lms__um_free(&t->merges);
-    lms__free(t->tok_arena);
-    lms__free(t->tok_off);
-    lms__free(t->tok_len);
-    lms__free(t->tok_flags);
+    if (!t->image) { /* else borrowed from the image (tok_internal.h, design note 4) */
+        lms__sm_free(&t->vocab);
+        lms__sm_free(&t->enc);
+        lms__um_free(&t->merges);
+        lms__free(t->tok_arena);
+        lms__free(t->tok_off);
+        lms__free(t->tok_len);
+        lms__free(t->tok_flags);
+        for (size_t i = 0; i < t->n_added; i++)
+            lms__free(t->added[i].content);
+        trie_free(&t->trie_raw);
+        trie_free(&t->trie_norm);
+    }
     for (size_t i = 0; i < t->n_norms; i++) {
-        free_pattern(&t->norms[i].pat);
+        lms__tok_pattern_free(&t->norms[i].pat);
         lms__free(t->norms[i].content);
     }
     lms__free(t->norms);
     for (size_t i = 0; i < t->n_pres; i++)
-        free_pattern(&t->pres[i].pat);
+        lms__tok_pattern_free(&t->pres[i].pat);
     lms__free(t->pres);
     for (size_t i = 0; i < t->n_decs; i++) {
         lms__free(t->decs[i].pat);
@@ -921,12 +928,10 @@ void lms_tokenizer_free(lms_tokenizer *t)
     lms__free(t->decs);
     lms__free(t->post_prefix);
     lms__free(t->post_suffix);
-    for (size_t i = 0; i < t->n_added; i++)
-        lms__free(t->added[i].content);
     lms__free(t->added);
-    trie_free(&t->trie_raw);
-    trie_free(&t->trie_norm);
     lms__free(t->chat_template);
+    if (t->release)
+        t->release(t->release_arg);
     lms__free(t);
 }
 
@@ -996,6 +1001,7 @@ int lms_tokenizer_load(const char *json, size_t len, const char *config, lms_tok
     if (added && (rc = load_added(t, added, &arena)))
         goto fail;
     t->tok_arena = arena.p;
+    t->tok_arena_len = arena.len;
     arena.p = NULL;
     if ((rc = build_tries(t)))
         goto fail;

@@ -40,6 +40,17 @@ int lms__tb_add(tok_buf *b, const void *p, size_t n)
     return 0;
 }
 
+char *lms__tok_memdup0(const char *s, size_t n)
+{
+    char *d = lms__malloc(n + 1);
+    if (d) {
+        if (n)
+            memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
 void lms__tb_free(tok_buf *b)
 {
     lms__free(b->p);
@@ -131,12 +142,57 @@ int32_t lms__sm_get(const lms__strmap *m, const char *k, size_t n)
         return -1;
     uint32_t h = (uint32_t)lms__hash64(k, n, 0);
     size_t j = h & (m->cap - 1);
-    while (m->ent[j].len != UINT32_MAX) {
-        if (m->ent[j].h == h && m->ent[j].len == n && !memcmp(m->arena + m->ent[j].off, k, n))
-            return m->ent[j].val;
+    /* at most cap probes, and only keys inside the arena: the table may come
+     * from an untrusted image (tok_internal.h, design note 4) */
+    for (size_t probes = 0; probes < m->cap && m->ent[j].len != UINT32_MAX; probes++) {
+        const struct lms__sm_ent *e = &m->ent[j];
+        if (e->h == h && e->len == n && (uint64_t)e->off + n <= m->arena_len && !memcmp(m->arena + e->off, k, n))
+            return m->vlim && (uint32_t)e->val >= m->vlim ? -1 : e->val;
         j = (j + 1) & (m->cap - 1);
     }
     return -1;
+}
+
+/* Smallest table (a power of two, at least 16) that holds n keys at the load
+ * the map keeps while it grows. */
+static size_t sm_min_cap(size_t n)
+{
+    size_t cap = 16;
+    while (n * 4 > cap * 3)
+        cap *= 2;
+    return cap;
+}
+
+int lms__sm_pack(const lms__strmap *m, struct lms__sm_ent **out, size_t *cap, size_t *n)
+{
+    *out = NULL;
+    *cap = *n = 0;
+    if (!m->cap)
+        return 0;
+    size_t used = 0; /* counted, not m->n: an image's count is untrusted */
+    for (size_t i = 0; i < m->cap; i++)
+        used += m->ent[i].len != UINT32_MAX;
+    size_t nc = sm_min_cap(used);
+    bool same = nc >= m->cap; /* already as small as it gets: the same slots (so re-packing is stable) */
+    if (same)
+        nc = m->cap;
+    struct lms__sm_ent *ne = lms__malloc(nc * sizeof *ne);
+    if (!ne)
+        return LMS_ENOMEM;
+    for (size_t i = 0; i < nc; i++) /* empty slots written whole: the image's bytes are deterministic */
+        ne[i] = (struct lms__sm_ent){0, UINT32_MAX, 0, 0};
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->ent[i].len == UINT32_MAX)
+            continue;
+        size_t j = same ? i : m->ent[i].h & (nc - 1);
+        while (!same && ne[j].len != UINT32_MAX)
+            j = (j + 1) & (nc - 1);
+        ne[j] = m->ent[i];
+    }
+    *out = ne;
+    *cap = nc;
+    *n = used;
+    return 0;
 }
 
 void lms__sm_free(lms__strmap *m)
@@ -217,7 +273,7 @@ bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v)
     if (!m->cap)
         return false;
     size_t j = um_slot(k, m->cap);
-    while (m->ent[j].key != UINT64_MAX) {
+    for (size_t probes = 0; probes < m->cap && m->ent[j].key != UINT64_MAX; probes++) { /* bounded: see lms__sm_get */
         if (m->ent[j].key == k) {
             *v = m->ent[j].val;
             return true;
@@ -225,6 +281,39 @@ bool lms__um_get(const lms__u64map *m, uint64_t k, uint64_t *v)
         j = (j + 1) & (m->cap - 1);
     }
     return false;
+}
+
+int lms__um_pack(const lms__u64map *m, struct lms__um_ent **out, size_t *cap, size_t *n)
+{
+    *out = NULL;
+    *cap = *n = 0;
+    if (!m->cap)
+        return 0;
+    size_t used = 0, nc = 16; /* as in lms__sm_pack */
+    for (size_t i = 0; i < m->cap; i++)
+        used += m->ent[i].key != UINT64_MAX;
+    while (used * 2 > nc)
+        nc *= 2;
+    bool same = nc >= m->cap;
+    if (same)
+        nc = m->cap;
+    struct lms__um_ent *ne = lms__malloc(nc * sizeof *ne);
+    if (!ne)
+        return LMS_ENOMEM;
+    for (size_t i = 0; i < nc; i++)
+        ne[i] = (struct lms__um_ent){UINT64_MAX, 0};
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->ent[i].key == UINT64_MAX)
+            continue;
+        size_t j = same ? i : um_slot(m->ent[i].key, nc);
+        while (!same && ne[j].key != UINT64_MAX)
+            j = (j + 1) & (nc - 1);
+        ne[j] = m->ent[i];
+    }
+    *out = ne;
+    *cap = nc;
+    *n = used;
+    return 0;
 }
 
 void lms__um_free(lms__u64map *m)

@@ -22,7 +22,8 @@ const char lms_cli_gen_opts_help[] =
     "  --store DIR            the store (default $LMSTORE_HOME or ~/.local/share/lmstore)\n"
     "  --threads N            worker threads (default: online CPUs)\n"
     "  --device D             cpu (default), cuda or cuda:N: where the model runs\n"
-    "  --ctx N                context length in tokens (default min(model max, 4096))\n"
+    "  --ctx N                context length in tokens (default min(model max, 4096); run without\n"
+    "                         --chat or --resume: what the prompt and --max-tokens can reach, when less)\n"
     "  --max-tokens N         tokens to generate (default 256; 0 = until a stop or the context is full)\n"
     "  --temp T               temperature (default: the model's generation_config.json, else 0:\n"
     "                         greedy, the arg max; the other sampling options default the same way)\n"
@@ -184,7 +185,7 @@ int lms_cli_model_open(const char *cmd, const lms_cli_gen_opts *o, int store_mod
     lms_engine_params ep = lms_engine_default_params();
     ep.device = cm->dev;
     ep.threads = o->threads;
-    ep.n_ctx = o->ctx;
+    ep.n_ctx = o->ctx ? o->ctx : o->ctx_need;
     rc = lms_engine_create(cm->m, &ep, &cm->eng);
     if (rc) {
         lms_cli_fail(cmd, rc, o->model);

@@ -27,6 +27,8 @@ typedef struct lms_cli_gen_opts {
     int threads;              /* --threads N; 0 = engine default */
     const char *device;       /* --device cpu|cuda|cuda:N; NULL = cpu */
     uint32_t ctx;             /* --ctx N; 0 = engine default */
+    uint32_t ctx_need;        /* without --ctx: the most tokens this request can reach, when known
+                                 (0 = unknown); a context of that size instead of the default */
     lms_gen_params gp;        /* --max-tokens --temp --top-k --top-p --min-p
                                  --repeat-penalty --repeat-window --seed --ignore-eos */
     const char *stops[LMS_CLI_MAX_STOPS]; /* --stop STR (repeatable) */

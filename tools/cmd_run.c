@@ -169,6 +169,19 @@ int lms_cmd_run(int argc, char **argv)
                                   "--prompt-ids LIST or on stdin");
     }
 
+    /* One request, so a context of the tokens it can reach, not the default
+     * 4096: the KV cache committed at start-up is then what the request needs
+     * (bench/RESULTS.md, cold start). A text never encodes to more than 4
+     * tokens per byte (byte fallback after a normalizer) plus the specials
+     * the tokenizer adds; a chat template's text and a resumed session are
+     * not known yet, so those keep the default, and so do contexts the model
+     * may not cover (every supported model covers 2048 positions). */
+    if (!o.ctx && !chat && !resume && o.gp.max_tokens > 0) {
+        uint64_t need = (given ? n_given : 4 * (uint64_t)strlen(text)) + 64 + (uint64_t)o.gp.max_tokens;
+        if (need <= 2048)
+            o.ctx_need = (uint32_t)need;
+    }
+
     int status = LMS_EXIT_FAIL, rc;
     int32_t *prompt = NULL, *enc = NULL;
     size_t n_prompt = 0, n_enc = 0;

@@ -21,9 +21,10 @@ const char lms_cmd_tokenize_help[] = "text -> token ids: tokenize (MODEL | --tok
 int lms_cli_tokenizer_open(const char *cmd, const char *model, const char *tok_file, const char *cfg_file,
                            const char *store_opt, lms_tokenizer **out);
 
-/* Load from --tokenizer FILE [--config FILE], or MODEL's stored tokenizer.json
- * (+ tokenizer_config.json, chat_template.jinja when stored). Returns an
- * exit status (0 = ok) after printing the error. */
+/* Load from --tokenizer FILE [--config FILE], or MODEL's tokenizer from the
+ * store (its compiled image, else tokenizer.json + tokenizer_config.json +
+ * chat_template.jinja: lms_store_tokenizer). Returns an exit status (0 = ok)
+ * after printing the error. */
 int lms_cli_tokenizer_open(const char *cmd, const char *model, const char *tok_file, const char *cfg_file,
                            const char *store_opt, lms_tokenizer **out)
 {
@@ -37,32 +38,9 @@ int lms_cli_tokenizer_open(const char *cmd, const char *model, const char *tok_f
     rc = lms_store_open(lms_cli_store_path(store_opt), LMS_STORE_RDONLY, NULL, &st);
     if (rc)
         return lms_cli_fail(cmd, rc, "opening the store");
-    void *json = NULL, *cfg = NULL, *jinja = NULL;
-    size_t len = 0, clen, jlen;
-    rc = lms_store_file(st, model, "tokenizer.json", &json, &len);
-    if (rc) {
-        lms_store_close(st);
-        return lms_cli_fail(cmd, rc, NULL);
-    }
-    if (lms_store_file(st, model, "tokenizer_config.json", &cfg, &clen))
-        cfg = NULL; /* optional */
-    if (lms_store_file(st, model, "chat_template.jinja", &jinja, &jlen))
-        jinja = NULL;
+    rc = lms_store_tokenizer(st, model, out);
     lms_store_close(st);
-    rc = lms_tokenizer_load(json, len, cfg, out);
-    if (!rc && jinja && !lms_tokenizer_chat_template(*out))
-        rc = lms_tokenizer_set_chat_template(*out, jinja);
-    lms_free(json);
-    lms_free(cfg);
-    lms_free(jinja);
-    if (rc) {
-        lms_tokenizer_free(*out);
-        *out = NULL;
-        char what[300];
-        snprintf(what, sizeof what, "model '%s': tokenizer.json", model);
-        return lms_cli_fail(cmd, rc, what);
-    }
-    return 0;
+    return rc ? lms_cli_fail(cmd, rc, NULL) : 0;
 }
 
 /* ---- JSON strings (cJSON stops at "\u0000"; tokenizer input may hold NULs) ---- */

@@ -48,6 +48,8 @@
 #include "lmstore/error.h"
 #include "lmstore/types.h"
 
+typedef struct lms_tokenizer lms_tokenizer; /* lmstore/tokenizer.h */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -215,6 +217,10 @@ LMS_API const lms_tensor *lms_model_tensor_at(const lms_model *model, size_t i);
  * lms_free. LMS_ENOENT naming the model and file when absent.
  */
 LMS_API int lms_model_file(const lms_model *model, const char *file, void **data, size_t *len);
+/* The model's tokenizer, as lms_store_tokenizer gives it (the compiled image
+ * opened in place, else tokenizer.json parsed). Free with lms_tokenizer_free;
+ * it may outlive the model. Errors as lms_store_tokenizer. */
+LMS_API int lms_model_tokenizer(const lms_model *model, lms_tokenizer **out);
 
 /* The model's content id (LMS_MODEL_ID_LEN bytes, valid until close). */
 LMS_API const uint8_t *lms_model_id(const lms_model *model);

@@ -25,6 +25,7 @@ extern "C" {
 #endif
 
 /* lms_store, lms_dtype, LMS_MAX_DIMS and LMS_MODEL_ID_LEN: lmstore/types.h */
+typedef struct lms_tokenizer lms_tokenizer; /* lmstore/tokenizer.h */
 
 /* ---- opening --------------------------------------------------------------- */
 
@@ -131,7 +132,9 @@ LMS_API int lms_store_models(lms_store *store, lms_model_cb cb, void *ctx);
 LMS_API int lms_store_model(lms_store *store, const char *model, lms_model_cb cb, void *ctx);
 /* A model's tensors in storage (forward-pass) order, from one snapshot. */
 LMS_API int lms_store_tensors(lms_store *store, const char *model, lms_tensor_cb cb, void *ctx);
-/* Stored side files (config.json, tokenizer.json, ...), by name. */
+/* Stored side files (config.json, tokenizer.json, ...), by name; not
+ * lmstore's own, whose names begin with '.' (the compiled tokenizer's
+ * reference, docs/FORMAT.md 3.8). */
 LMS_API int lms_store_files(lms_store *store, const char *model, lms_file_cb cb, void *ctx);
 /* One side file, decompressed; *data is NUL-terminated, free with lms_free
  * (NULL after a failure). LMS_ENOENT naming the model and file when absent;
@@ -139,6 +142,18 @@ LMS_API int lms_store_files(lms_store *store, const char *model, lms_file_cb cb,
  * size is checked before anything is allocated: at most 256 MiB, equal to
  * the compressed frame's; then the bytes' checksum). */
 LMS_API int lms_store_file(lms_store *store, const char *model, const char *file, void **data, size_t *len);
+
+/*
+ * The model's tokenizer: its compiled image (written at import; docs/FORMAT.md
+ * 3.8) mapped and opened in place, which costs O(1) in the vocabulary size;
+ * for a model imported before images existed, or whose image is missing or
+ * damaged (said on stderr), tokenizer.json parsed as lms_tokenizer_load does,
+ * with tokenizer_config.json and, when that holds no chat template,
+ * chat_template.jinja. Free *out with lms_tokenizer_free (it may outlive the
+ * store handle). Errors: LMS_ENOENT (no such model, or no tokenizer.json),
+ * those of lms_tokenizer_load, LMS_ENOMEM, LMS_EDB.
+ */
+LMS_API int lms_store_tokenizer(lms_store *store, const char *model, lms_tokenizer **out);
 
 /* Path of segment file `segment` into buf. */
 LMS_API int lms_store_segment_path(const lms_store *store, uint32_t segment, char *buf, size_t len);

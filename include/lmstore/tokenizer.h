@@ -63,6 +63,38 @@ LMS_API int lms_tokenizer_load_file(const char *path, const char *config_path, l
 /* NULL is accepted. */
 LMS_API void lms_tokenizer_free(lms_tokenizer *tok);
 
+/* ---- the compiled form ----------------------------------------------------------
+ *
+ * A loaded tokenizer can be written as one binary image of its tables
+ * (docs/TOKENIZER.md, "Compiled form"; the store keeps one per imported
+ * model) and opened again from it in place: opening reads a header and points
+ * the vocabulary, merges and added-token tables into the image, so it costs
+ * O(1) in the vocabulary size instead of a JSON parse. A tokenizer opened
+ * from an image encodes and decodes exactly as the one it was compiled from.
+ */
+
+/*
+ * Write tok's image: *out is a new buffer of *len bytes (free with
+ * lms_tokenizer_buf_free); tok is unchanged. Errors: LMS_ENOMEM, LMS_ERANGE
+ * (a table too large for the format), LMS_EUNSUPPORTED (a big-endian host:
+ * the image is little-endian).
+ */
+LMS_API int lms_tokenizer_compile(const lms_tokenizer *tok, void **out, size_t *len);
+
+/*
+ * Open an image in place. `image` (8-byte aligned; a mapping or a heap
+ * buffer is) is borrowed, never written, and must stay valid and unchanged
+ * until lms_tokenizer_free. The image is untrusted input: the header, every
+ * section's offset and size and every small table are checked here, and the
+ * large tables' entries where they are read, so a damaged image yields wrong
+ * ids at worst, never a crash. Errors: LMS_EFORMAT (not an image or a check
+ * failed: the message names the section), LMS_EVERSION (another version of
+ * the format), LMS_EINVAL (NULL or misaligned), LMS_EUNSUPPORTED (a
+ * big-endian host), LMS_ENOMEM; a regex that does not compile as in
+ * lms_tokenizer_load. On failure *out is NULL.
+ */
+LMS_API int lms_tokenizer_open_image(const void *image, size_t len, lms_tokenizer **out);
+
 /* Free an ids array or text returned by this API. NULL ok. */
 LMS_API void lms_tokenizer_buf_free(void *p);
 

@@ -139,7 +139,7 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
     assert_string_equal(g->hp.family->name, family);
     g->conv.inner = g->src;
     g->conv.to = wdt;
-    lms__wsrc cs = {&g->conv, conv_tensor, g->src.file, g->src.free_file, g->src.name};
+    lms__wsrc cs = {&g->conv, conv_tensor, g->src.file, g->src.free_file, g->src.name, NULL, NULL};
     assert_int_equal(lms__weights_bind(&cs, &g->hp, &g->w), 0);
     assert_int_equal(lms__pool_create(threads, &g->pool), 0);
     uint32_t pt = 16, n_pages = 64, n_ctx = 256;

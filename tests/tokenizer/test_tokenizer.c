@@ -20,7 +20,12 @@
 #include "testutil.h"
 
 static const char *const NAMES[] = {"qwen3", "llama3", "gemma3"};
-static lms_tokenizer *toks[3];
+/* toks: the tokenizers the HF comparisons run on: first those loaded from
+ * tokenizer.json (json_toks), then the same opened from their compiled
+ * images (img_toks over images[]), which must give exactly the same ids. */
+static lms_tokenizer *toks[3], *json_toks[3], *img_toks[3];
+static void *images[3];
+static size_t image_len[3];
 static cJSON *corpus;
 
 static char *fixture_path(const char *file)
@@ -79,21 +84,17 @@ static lms_tokenizer *load_real(const char *name)
     return t;
 }
 
-static int setup(void **state)
+static int setup_json(void **state)
 {
     (void)state;
-    for (int i = 0; i < 3; i++)
-        toks[i] = load_real(NAMES[i]);
-    corpus = load_json("corpus.json");
+    memcpy(toks, json_toks, sizeof toks);
     return 0;
 }
 
-static int teardown(void **state)
+static int setup_images(void **state)
 {
     (void)state;
-    for (int i = 0; i < 3; i++)
-        lms_tokenizer_free(toks[i]);
-    cJSON_Delete(corpus);
+    memcpy(toks, img_toks, sizeof toks);
     return 0;
 }
 
@@ -643,8 +644,185 @@ static void concurrent_encodes_of_one_tokenizer_agree(void **state)
     }
 }
 
+/* ---- the compiled form -------------------------------------------------------------- */
+
+/* Images are deterministic (the store names them by their hash): compiling
+ * again, from the JSON or from the image, gives the same bytes. */
+static void compiling_again_gives_the_same_bytes(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 3; t++) {
+        for (int from_image = 0; from_image < 2; from_image++) {
+            void *again;
+            size_t n;
+            assert_int_equal(lms_tokenizer_compile(from_image ? img_toks[t] : json_toks[t], &again, &n), 0);
+            assert_int_equal(n, image_len[t]);
+            assert_memory_equal(again, images[t], n);
+            lms_tokenizer_buf_free(again);
+        }
+    }
+}
+
+/* Opening reads a header and the small tables, not the vocabulary: the
+ * 262k-token Gemma 3 image opens in well under the time of one JSON parse
+ * (a loose bound for loaded and sanitizer builds; bench/RESULTS.md has the
+ * figure). */
+static void gemma3_image_opens_in_a_few_milliseconds(void **state)
+{
+    (void)state;
+    double best = 1e9;
+    for (int k = 0; k < 5; k++) {
+        lms_tokenizer *t;
+        double t0 = lms__now();
+        assert_int_equal(lms_tokenizer_open_image(images[2], image_len[2], &t), 0);
+        double dt = lms__now() - t0;
+        best = dt < best ? dt : best;
+        assert_int_equal(lms_tokenizer_vocab_size(t), 262145);
+        lms_tokenizer_free(t);
+    }
+    if (best > 0.025)
+        fail_msg("opening the Gemma 3 image took %.1f ms (bound 25 ms)", best * 1e3);
+}
+
+/* A copy of image t with fn applied; freed by the caller (8-byte aligned). */
+static uint8_t *image_copy(int t)
+{
+    uint8_t *p = lms__aligned_alloc(64, image_len[t]);
+    assert_non_null(p);
+    memcpy(p, images[t], image_len[t]);
+    return p;
+}
+
+static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+static void image_open_rejects_damaged_headers_naming_the_fault(void **state)
+{
+    (void)state;
+    lms_tokenizer *t = (lms_tokenizer *)1;
+    uint8_t *p = image_copy(0);
+    size_t n = image_len[0];
+    static const struct {
+        int rc;
+        const char *msg;
+    } want[] = {
+        {LMS_EFORMAT, "no magic"},         {LMS_EFORMAT, "other byte order"}, {LMS_EVERSION, "version 2"},
+        {LMS_EFORMAT, "truncated"},        {LMS_EFORMAT, "'merges'"},         {LMS_EFORMAT, "'merges'"},
+        {LMS_EFORMAT, "'token offsets'"},  {LMS_EFORMAT, "'byte ids'"},       {LMS_EFORMAT, "hashed with another"},
+        {LMS_EFORMAT, "pipeline"},       {LMS_EFORMAT, "added token 3"},
+    };
+    for (size_t k = 0; k < LMS_ARRAY_LEN(want); k++) {
+        memcpy(p, images[0], n);
+        size_t len = n;
+        uint64_t off, size;
+        switch (k) {
+        case 0: p[1] ^= 1; break;
+        case 1: put_u32(p + 8, 0x0D0C0B0Au); break;
+        case 2: put_u32(p + 12, 2); break;
+        case 3: len = n - 64; break;
+        case 4: put_u64(p + 128 + 4 * 16, n - 8); break;                  /* merges start past the end */
+        case 5: memcpy(&size, p + 128 + 4 * 16 + 8, 8); put_u64(p + 128 + 4 * 16 + 8, size - 16); break; /* not a power of two */
+        case 6: memcpy(&size, p + 128 + 6 * 16 + 8, 8); put_u64(p + 128 + 6 * 16 + 8, size - 4); break;
+        case 7: memcpy(&off, p + 128 + 9 * 16, 8); put_u32(p + off + 8, 999999999); break;
+        case 8: p[32] ^= 0x55; break;
+        case 9: memcpy(&off, p + 128 + 18 * 16, 8); p[off] = 200; break;  /* 200 normalizers */
+        default: memcpy(&off, p + 128 + 10 * 16, 8); put_u32(p + off + 3 * 16 + 8, 0x7FFFFFFF); break;
+        }
+        int rc = lms_tokenizer_open_image(p, len, &t);
+        if (rc != want[k].rc || !strstr(lms_last_error(), want[k].msg))
+            fail_msg("damage %zu: got %d '%s', expected %d naming '%s'", k, rc, lms_last_error(), want[k].rc, want[k].msg);
+        assert_null(t);
+    }
+    assert_int_equal(lms_tokenizer_open_image(p + 4, n - 4, &t), LMS_EINVAL); /* misaligned */
+    lms__free(p);
+}
+
+/* Bytes of the large tables are not checked at open (that would read them
+ * all): damage there must give wrong ids at worst, never a read outside the
+ * image (the sanitizer build checks that) or a hang. */
+static void damaged_image_tables_give_wrong_ids_never_a_crash(void **state)
+{
+    (void)state;
+    const cJSON *texts = cJSON_GetObjectItem(corpus, "texts_hex");
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int t = 0; t < 3; t++) {
+        uint8_t *p = image_copy(t);
+        for (int round = 0; round < 4; round++) {
+            memcpy(p, images[t], image_len[t]);
+            /* scribble over the large tables (rounds 0, 1) and then every
+             * section but the pipeline and the header */
+            for (int sec = 0; sec < 18; sec++) {
+                if (round < 2 && (sec == 9 || sec == 10 || sec == 11 || sec == 17))
+                    continue; /* byte ids, added tokens, post ids: checked at open */
+                uint64_t off, size;
+                memcpy(&off, p + 128 + sec * 16, 8);
+                memcpy(&size, p + 128 + sec * 16 + 8, 8);
+                for (uint64_t k = 0; size && k < 2000 + size / 4096; k++) {
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    p[off + (rng >> 17) % size] = round == 3 ? 0xFF : (uint8_t)(rng >> 56);
+                }
+            }
+            lms_tokenizer *d;
+            if (lms_tokenizer_open_image(p, image_len[t], &d) != 0)
+                continue; /* a small table's check caught it */
+            for (int i = 0; i < cJSON_GetArraySize(texts); i += 7) {
+                size_t len, n;
+                char *s = unhex(cJSON_GetArrayItem(texts, i)->valuestring, &len);
+                int32_t *ids;
+                if (lms_tokenizer_encode(d, s, len, LMS_TOK_ADD_SPECIAL | LMS_TOK_PARSE_SPECIAL, &ids, &n) == 0) {
+                    for (size_t k = 0; k < n; k++)
+                        assert_true(ids[k] >= 0 && (size_t)ids[k] < lms_tokenizer_vocab_size(d));
+                    char *back;
+                    if (lms_tokenizer_decode(d, ids, n, false, &back, NULL) == 0)
+                        lms_tokenizer_buf_free(back);
+                    lms_tokenizer_buf_free(ids);
+                }
+                free(s);
+            }
+            int32_t any[] = {0, 1, 2, 100, 5000, 70000, 128000, 151643, 262000};
+            char *back;
+            if (lms_tokenizer_decode(d, any, LMS_ARRAY_LEN(any), true, &back, NULL) == 0)
+                lms_tokenizer_buf_free(back);
+            for (size_t k = 0; k < LMS_ARRAY_LEN(any); k++)
+                (void)lms_tokenizer_id_to_token(d, any[k]);
+            (void)lms_tokenizer_token_to_id(d, "hello");
+            lms_tokenizer_free(d);
+        }
+        lms__free(p);
+    }
+}
+
+static void allocation_failures_opening_an_image_leak_nothing(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 3; t++) {
+        int rc = -1;
+        for (long k = 1; k < 200 && rc != 0; k++) {
+            lms_tokenizer *d = NULL;
+            lms__fault_arm(LMS_FAULT_ALLOC, k, false);
+            rc = lms_tokenizer_open_image(images[t], image_len[t], &d);
+            lms__fault_disarm_all();
+            if (rc) {
+                assert_int_equal(rc, LMS_ENOMEM);
+                assert_null(d);
+            }
+            lms_tokenizer_free(d);
+        }
+        assert_int_equal(rc, 0);
+    }
+}
+
 int main(void)
 {
+    for (int i = 0; i < 3; i++) {
+        json_toks[i] = load_real(NAMES[i]);
+        if (lms_tokenizer_compile(json_toks[i], &images[i], &image_len[i]) ||
+            lms_tokenizer_open_image(images[i], image_len[i], &img_toks[i])) {
+            fprintf(stderr, "%s: compiling and opening the image failed: %s\n", NAMES[i], lms_last_error());
+            return 1;
+        }
+    }
+    corpus = load_json("corpus.json");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(each_tokenizer_encodes_corpus_like_hf),
         cmocka_unit_test(each_tokenizer_decodes_like_hf_in_one_call_and_streamed),
@@ -662,5 +840,28 @@ int main(void)
         cmocka_unit_test(allocation_failures_loading_richer_tokenizers_leak_nothing),
         cmocka_unit_test(allocation_failures_in_decode_stream_and_chat_leak_nothing),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    /* the same comparisons with HF on the tokenizers opened from images */
+    const struct CMUnitTest image_tests[] = {
+        cmocka_unit_test(each_tokenizer_encodes_corpus_like_hf),
+        cmocka_unit_test(each_tokenizer_decodes_like_hf_in_one_call_and_streamed),
+        cmocka_unit_test(chat_formats_render_like_transformers_apply_chat_template),
+        cmocka_unit_test(bos_eos_and_vocab_lookups_match_the_files),
+        cmocka_unit_test(stream_holds_back_a_character_split_over_byte_tokens),
+        cmocka_unit_test(concurrent_encodes_of_one_tokenizer_agree),
+        cmocka_unit_test(allocation_failures_in_decode_stream_and_chat_leak_nothing),
+        cmocka_unit_test(compiling_again_gives_the_same_bytes),
+        cmocka_unit_test(gemma3_image_opens_in_a_few_milliseconds),
+        cmocka_unit_test(image_open_rejects_damaged_headers_naming_the_fault),
+        cmocka_unit_test(damaged_image_tables_give_wrong_ids_never_a_crash),
+        cmocka_unit_test(allocation_failures_opening_an_image_leak_nothing),
+    };
+    int failed = cmocka_run_group_tests_name("tokenizer.json", tests, setup_json, NULL);
+    failed += cmocka_run_group_tests_name("compiled images", image_tests, setup_images, NULL);
+    for (int i = 0; i < 3; i++) {
+        lms_tokenizer_free(img_toks[i]);
+        lms_tokenizer_free(json_toks[i]);
+        lms_tokenizer_buf_free(images[i]);
+    }
+    cJSON_Delete(corpus);
+    return failed;
 }
