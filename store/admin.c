@@ -246,7 +246,7 @@ int lms__kv_count_refs(lms_store *s, MDB_txn *txn, lms__blobset *bs, lms__kv_pro
                 fn(ctx, name, msg);
             continue;
         }
-        for (uint32_t p = 0; p < sr.n_pages; p++) {
+        for (uint32_t p = 0; p < lms__session_n_keys(&sr); p++) {
             MDB_val pv;
             int grc = lms__db_get(s, txn, LMS__DB_KVPAGES, lms__session_page_key(&sr, p), 16, &pv);
             if (grc == LMS_ENOENT) {

@@ -109,7 +109,7 @@ static int session_pages(lms_store *s, MDB_txn *txn, keyset *ks)
         }
         if (lms__session_rec_decode(d.mv_data, d.mv_size, NULL, &sr))
             continue;
-        for (uint32_t p = 0; p < sr.n_pages && !rc; p++)
+        for (uint32_t p = 0; p < lms__session_n_keys(&sr) && !rc; p++)
             rc = keyset_add(ks, lms__session_page_key(&sr, p));
     }
     mdb_cursor_close(cur);
