@@ -6,7 +6,7 @@
  *
  * Layering (each file says which part it is):
  *   config.c            config.json -> lms__hparams (families check their settings)
- *   model_llama.c, model_qwen2.c, model_qwen3.c
+ *   model_llama.c, model_qwen2.c, model_qwen3.c, model_gemma3.c
  *                       one family each: architecture names, defaults, which
  *                       optional tensors (biases, q/k norms) exist
  *   weights.c           binds tensor views from a weight source (the loader's
@@ -81,17 +81,25 @@ typedef struct lms__hparams {
 
 /* A model family: the architectures it runs and its settings check. */
 typedef struct lms__family {
-    const char *name;               /* "llama", "qwen2", "qwen3" */
+    const char *name;               /* "llama", "qwen2", "qwen3", "gemma3" */
     const char *const *archs;       /* config "architectures" names, NULL-terminated */
     const char *model_type;         /* config "model_type" */
-    /* Fill family-specific fields from the parsed config (cJSON *), checking
-     * settings; LMS_EUNSUPPORTED naming the setting. */
+    /* Fill family-specific fields from the parsed config (cJSON *: the text
+     * model's part, defaults filled in), checking settings; LMS_EUNSUPPORTED
+     * naming the setting. */
     int (*configure)(lms__hparams *hp, const void *cjson_root, const char *src);
+    /* (optional) multimodal architectures (and their model_type) whose language
+     * model this family runs: read from their config's text_config */
+    const char *const *mm_archs;
+    const char *mm_model_type;
+    /* (optional) a JSON object of config values for keys a config leaves out */
+    const char *defaults;
 } lms__family;
 
 extern const lms__family lms__family_llama;
 extern const lms__family lms__family_qwen2;
 extern const lms__family lms__family_qwen3;
+extern const lms__family lms__family_gemma3;
 
 /*
  * Parse config.json text (and optionally generation_config.json text, may be
@@ -99,6 +107,9 @@ extern const lms__family lms__family_qwen3;
  * malformed file or field, LMS_EUNSUPPORTED naming an architecture or setting.
  */
 int lms__config_parse(const char *config, const char *gen_config, const char *src, lms__hparams *hp);
+/* RoPE type and scaling from one settings object ({rope_type | type, factor,
+ * ...}, a cJSON *; NULL = default) into hp (rope_theta is the caller's). */
+int lms__config_rope(lms__hparams *hp, const void *params, const char *src);
 
 /* ---- weights -------------------------------------------------------------------- */
 
