@@ -337,11 +337,15 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
         (e = cudaMemcpyAsync(b->dstep, b->hstep, (LMS_CU_STEP_TOKENS + b->B + np) * 4, cudaMemcpyHostToDevice,
                              b->stream)))
         return cu_err(e, "step parameters");
-    if (st->kv->window && st->kv->wfirst < np) {
-        /* the window group's table: its held entries only (the window's pages, a few) */
-        size_t off = (size_t)b->kvg[1].table + st->kv->wfirst, n = np - st->kv->wfirst;
-        memcpy(b->hstep + off, st->kv->wpages + st->kv->wfirst, n * 4);
-        if ((e = cudaMemcpyAsync(b->dstep + off, b->hstep + off, n * 4, cudaMemcpyHostToDevice, b->stream)))
+    if (st->kv->window) {
+        /* The window group's table. Its entries below wfirst name pages given back:
+         * no key there is attended, but the prefill kernel loads whole tiles of keys
+         * and masks those before the window, so they get a held page (finite rows). */
+        int32_t *t1 = b->hstep + b->kvg[1].table;
+        uint32_t f = LMS_MIN(st->kv->wfirst, np - 1);
+        for (uint32_t i = 0; i < f; i++) t1[i] = (int32_t)st->kv->wpages[f];
+        memcpy(t1 + f, st->kv->wpages + f, (np - f) * 4);
+        if ((e = cudaMemcpyAsync(b->dstep + b->kvg[1].table, t1, np * 4, cudaMemcpyHostToDevice, b->stream)))
             return cu_err(e, "step parameters");
     }
     bool graphable = b->use_graphs && st->nb == 1 && st->out != LMS__OUT_ALL;
