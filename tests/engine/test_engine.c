@@ -182,6 +182,12 @@ static void check_family_dir(const char *family, const char *dir)
     lms_engine_get_info(g.eng, &info);
     assert_string_equal(info.arch, arch);
     assert_int_equal((int)info.n_vocab, r.n_logits);
+    if (!strcmp(arch, "gemma3")) { /* stops on <eos> and <end_of_turn>, as its generation config says; BOS 2 */
+        assert_int_equal(info.n_eos, 2);
+        assert_int_equal(info.eos_ids[0], 1);
+        assert_int_equal(info.eos_ids[1], 106);
+        assert_int_equal(info.bos_id, 2);
+    }
     uint32_t V = info.n_vocab;
     float *lg = malloc(sizeof(float) * V * 256);
 
