@@ -363,7 +363,8 @@ static int run_tokens_out(lms_engine *e, const int32_t *toks, size_t n, float *l
  * sliding-window layers the window pages those need may be gone (given back
  * and evicted): then the sequence goes back to where they are there
  * (lms_kv_seq_keepable) and the tokens after that are run again. If that run
- * fails, the sequence is left at the shorter length and the error returned. */
+ * fails, the sequence is left where the failure left it (at least m tokens)
+ * and the error returned: a failure while restoring does not restore again. */
 static int keep_tokens(lms_engine *e, uint32_t n)
 {
     uint32_t m = lms_kv_seq_keepable(e->kv, e->seq, n);
@@ -373,7 +374,10 @@ static int keep_tokens(lms_engine *e, uint32_t n)
     int rc = lms_kv_seq_truncate(e->kv, e->seq, m);
     assert(!rc); /* keepable said so */
     lms__debug("%s: recomputing %u tokens whose sliding-window K/V were given back", e->name, n - m);
-    return run_tokens_out(e, e->keepbuf + m, n - m, NULL, false, NULL);
+    e->restoring = true;
+    rc = run_tokens_out(e, e->keepbuf + m, n - m, NULL, false, NULL);
+    e->restoring = false;
+    return rc;
 }
 
 /* Run tokens (all new) through the model after the computed part of the
@@ -424,7 +428,7 @@ fail:
         char detail[512];
         snprintf(detail, sizeof detail, "%s", lms_last_error());
         lms_kv_seq_truncate(e->kv, e->seq, lms_kv_seq_committed(e->seq));
-        if (keep_tokens(e, len))
+        if (!e->restoring && keep_tokens(e, len))
             lms__warn("%s: after a failed step the sequence could not be restored to %u tokens: %s", e->name, len,
                       lms_last_error());
         lms__err(rc, "%s", detail);

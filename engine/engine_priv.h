@@ -30,6 +30,7 @@ struct lms_engine {
     int32_t *tokbuf;      /* [n_ctx + 2]: lms_engine_tokens */
     int32_t *evalbuf;     /* [n_ctx + 2]: pending + new tokens */
     int32_t *keepbuf;     /* [n_ctx + 2]: tokens run again by keep_tokens */
+    bool restoring;       /* keep_tokens is running tokens again (a failure then stays as it is) */
     uint8_t *kv_group;    /* [n_layers] with sliding-window layers: each layer's KV group (kvv.group) */
     uint32_t *kv_index;   /* [n_layers] ... and its index in that group (kvv.index) */
     float *logits;        /* [n_vocab]: generate */

@@ -575,7 +575,8 @@ static void device_arenas_save_and_resume_through_host_copies(void **st_)
 
 static const uint8_t WIN_SLIDING[3] = {1, 0, 1};
 
-static lms_kv *win_kv(uint32_t window, const uint8_t *sliding, uint32_t pages, uint32_t window_pages)
+static lms_kv *win_kv_on(lms_device *dev, uint32_t window, const uint8_t *sliding, uint32_t pages,
+                         uint32_t window_pages)
 {
     lms_kv_layout L = KVT_LAYOUT;
     L.window = window;
@@ -586,8 +587,13 @@ static lms_kv *win_kv(uint32_t window, const uint8_t *sliding, uint32_t pages, u
     p.max_seqs = 8;
     kvt_model_id(p.model_id, 0);
     lms_kv *kv;
-    assert_int_equal(lms_kv_create(kvt_cpu(), &L, &p, &kv), 0);
+    assert_int_equal(lms_kv_create(dev, &L, &p, &kv), 0);
     return kv;
+}
+
+static lms_kv *win_kv(uint32_t window, const uint8_t *sliding, uint32_t pages, uint32_t window_pages)
+{
+    return win_kv_on(kvt_cpu(), window, sliding, pages, window_pages);
 }
 
 /* Fill n tokens of seed into s in blocks of 5 (the window group is small). */
@@ -690,6 +696,51 @@ static void window_sessions_save_the_last_window_and_refuse_other_layouts(void *
         free(after.buf);
         assert_int_equal(lms_kv_destroy(bad[i]), 0);
     }
+    /* a device arena (page images through the host) that is busy: free targets in both
+     * groups, then evicted cached ones (staged until every page checked out) */
+    lms_kv *dk = win_kv_on(fake_device(), 6, WIN_SLIDING, 14, 6);
+    lms_kv_seq *live, *gone;
+    assert_int_equal(lms_kv_seq_new(dk, &live), 0);
+    win_fill(dk, live, 801, 6);
+    assert_int_equal(lms_kv_seq_new(dk, &gone), 0);
+    win_fill(dk, gone, 802, 24);
+    lms_kv_seq_free(dk, gone); /* cached in both groups */
+    assert_int_equal(lms_kv_resume_ex(dk, st, "w", NULL, &r, &rs), 0);
+    assert_int_equal(rs.pages_written, 13);
+    assert_int_equal(kvt_diff(dk, r, 5, 37, 0), 0);
+    assert_int_equal(kvt_diff(dk, live, 801, 6, 0), 0);
+    lms_kv_stats dst;
+    lms_kv_get_stats(dk, &dst);
+    assert_true(dst.evictions > 0); /* group 0 had to evict */
+    assert_int_equal(lms__kv_check(dk), 0);
+    lms_kv_seq_free(dk, r);
+    /* failures injected into a windowed resume leave the cache unchanged */
+    int ok = 0, failed = 0;
+    for (long n = 1; n < 300 && !ok; n++) {
+        kvt_snap before = kvt_snapshot(dk);
+        r = NULL;
+        lms__fault_arm(LMS_FAULT_ALLOC, n, false);
+        int rc = lms_kv_resume(dk, st, "w", &r);
+        lms__fault_disarm_all();
+        if (rc == 0) {
+            assert_int_equal(kvt_diff(dk, r, 5, 37, 0), 0);
+            lms_kv_seq_free(dk, r);
+            ok++;
+        } else {
+            assert_null(r);
+            kvt_snap after = kvt_snapshot(dk);
+            kvt_assert_same(&before, &after);
+            free(after.buf);
+            failed++;
+        }
+        free(before.buf);
+        assert_int_equal(lms__kv_check(dk), 0);
+    }
+    assert_int_equal(ok, 1);
+    assert_true(failed > 0);
+    lms_kv_seq_free(dk, live);
+    assert_int_equal(lms_kv_destroy(dk), 0);
+
     /* gc keeps the window pages a session names */
     lms_gc_params gp = lms_gc_default_params();
     assert_int_equal(lms_store_gc(st, &gp, NULL, NULL, NULL), 0);
