@@ -98,6 +98,17 @@ static void import(lms_store *st, const char *dir, const char *name)
         fail_msg("import %s: %s", dir, lms_last_error());
 }
 
+/* A new store in a scratch folder holding the fixture `family` under its name; free the path. */
+static char *store_with(const char *tag, const char *family)
+{
+    char *sd = lms_test_tmpdir(tag);
+    lms_store *st;
+    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
+    import(st, fixture(family), family);
+    assert_int_equal(lms_store_close(st), 0);
+    return sd;
+}
+
 typedef struct rig {
     lms_store *st;
     lms_model *model;
@@ -388,11 +399,7 @@ static void session_roundtrip(const char *family)
     ref r;
     rig g;
     load_ref(family, &r);
-    char *sd = lms_test_tmpdir("sess");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture(family), family);
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("sess", family);
     const char *kinds[] = {"f32", "bf16"};
     for (int k = 0; k < 2; k++) {
         lms_dtype dt = k == 0 ? LMS_DTYPE_F32 : LMS_DTYPE_BF16;
@@ -507,11 +514,7 @@ static void prefix_reuse_is_reported_and_exact(void **s)
     ref r;
     rig g;
     load_ref("qwen2", &r);
-    char *sd = lms_test_tmpdir("prefix");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("qwen2"), "qwen2");
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("prefix", "qwen2");
     rig_open(&g, sd, "qwen2", LMS_DTYPE_F32, 0);
 
     /* a long prompt: the ppl ids (48 tokens = 3 pages) */
@@ -566,11 +569,7 @@ static void gemma3_window_pages_stay_bounded_over_a_generation_8x_the_window(voi
 {
     ref r;
     load_ref("gemma3", &r);
-    char *sd = lms_test_tmpdir("gwin");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("gemma3"), "gemma3");
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("gwin", "gemma3");
     int32_t ids[2][256];
     for (int k = 0; k < 2; k++) {
         /* 4 tokens a page: the window (16) is 4 pages; 16 tokens a page: 1 */
@@ -614,11 +613,7 @@ static void gemma3_prefix_reuse_and_regeneration_past_the_window(void **s)
     ref r;
     rig g;
     load_ref("gemma3", &r);
-    char *sd = lms_test_tmpdir("greuse");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("gemma3"), "gemma3");
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("greuse", "gemma3");
     rig_open(&g, sd, "gemma3", LMS_DTYPE_F32, 0);
     collect a = {0}, b = {0}, c = {0};
     lms_gen_params gp = greedy(30);
@@ -645,11 +640,7 @@ static void gemma3_prefix_reuse_and_regeneration_past_the_window(void **s)
 static void rss_flat_during_1000_token_generation(void **s)
 {
     rig g;
-    char *sd = lms_test_tmpdir("rss");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("llama"), "llama");
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("rss", "llama");
     rig_open(&g, sd, "llama", LMS_DTYPE_F16, 1100);
     collect *c = calloc(1, sizeof *c);
     lms_gen_params gp = greedy(1000);

@@ -73,6 +73,18 @@ static lms_device *cpu(void)
 static uint32_t g_window, g_window_pages;
 static const uint8_t g_sliding[2] = {1, 0};
 
+static lms_kv *make_kv(uint32_t pages, uint32_t P, uint32_t max_seqs);
+
+/* make_kv with layer 0 sliding over `window` positions, in a window group of window_pages. */
+static lms_kv *make_window_kv(uint32_t window, uint32_t window_pages, uint32_t pages, uint32_t P)
+{
+    g_window = window;
+    g_window_pages = window_pages;
+    lms_kv *kv = make_kv(pages, P, 4);
+    g_window = g_window_pages = 0;
+    return kv;
+}
+
 static lms_kv *make_kv(uint32_t pages, uint32_t P, uint32_t max_seqs)
 {
     lms_kv_layout L = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .dtype = LMS_DTYPE_F32, .page_tokens = P};
@@ -515,10 +527,7 @@ static void grow_by_ones(lms_kv *kv, lms_kv_seq *s, int32_t *toks, uint32_t from
 static void window_pages_in_use_stay_at_the_window_while_a_sequence_grows(void **st)
 {
     (void)st;
-    g_window = 8;
-    g_window_pages = 6;
-    lms_kv *kv = make_kv(40, 4, 4);
-    g_window = g_window_pages = 0;
+    lms_kv *kv = make_window_kv(8, 6, 40, 4);
     int32_t toks[128];
     for (int i = 0; i < 128; i++) toks[i] = 7 * i + 1;
     lms_kv_seq *s;
@@ -552,10 +561,7 @@ static void window_pages_in_use_stay_at_the_window_while_a_sequence_grows(void *
 static void truncate_past_the_window_reattaches_cached_window_pages_or_refuses(void **st)
 {
     (void)st;
-    g_window = 6;
-    g_window_pages = 12;
-    lms_kv *kv = make_kv(20, 4, 4);
-    g_window = g_window_pages = 0;
+    lms_kv *kv = make_window_kv(6, 12, 20, 4);
     int32_t a[40], b[40];
     for (int i = 0; i < 40; i++) a[i] = i + 1, b[i] = 100 + i;
     lms_kv_seq *s, *o;
@@ -614,10 +620,7 @@ static void truncate_past_the_window_reattaches_cached_window_pages_or_refuses(v
 static void lookup_keeps_only_a_prefix_whose_window_pages_are_cached(void **st)
 {
     (void)st;
-    g_window = 5;
-    g_window_pages = 8;
-    lms_kv *kv = make_kv(24, 4, 4);
-    g_window = g_window_pages = 0;
+    lms_kv *kv = make_window_kv(5, 8, 24, 4);
     int32_t a[40];
     for (int i = 0; i < 40; i++) a[i] = i + 1;
     lms_kv_seq *s, *t;
@@ -654,9 +657,7 @@ static void lookup_keeps_only_a_prefix_whose_window_pages_are_cached(void **st)
 static void fork_shares_window_pages_and_copies_a_shared_partial_one(void **st)
 {
     (void)st;
-    g_window = 6;
-    lms_kv *kv = make_kv(16, 4, 4);
-    g_window = 0;
+    lms_kv *kv = make_window_kv(6, 0, 16, 4);
     int32_t a[24], b[24];
     for (int i = 0; i < 24; i++) a[i] = i + 1, b[i] = i < 14 ? i + 1 : 50 + i;
     lms_kv_seq *s, *f;

@@ -401,6 +401,31 @@ static void sessions_are_listed_described_replaced_and_removed(void **st_)
     free(dir);
 }
 
+/* Resume `name` into kv with the nth fault of `kind` armed: it either gives
+ * exactly the n_tokens of kvt_fill's seed (freed again; returns true) or fails
+ * leaving kv exactly as it was (returns false). */
+static bool resume_under_fault(lms_kv *kv, lms_store *st, const char *name, int kind, long n, uint32_t seed,
+                               uint32_t n_tokens)
+{
+    lms_kv_seq *s = NULL;
+    kvt_snap before = kvt_snapshot(kv);
+    lms__fault_arm(kind, n, false);
+    int rc = lms_kv_resume(kv, st, name, &s);
+    lms__fault_disarm_all();
+    if (rc == 0) {
+        assert_int_equal(kvt_diff(kv, s, seed, n_tokens, 0), 0);
+        lms_kv_seq_free(kv, s);
+    } else {
+        assert_null(s);
+        kvt_snap after = kvt_snapshot(kv);
+        kvt_assert_same(&before, &after);
+        free(after.buf);
+    }
+    free(before.buf);
+    assert_int_equal(lms__kv_check(kv), 0);
+    return rc == 0;
+}
+
 /* Fail the Nth allocation / read of a resume for every N: each run either
  * succeeds exactly or fails leaving the cache unchanged; and fail the Nth
  * allocation / write / fsync of a save: it fails cleanly and no session of
@@ -415,25 +440,12 @@ static void injected_faults_leave_cache_and_store_consistent(void **st_)
     for (int k = 0; k < 3; k++) {
         int ok = 0, failed = 0;
         for (long n = 1; n < 400 && ok == 0; n++) {
-            lms_kv_seq *live, *s = NULL;
+            lms_kv_seq *live;
             lms_kv *kv = busy_cache(NULL, 0, &live);
-            kvt_snap before = kvt_snapshot(kv);
-            lms__fault_arm(kinds[k], n, false);
-            int rc = lms_kv_resume(kv, st, "s", &s);
-            lms__fault_disarm_all();
-            if (rc == 0) {
-                assert_int_equal(kvt_diff(kv, s, 31, 26, 0), 0);
-                lms_kv_seq_free(kv, s);
+            if (resume_under_fault(kv, st, "s", kinds[k], n, 31, 26))
                 ok++;
-            } else {
-                assert_null(s);
-                kvt_snap after = kvt_snapshot(kv);
-                kvt_assert_same(&before, &after);
-                free(after.buf);
+            else
                 failed++;
-            }
-            free(before.buf);
-            assert_int_equal(lms__kv_check(kv), 0);
             lms_kv_seq_free(kv, live);
             assert_int_equal(lms_kv_destroy(kv), 0);
         }
@@ -717,24 +729,10 @@ static void window_sessions_save_the_last_window_and_refuse_other_layouts(void *
     /* failures injected into a windowed resume leave the cache unchanged */
     int ok = 0, failed = 0;
     for (long n = 1; n < 300 && !ok; n++) {
-        kvt_snap before = kvt_snapshot(dk);
-        r = NULL;
-        lms__fault_arm(LMS_FAULT_ALLOC, n, false);
-        int rc = lms_kv_resume(dk, st, "w", &r);
-        lms__fault_disarm_all();
-        if (rc == 0) {
-            assert_int_equal(kvt_diff(dk, r, 5, 37, 0), 0);
-            lms_kv_seq_free(dk, r);
+        if (resume_under_fault(dk, st, "w", LMS_FAULT_ALLOC, n, 5, 37))
             ok++;
-        } else {
-            assert_null(r);
-            kvt_snap after = kvt_snapshot(dk);
-            kvt_assert_same(&before, &after);
-            free(after.buf);
+        else
             failed++;
-        }
-        free(before.buf);
-        assert_int_equal(lms__kv_check(dk), 0);
     }
     assert_int_equal(ok, 1);
     assert_true(failed > 0);
