@@ -14,7 +14,6 @@
  * transformers config class uses for absent keys; configs written by
  * transformers often leave defaults out) fill what neither has.
  */
-#include <assert.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -189,8 +188,16 @@ static int text_part(const lms__family *f, const cJSON *root, const char *arch, 
     }
     if (f->defaults) {
         cJSON *d = cJSON_Parse(f->defaults), *it;
-        assert(d && cJSON_IsObject(d));
-        cJSON_ArrayForEach(it, d) if (!get(t, it->string)) cJSON_AddItemToObject(t, it->string, cJSON_Duplicate(it, 1));
+        if (!d) {
+            cJSON_Delete(t);
+            return LMS_ENOMEM; /* the family's own JSON: only memory can fail it */
+        }
+        cJSON_ArrayForEach(it, d)
+        {
+            cJSON *v = get(t, it->string) ? NULL : cJSON_Duplicate(it, 1);
+            if (v)
+                cJSON_AddItemToObject(t, it->string, v);
+        }
         cJSON_Delete(d);
     }
     *out = t;
