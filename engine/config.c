@@ -6,6 +6,13 @@
  * rope_theta, ...}. Anything the engine does not run (an unknown
  * architecture, activation, RoPE type, sliding window ...) fails here, at
  * load, with a message naming it.
+ *
+ * A multimodal checkpoint (a family's mm_archs, e.g.
+ * Gemma3ForConditionalGeneration) is read for its language model: the
+ * fields come from its text_config (eos/bos and tied embeddings from the top
+ * level when text_config lacks them). A family's defaults (the values its
+ * transformers config class uses for absent keys; configs written by
+ * transformers often leave defaults out) fill what neither has.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -14,7 +21,8 @@
 
 #include "engine/internal.h"
 
-static const lms__family *const families[] = {&lms__family_llama, &lms__family_qwen2, &lms__family_qwen3};
+static const lms__family *const families[] = {&lms__family_llama, &lms__family_qwen2, &lms__family_qwen3,
+                                               &lms__family_gemma3};
 
 static const cJSON *get(const cJSON *o, const char *k)
 {
@@ -96,22 +104,10 @@ static int add_eos(lms__hparams *hp, const cJSON *v, const char *file, const cha
     return 0;
 }
 
-static int parse_rope(lms__hparams *hp, const cJSON *root, const char *src)
+int lms__config_rope(lms__hparams *hp, const void *params_, const char *src)
 {
     int rc;
-    const cJSON *rp = get(root, "rope_parameters");
-    const cJSON *rs = get(root, "rope_scaling");
-    const cJSON *params = NULL;
-    if (rp && !cJSON_IsObject(rp))
-        return lms__err(LMS_EFORMAT, "%s: config.json: 'rope_parameters' must be an object", src);
-    if (rs && !cJSON_IsObject(rs))
-        return lms__err(LMS_EFORMAT, "%s: config.json: 'rope_scaling' must be an object or null", src);
-    /* theta: rope_parameters.rope_theta, else top-level rope_theta, else 10000 */
-    if ((rc = get_f64(root, "rope_theta", 10000.0, 1.0, 1e12, src, &hp->rope_theta)))
-        return rc;
-    if (rp && (rc = get_f64(rp, "rope_theta", hp->rope_theta, 1.0, 1e12, src, &hp->rope_theta)))
-        return rc;
-    params = rs ? rs : rp;
+    const cJSON *params = params_;
     hp->rope_kind = LMS__ROPE_DEFAULT;
     if (!params)
         return 0;
@@ -142,19 +138,85 @@ static int parse_rope(lms__hparams *hp, const cJSON *root, const char *src)
                     src, t);
 }
 
+static int parse_rope(lms__hparams *hp, const cJSON *root, const char *src)
+{
+    int rc;
+    const cJSON *rp = get(root, "rope_parameters");
+    const cJSON *rs = get(root, "rope_scaling");
+    if (rp && !cJSON_IsObject(rp))
+        return lms__err(LMS_EFORMAT, "%s: config.json: 'rope_parameters' must be an object", src);
+    if (rs && !cJSON_IsObject(rs))
+        return lms__err(LMS_EFORMAT, "%s: config.json: 'rope_scaling' must be an object or null", src);
+    /* theta: rope_parameters.rope_theta, else top-level rope_theta, else 10000 */
+    if ((rc = get_f64(root, "rope_theta", 10000.0, 1.0, 1e12, src, &hp->rope_theta)))
+        return rc;
+    if (rp && (rc = get_f64(rp, "rope_theta", hp->rope_theta, 1.0, 1e12, src, &hp->rope_theta)))
+        return rc;
+    return lms__config_rope(hp, rs ? rs : rp, src);
+}
+
+static bool in_list(const char *const *list, const char *s)
+{
+    for (; list && *list && s; list++)
+        if (!strcmp(*list, s))
+            return true;
+    return false;
+}
+
+/* The object the hyper-parameters are read from (see the file's opening
+ * comment): a copy of the config, or of its text_config; the caller frees it. */
+static int text_part(const lms__family *f, const cJSON *root, const char *arch, const char *mtype, const char *src,
+                     cJSON **out)
+{
+    cJSON *t;
+    *out = NULL;
+    if (in_list(f->mm_archs, arch) || (!arch && f->mm_model_type && mtype && !strcmp(mtype, f->mm_model_type))) {
+        const cJSON *tc = get(root, "text_config");
+        if (!tc || !cJSON_IsObject(tc))
+            return lms__err(LMS_EFORMAT, "%s: config.json: %s needs a 'text_config' object (its language model)", src,
+                            arch ? arch : mtype);
+        if (!(t = cJSON_Duplicate(tc, 1)))
+            return LMS_ENOMEM;
+        static const char *const from_top[] = {"eos_token_id", "bos_token_id", "tie_word_embeddings"};
+        for (size_t i = 0; i < LMS_ARRAY_LEN(from_top); i++) {
+            const cJSON *v = get(root, from_top[i]);
+            if (v && !get(t, from_top[i]))
+                cJSON_AddItemToObject(t, from_top[i], cJSON_Duplicate(v, 1));
+        }
+    } else if (!(t = cJSON_Duplicate(root, 1))) {
+        return LMS_ENOMEM;
+    }
+    if (f->defaults) {
+        cJSON *d = cJSON_Parse(f->defaults), *it;
+        if (!d) {
+            cJSON_Delete(t);
+            return LMS_ENOMEM; /* the family's own JSON: only memory can fail it */
+        }
+        cJSON_ArrayForEach(it, d)
+        {
+            cJSON *v = get(t, it->string) ? NULL : cJSON_Duplicate(it, 1);
+            if (v)
+                cJSON_AddItemToObject(t, it->string, v);
+        }
+        cJSON_Delete(d);
+    }
+    *out = t;
+    return 0;
+}
+
 int lms__config_parse(const char *config, const char *gen_config, const char *src, lms__hparams *hp)
 {
     int rc = 0;
-    cJSON *root = NULL, *gen = NULL;
+    cJSON *top = NULL, *root = NULL, *gen = NULL;
     memset(hp, 0, sizeof *hp);
     hp->bos_id = -1;
-    root = cJSON_Parse(config);
-    if (!root || !cJSON_IsObject(root)) {
+    top = cJSON_Parse(config);
+    if (!top || !cJSON_IsObject(top)) {
         rc = lms__err(LMS_EFORMAT, "%s: config.json is not a JSON object", src);
         goto out;
     }
     /* family from architectures[0], else model_type */
-    const cJSON *archs = get(root, "architectures"), *mt = get(root, "model_type");
+    const cJSON *archs = get(top, "architectures"), *mt = get(top, "model_type");
     const char *arch = NULL;
     if (archs && cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0 &&
         cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
@@ -163,20 +225,22 @@ int lms__config_parse(const char *config, const char *gen_config, const char *sr
     for (size_t i = 0; i < LMS_ARRAY_LEN(families) && !hp->family; i++) {
         const lms__family *f = families[i];
         if (arch) {
-            for (const char *const *a = f->archs; *a; a++)
-                if (!strcmp(*a, arch))
-                    hp->family = f;
-        } else if (mtype && !strcmp(mtype, f->model_type)) {
+            if (in_list(f->archs, arch) || in_list(f->mm_archs, arch))
+                hp->family = f;
+        } else if (mtype && (!strcmp(mtype, f->model_type) || (f->mm_model_type && !strcmp(mtype, f->mm_model_type)))) {
             hp->family = f;
         }
     }
     if (!hp->family) {
         rc = lms__err(LMS_EUNSUPPORTED,
-                      "%s: architecture '%s' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM are)",
+                      "%s: architecture '%s' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                      "Gemma3ForCausalLM, Gemma3ForConditionalGeneration are)",
                       src, arch ? arch : mtype ? mtype : "(none in config.json)");
         goto out;
     }
     snprintf(hp->arch_name, sizeof hp->arch_name, "%s", arch ? arch : mtype);
+    if ((rc = text_part(hp->family, top, arch, mtype, src, &root)))
+        goto out;
 
     const long long MAXD = 1 << 20;
     if ((rc = get_u32(root, "vocab_size", -1, 1, 1 << 24, src, &hp->n_vocab)) ||
@@ -211,12 +275,14 @@ int lms__config_parse(const char *config, const char *gen_config, const char *sr
     const cJSON *act = get(root, "hidden_act");
     if (!act)
         act = get(root, "hidden_activation");
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu"))) {
-        rc = lms__err(LMS_EUNSUPPORTED, "%s: config.json: hidden_act '%s' is not supported (silu is)", src,
-                      cJSON_IsString(act) ? act->valuestring : "?");
+    hp->act = LMS__ACT_SILU;
+    if (act && cJSON_IsString(act) && !strcmp(act->valuestring, "gelu_pytorch_tanh"))
+        hp->act = LMS__ACT_GELU_TANH;
+    else if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu"))) {
+        rc = lms__err(LMS_EUNSUPPORTED, "%s: config.json: hidden_act '%s' is not supported (silu, gelu_pytorch_tanh are)",
+                      src, cJSON_IsString(act) ? act->valuestring : "?");
         goto out;
     }
-    hp->act = LMS__ACT_SILU;
     hp->embed_scale = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if ((rc = get_bool(root, "tie_word_embeddings", false, src, &hp->tie_embeddings)))
@@ -246,6 +312,7 @@ int lms__config_parse(const char *config, const char *gen_config, const char *sr
     }
     rc = hp->family->configure(hp, root, src);
 out:
+    cJSON_Delete(top);
     cJSON_Delete(root);
     cJSON_Delete(gen);
     return rc;

@@ -213,18 +213,29 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
     return 0;
 }
 
-/* The KV cache on the engine's device (lms_kv_create touches its arena, so
- * that memory stays flat while tokens flow). */
+/* The KV cache on the engine's device, its arena touched now so that memory
+ * stays flat while tokens flow. Sliding-window layers get the cache's window
+ * group, sized for what sequences hold of it (not for n_ctx): the last window
+ * and a prefill block, for the live sequence and one more (a resumed session,
+ * a looked-up prefix), and as many again for pages that slid out, which a
+ * prefix lookup or a truncation may attach again. */
 static int create_kv(lms_engine *e, const lms__hparams *hp, const uint8_t *model_id)
 {
     int rc;
-    lms_kv_layout lay = {hp->n_layers, hp->n_kv_heads, hp->head_dim, e->p.kv_dtype, e->p.kv_page_tokens};
+    uint32_t P = e->p.kv_page_tokens;
+    lms_kv_layout lay = {hp->n_layers, hp->n_kv_heads, hp->head_dim, e->p.kv_dtype, P, 0, NULL};
     lms_kv_params kp = lms_kv_default_params();
-    uint64_t pages_ctx = (e->p.n_ctx + e->p.kv_page_tokens - 1) / e->p.kv_page_tokens + 1;
+    uint64_t pages_ctx = (e->p.n_ctx + P - 1) / P + 1;
     if (e->p.kv_bytes)
         kp.budget_bytes = e->p.kv_bytes;
     else
         kp.budget_pages = 2 * pages_ctx;
+    if (hp->window) {
+        uint64_t per_seq = ((uint64_t)hp->window + e->p.prefill_block + P - 1) / P + 2;
+        lay.window = hp->window;
+        lay.sliding = hp->sliding;
+        kp.window_pages = LMS_MIN(4 * per_seq, 2 * pages_ctx);
+    }
     kp.max_seqs = 4;
     kp.max_seq_tokens = e->p.n_ctx;
     memcpy(kp.model_id, model_id, LMS_MODEL_ID_LEN);
@@ -241,7 +252,28 @@ static int create_kv(lms_engine *e, const lms__hparams *hp, const uint8_t *model
     e->kvv.v_offset = g.v_offset;
     e->kvv.layer_bytes = g.layer_bytes;
     e->kvv.page_bytes = g.page_bytes;
+    if (hp->window) {
+        if (!(e->kv_group = lms__malloc(hp->n_layers)) || !(e->kv_index = lms__malloc(hp->n_layers * sizeof(uint32_t))))
+            return LMS_ENOMEM;
+        for (uint32_t l = 0; l < hp->n_layers; l++)
+            e->kv_group[l] = (uint8_t)lms_kv_layer_group(e->kv, l, &e->kv_index[l]);
+        e->kvv.window = hp->window;
+        e->kvv.group = e->kv_group;
+        e->kvv.index = e->kv_index;
+        e->kvv.wbase = g.window_base;
+        e->kvv.wpage_bytes = g.window_page_bytes;
+    }
     return 0;
+}
+
+/* The view's block tables: the sequence's now. */
+static void view_tables(lms_engine *e)
+{
+    uint32_t np;
+    e->kvv.pages = lms_kv_seq_pages(e->seq, &np);
+    e->kvv.n_pages = np;
+    if (e->kvv.window)
+        e->kvv.wpages = lms_kv_seq_window_pages(e->seq, &e->kvv.wfirst, &np);
 }
 
 /* The backend of the engine's device; every matrix must be on that device. */
@@ -319,6 +351,7 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
 
     if (!(e->tokbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
         !(e->evalbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
+        !(e->keepbuf = lms__malloc(((size_t)e->p.n_ctx + 2) * sizeof(int32_t))) ||
         !(e->logits = lms__aligned_alloc(64, (size_t)hp->n_vocab * sizeof(float)))) {
         rc = LMS_ENOMEM;
         goto fail;
@@ -391,6 +424,9 @@ void lms_engine_free(lms_engine *e)
     lms__weights_release(&e->w);
     lms__free(e->tokbuf);
     lms__free(e->evalbuf);
+    lms__free(e->keepbuf);
+    lms__free(e->kv_group);
+    lms__free(e->kv_index);
     lms__free(e->logits);
     lms__free(e);
 }
@@ -428,37 +464,83 @@ const char *lms__engine_kernels(const lms_engine *e) { return lms__fwd_describe(
 
 size_t lms__engine_len(const lms_engine *e) { return lms_kv_seq_len(e->seq) + (e->pending >= 0); }
 
+static int run_tokens_out(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all, int32_t *argmax);
+
+/* Make the computed sequence its first n tokens (n <= its length). With
+ * sliding-window layers the window pages those need may be gone (given back
+ * and evicted): then the sequence goes back to where they are there
+ * (lms_kv_seq_keepable) and the tokens after that are run again. If that run
+ * fails, the sequence is left where the failure left it (at least m tokens)
+ * and the error returned: a failure while restoring does not restore again. */
+static int keep_tokens(lms_engine *e, uint32_t n)
+{
+    uint32_t m = lms_kv_seq_keepable(e->kv, e->seq, n);
+    if (m == n)
+        return lms_kv_seq_truncate(e->kv, e->seq, n);
+    lms_kv_seq_tokens(e->kv, e->seq, e->keepbuf, n);
+    int rc = lms_kv_seq_truncate(e->kv, e->seq, m);
+    assert(!rc); /* keepable said so */
+    lms__debug("%s: recomputing %u tokens whose sliding-window K/V were given back", e->name, n - m);
+    e->restoring = true;
+    rc = run_tokens_out(e, e->keepbuf + m, n - m, NULL, false, NULL);
+    e->restoring = false;
+    return rc;
+}
+
 /* Run tokens (all new) through the model after the computed part of the
  * sequence. Output: logits (the last row's, or every row's with all), or
- * with argmax the last row's largest logit's id computed on the device. */
+ * with argmax the last row's largest logit's id computed on the device.
+ * Without sliding-window layers every position is reserved first and
+ * committed at the end; with them each prefill block is appended and
+ * committed in turn, so that window pages slide along the prompt. After a
+ * failure the sequence is as it was (keep_tokens). */
 static int run_tokens_out(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all, int32_t *argmax)
 {
-    uint32_t len = lms_kv_seq_len(e->seq), np;
+    uint32_t len = lms_kv_seq_len(e->seq);
+    bool windowed = e->kvv.window != 0;
     int rc;
     assert(lms_kv_seq_committed(e->seq) == len);
     if (n > e->p.n_ctx || len + n > e->p.n_ctx)
         return lms__err(LMS_ENOSPACE, "%s: %zu more tokens would pass the context of %u tokens (%u in use)",
                         e->name, n, e->p.n_ctx, len);
-    if ((rc = lms_kv_seq_append(e->kv, e->seq, toks, (uint32_t)n)))
+    if (!windowed && (rc = lms_kv_seq_append(e->kv, e->seq, toks, (uint32_t)n)))
         return rc;
-    e->kvv.pages = lms_kv_seq_pages(e->seq, &np);
-    e->kvv.n_pages = np;
+    view_tables(e);
     uint32_t B = e->p.prefill_block, V = e->hp.n_vocab;
     for (size_t i = 0; i < n; i += B) {
-        uint32_t nb = (uint32_t)LMS_MIN((size_t)B, n - i);
+        uint32_t nb = (uint32_t)LMS_MIN((size_t)B, n - i), pos = len + (uint32_t)i;
         bool last = i + nb == n;
+        if (windowed) {
+            if ((rc = lms_kv_seq_append(e->kv, e->seq, toks + i, nb)))
+                goto fail;
+            view_tables(e);
+        }
         if (last && argmax) {
-            rc = lms__fwd_block_argmax(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, argmax);
+            rc = lms__fwd_block_argmax(e->fwd, toks + i, nb, pos, &e->kvv, argmax);
         } else {
             float *lg = !logits ? NULL : all ? logits + i * V : last ? logits : NULL;
-            rc = lms__fwd_block(e->fwd, toks + i, nb, len + (uint32_t)i, &e->kvv, lg, all);
+            rc = lms__fwd_block(e->fwd, toks + i, nb, pos, &e->kvv, lg, all);
         }
-        if (rc) {
-            lms_kv_seq_truncate(e->kv, e->seq, len);
-            return rc;
-        }
+        if (!rc && windowed)
+            rc = lms_kv_seq_commit(e->kv, e->seq, pos + nb);
+        if (rc)
+            goto fail;
     }
-    return lms_kv_seq_commit(e->kv, e->seq, len + (uint32_t)n);
+    return windowed ? 0 : lms_kv_seq_commit(e->kv, e->seq, len + (uint32_t)n);
+fail:
+    if (!windowed) {
+        lms_kv_seq_truncate(e->kv, e->seq, len);
+    } else {
+        /* what this call committed, then back to len (the error of the step first) */
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", lms_last_error());
+        lms_kv_seq_truncate(e->kv, e->seq, lms_kv_seq_committed(e->seq));
+        if (!e->restoring && keep_tokens(e, len))
+            lms__warn("%s: after a failed step the sequence could not be restored to %u tokens: %s", e->name, len,
+                      lms_last_error());
+        lms__err(rc, "%s", detail);
+    }
+    return rc;
 }
 
 static int run_tokens(lms_engine *e, const int32_t *toks, size_t n, float *logits, bool all)
@@ -531,7 +613,13 @@ int lms_engine_truncate(lms_engine *e, size_t n_keep)
     if (n_keep > len)
         return 0; /* keeps the pending token */
     e->pending = -1;
-    return lms_kv_seq_truncate(e->kv, e->seq, (uint32_t)n_keep);
+    return keep_tokens(e, (uint32_t)n_keep);
+}
+
+size_t lms__engine_keepable(const lms_engine *e, size_t n)
+{
+    uint32_t len = lms_kv_seq_len(e->seq);
+    return n > len ? n : lms_kv_seq_keepable(e->kv, e->seq, (uint32_t)n);
 }
 
 void lms_engine_reset(lms_engine *e)

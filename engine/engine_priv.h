@@ -29,6 +29,10 @@ struct lms_engine {
     lms_tokenizer *tok;   /* NULL without tokenizer.json */
     int32_t *tokbuf;      /* [n_ctx + 2]: lms_engine_tokens */
     int32_t *evalbuf;     /* [n_ctx + 2]: pending + new tokens */
+    int32_t *keepbuf;     /* [n_ctx + 2]: tokens run again by keep_tokens */
+    bool restoring;       /* keep_tokens is running tokens again (a failure then stays as it is) */
+    uint8_t *kv_group;    /* [n_layers] with sliding-window layers: each layer's KV group (kvv.group) */
+    uint32_t *kv_index;   /* [n_layers] ... and its index in that group (kvv.index) */
     float *logits;        /* [n_vocab]: generate */
     double load_ms;
 };
@@ -49,4 +53,7 @@ int lms__engine_step(lms_engine *e, float *logits);
 bool lms__engine_has_argmax(const lms_engine *e);
 int lms__engine_step_argmax(lms_engine *e, int32_t *id);
 uint32_t lms__engine_lookup(lms_engine *e, const int32_t *toks, uint32_t n, uint32_t have);
+/* The longest prefix of at most n tokens the sequence can keep without running
+ * any again (n itself, but for sliding-window K/V that were given back). */
+size_t lms__engine_keepable(const lms_engine *e, size_t n);
 #endif

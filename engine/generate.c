@@ -94,6 +94,7 @@ int lms_generate(lms_engine *e, const lms_gen_params *gp_in, const int32_t *prom
         while (c < ncur && c < n_prompt && cur[c] == prompt[c]) c++;
     if (c >= n_prompt)
         c = n_prompt - 1;
+    c = lms__engine_keepable(e, c); /* sliding-window K/V given back: recompute from there */
     if ((rc = lms_engine_truncate(e, c)))
         goto out;
     if (!gp.no_prefix_reuse && c + 1 < n_prompt)

@@ -6,7 +6,7 @@
  *
  * Layering (each file says which part it is):
  *   config.c            config.json -> lms__hparams (families check their settings)
- *   model_llama.c, model_qwen2.c, model_qwen3.c
+ *   model_llama.c, model_qwen2.c, model_qwen3.c, model_gemma3.c
  *                       one family each: architecture names, defaults, which
  *                       optional tensors (biases, q/k norms) exist
  *   weights.c           binds tensor views from a weight source (the loader's
@@ -31,6 +31,7 @@
 #include "lmstore/store.h"
 
 #define LMS__MAX_EOS 8
+#define LMS__MAX_LAYERS 4096 /* config.c's bound on num_hidden_layers */
 
 /* ---- hyper-parameters ------------------------------------------------------------ */
 
@@ -68,6 +69,12 @@ typedef struct lms__hparams {
     float attn_scale;        /* attention score scale; 1/sqrt(head_dim) unless the family says */
     float attn_softcap;      /* scores capped to c * tanh(s / c); 0 = none */
     float final_softcap;     /* logits capped likewise; 0 = none */
+    uint32_t window;         /* sliding window of the layers marked in `sliding`; 0 = none */
+    uint8_t sliding[LMS__MAX_LAYERS]; /* [n_layers] 1 = a sliding-window (local) layer */
+    double rope_local_theta; /* RoPE base of the sliding layers (unscaled); 0 = the global table */
+    bool norm_plus_one;      /* RMSNorm weights are stored as w and used as 1 + w (Gemma) */
+    bool post_norms;         /* RMSNorm of the attention and MLP outputs before each residual add,
+                                and a separate pre-MLP norm (Gemma's four norms per layer) */
     int32_t bos_id;          /* -1 = none */
     int32_t eos_ids[LMS__MAX_EOS];
     int n_eos;
@@ -75,17 +82,25 @@ typedef struct lms__hparams {
 
 /* A model family: the architectures it runs and its settings check. */
 typedef struct lms__family {
-    const char *name;               /* "llama", "qwen2", "qwen3" */
+    const char *name;               /* "llama", "qwen2", "qwen3", "gemma3" */
     const char *const *archs;       /* config "architectures" names, NULL-terminated */
     const char *model_type;         /* config "model_type" */
-    /* Fill family-specific fields from the parsed config (cJSON *), checking
-     * settings; LMS_EUNSUPPORTED naming the setting. */
+    /* Fill family-specific fields from the parsed config (cJSON *: the text
+     * model's part, defaults filled in), checking settings; LMS_EUNSUPPORTED
+     * naming the setting. */
     int (*configure)(lms__hparams *hp, const void *cjson_root, const char *src);
+    /* (optional) multimodal architectures (and their model_type) whose language
+     * model this family runs: read from their config's text_config */
+    const char *const *mm_archs;
+    const char *mm_model_type;
+    /* (optional) a JSON object of config values for keys a config leaves out */
+    const char *defaults;
 } lms__family;
 
 extern const lms__family lms__family_llama;
 extern const lms__family lms__family_qwen2;
 extern const lms__family lms__family_qwen3;
+extern const lms__family lms__family_gemma3;
 
 /*
  * Parse config.json text (and optionally generation_config.json text, may be
@@ -93,6 +108,9 @@ extern const lms__family lms__family_qwen3;
  * malformed file or field, LMS_EUNSUPPORTED naming an architecture or setting.
  */
 int lms__config_parse(const char *config, const char *gen_config, const char *src, lms__hparams *hp);
+/* RoPE type and scaling from one settings object ({rope_type | type, factor,
+ * ...}, a cJSON *; NULL = default) into hp (rope_theta is the caller's). */
+int lms__config_rope(lms__hparams *hp, const void *params, const char *src);
 
 /* ---- weights -------------------------------------------------------------------- */
 
@@ -107,7 +125,8 @@ typedef struct lms__wt {
 typedef struct lms__layer_w {
     lms__wt wq, wk, wv, wo;         /* [n_heads*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_heads*hd] */
     lms__wt w_gate, w_up, w_down;   /* [n_ff][n_embd] x2, [n_embd][n_ff] */
-    float *attn_norm, *ffn_norm;    /* [n_embd], f32 copies (small) */
+    float *attn_norm, *ffn_norm;    /* [n_embd], f32 copies (small); ffn_norm is the MLP's input norm */
+    float *post_attn_norm, *post_ffn_norm; /* [n_embd] with hp->post_norms, else NULL */
     float *bq, *bk, *bv, *bo;       /* biases or NULL */
     float *q_norm, *k_norm;         /* [head_dim] or NULL */
 } lms__layer_w;
@@ -195,15 +214,47 @@ void lms__row_to_f32(const lms__wt *w, uint32_t row, float *out);
 
 /* ---- forward pass (layers.c) ------------------------------------------------------- */
 
-/* Where K/V live: the kvcache's page-major arena (see lmstore/kvcache.h). */
+/* Where K/V live: the kvcache's page-major arena (see lmstore/kvcache.h).
+ * With sliding-window layers (window > 0) their K/V are in the cache's
+ * window group: its own pages and block table, the table's entries valid
+ * from wfirst on (older window pages are given back); every other layer
+ * is in group 0 (base, page_bytes, pages). A zeroed window part (window 0,
+ * group NULL) is one group holding every layer, the layout before windows. */
 typedef struct lms__kvview {
-    uint8_t *base;         /* the arena: a device address on a device backend */
+    uint8_t *base;         /* group 0's pages: a device address on a device backend */
     lms_dtype dtype;
     uint32_t page_tokens;
     size_t elem_size, token_bytes, head_bytes, v_offset, layer_bytes, page_bytes;
     const uint32_t *pages; /* block table of the sequence (host memory) */
-    uint32_t n_pages;      /* entries of pages */
+    uint32_t n_pages;      /* entries of pages (and of wpages) */
+    uint32_t window;       /* 0: one group */
+    const uint8_t *group;  /* [n_layers] 1 = in the window group; NULL: every layer in group 0 */
+    const uint32_t *index; /* [n_layers] the layer's index among its group's layers (with group) */
+    uint8_t *wbase;        /* the window group's pages (device address on a device backend) */
+    size_t wpage_bytes;    /* stride between them */
+    const uint32_t *wpages; /* its block table (host memory): entries [wfirst, n_pages) */
+    uint32_t wfirst;
 } lms__kvview;
+
+/* Layer l's K/V in a view: its group's pages, their stride and block table,
+ * and the layer's byte offset within a page. */
+typedef struct lms__kvloc {
+    uint8_t *base;
+    size_t page_bytes, layer_off;
+    const uint32_t *pages;
+    int group;
+} lms__kvloc;
+
+static inline lms__kvloc lms__kv_layer(const lms__kvview *kv, uint32_t l)
+{
+    lms__kvloc o;
+    o.group = kv->group ? kv->group[l] : 0;
+    o.layer_off = (size_t)(kv->group ? kv->index[l] : l) * kv->layer_bytes;
+    o.base = o.group ? kv->wbase : kv->base;
+    o.page_bytes = o.group ? kv->wpage_bytes : kv->page_bytes;
+    o.pages = o.group ? kv->wpages : kv->pages;
+    return o;
+}
 
 typedef struct lms__fwd lms__fwd;
 struct lms__fwd_ops;

@@ -2,9 +2,12 @@
  * engine/layers.c - the forward pass shared by every family, written once
  * against the backend table (engine/backend.h): for a block of tokens,
  * embedding -> per layer [RMSNorm + q/k/v projections (+ biases), per-head
- * q/k RMSNorm (qwen3), RoPE, K/V written into the paged cache, causal
- * attention over the cache's pages read in place, o projection + residual,
- * RMSNorm + gated MLP + residual] -> final RMSNorm -> LM head.
+ * q/k RMSNorm (qwen3, gemma3), RoPE, K/V written into the paged cache, causal
+ * attention over the cache's pages read in place (a sliding-window layer:
+ * the last `window` positions, with its own RoPE table), o projection +
+ * residual, RMSNorm + gated MLP + residual] -> final RMSNorm -> LM head.
+ * With post_norms (Gemma 3) the attention and MLP outputs are RMSNorm'd
+ * before their residual adds.
  *
  * The backend fuses what it can (an input's RMSNorm or gated activation into
  * the matrix product that reads it, biases and residual adds into its
@@ -52,10 +55,14 @@ uint32_t lms__buf_width(const lms__hparams *hp, lms__buf b)
 void lms__rope_freqs(const lms__hparams *hp, int which, float *inv_freq)
 {
     uint32_t hd = hp->head_dim;
-    (void)which; /* one table until a family with local layers sets its own */
+    /* the local (sliding-window) layers' table: their own base, never scaled
+     * (Gemma 3's rope_local_base_freq); without one, the global table */
+    bool local = which == LMS__ROPE_LOCAL && hp->rope_local_theta > 0;
     for (uint32_t i = 0; i < hd / 2; i++) {
-        double f = 1.0 / pow(hp->rope_theta, (double)(2 * i) / hd);
-        if (hp->rope_kind == LMS__ROPE_LINEAR) {
+        double f = 1.0 / pow(local ? hp->rope_local_theta : hp->rope_theta, (double)(2 * i) / hd);
+        if (local) {
+            /* unscaled */
+        } else if (hp->rope_kind == LMS__ROPE_LINEAR) {
             f /= hp->rope_factor;
         } else if (hp->rope_kind == LMS__ROPE_LLAMA3) {
             double old = hp->rope_orig_max_pos, lf = hp->rope_low_freq, hf = hp->rope_high_freq;
@@ -116,6 +123,10 @@ static void layer(lms__fwd *f, uint32_t l)
     const lms__hparams *hp = f->hp;
     const lms__layer_w *L = &f->w->layers[l];
     lms__bk *b = f->bk;
+    bool local = hp->window && hp->sliding[l];
+    /* without post-norms the attention and MLP outputs add to X in the matrix
+     * product's epilogue; with them they go to T, normalized into X after */
+    lms__buf out = hp->post_norms ? LMS__B_T : LMS__B_X;
 
     lms__mm qkv[3] = {
         {&L->wq, LMS__B_X, L->attn_norm, LMS__ACT_NONE, 0, LMS__B_Q, L->bq, false},
@@ -123,18 +134,22 @@ static void layer(lms__fwd *f, uint32_t l)
         {&L->wv, LMS__B_X, L->attn_norm, LMS__ACT_NONE, 0, LMS__B_V, L->bv, false},
     };
     o->matmul(b, qkv, 3);
-    o->qk_rope(b, l, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
-    o->attention(b, l, 0, hp->attn_scale, hp->attn_softcap);
-    lms__mm wo = {&L->wo, LMS__B_ATT, NULL, LMS__ACT_NONE, 0, LMS__B_X, L->bo, true};
+    o->qk_rope(b, l, L->q_norm, L->k_norm, local ? LMS__ROPE_LOCAL : LMS__ROPE_GLOBAL);
+    o->attention(b, l, local ? hp->window : 0, hp->attn_scale, hp->attn_softcap);
+    lms__mm wo = {&L->wo, LMS__B_ATT, NULL, LMS__ACT_NONE, 0, out, L->bo, !hp->post_norms};
     o->matmul(b, &wo, 1);
+    if (hp->post_norms)
+        o->norm_add(b, LMS__B_X, LMS__B_T, L->post_attn_norm);
 
     lms__mm gu[2] = {
         {&L->w_gate, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_G, NULL, false},
         {&L->w_up, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_U, NULL, false},
     };
     o->matmul(b, gu, 2);
-    lms__mm down = {&L->w_down, LMS__B_G, NULL, hp->act, LMS__B_U, LMS__B_X, NULL, true};
+    lms__mm down = {&L->w_down, LMS__B_G, NULL, hp->act, LMS__B_U, out, NULL, !hp->post_norms};
     o->matmul(b, &down, 1);
+    if (hp->post_norms)
+        o->norm_add(b, LMS__B_X, LMS__B_T, L->post_ffn_norm);
 }
 
 /* ---- a block ---------------------------------------------------------------------------------- */

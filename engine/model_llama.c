@@ -23,4 +23,4 @@ static int configure(lms__hparams *hp, const void *root_, const char *src)
 }
 
 static const char *const archs[] = {"LlamaForCausalLM", NULL};
-const lms__family lms__family_llama = {"llama", archs, "llama", configure};
+const lms__family lms__family_llama = {"llama", archs, "llama", configure, NULL, NULL, NULL};

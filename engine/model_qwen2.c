@@ -16,4 +16,4 @@ static int configure(lms__hparams *hp, const void *root, const char *src)
 }
 
 static const char *const archs[] = {"Qwen2ForCausalLM", NULL};
-const lms__family lms__family_qwen2 = {"qwen2", archs, "qwen2", configure};
+const lms__family lms__family_qwen2 = {"qwen2", archs, "qwen2", configure, NULL, NULL, NULL};

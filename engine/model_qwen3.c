@@ -18,4 +18,4 @@ static int configure(lms__hparams *hp, const void *root_, const char *src)
 }
 
 static const char *const archs[] = {"Qwen3ForCausalLM", NULL};
-const lms__family lms__family_qwen3 = {"qwen3", archs, "qwen3", configure};
+const lms__family lms__family_qwen3 = {"qwen3", archs, "qwen3", configure, NULL, NULL, NULL};

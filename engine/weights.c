@@ -3,7 +3,14 @@
  * source (the loader's lms_model, or a safetensors folder), checking that
  * each is present with a supported dtype (BF16, F16, F32) and the shape the
  * config implies. Matrices are used in place (pointers into the mapping);
- * only the small vectors (norm weights, biases) are widened to f32 copies.
+ * only the small vectors (norm weights, biases) are widened to f32 copies
+ * (norms stored as w for (1 + w), Gemma's, get their 1 added then, so every
+ * norm the backends apply is a plain RMSNorm).
+ *
+ * A text model's tensors are found under "model." (...ForCausalLM), or under
+ * the language model of a multimodal checkpoint: "language_model.model." as
+ * checkpoints are published, "model.language_model." as transformers 5 saves
+ * them (the LM head: "lm_head.weight" or "language_model.lm_head.weight").
  */
 #include <assert.h>
 #include <stdio.h>
@@ -14,6 +21,7 @@
 typedef struct binder {
     const lms__wsrc *src;
     float *vec_next, *vec_end;
+    bool plus_one; /* norms are stored as w and applied as 1 + w */
 } binder;
 
 static int find(binder *b, const char *name, bool optional, uint32_t rows, uint32_t cols, lms__wt *out)
@@ -76,14 +84,42 @@ static int vec(binder *b, const char *name, bool optional, uint32_t n, float **o
     return 0;
 }
 
+/* A norm's weight: vec(), with 1 added when the family stores w for (1 + w), in f32
+ * as transformers computes (1.0 + weight.float()). */
+static int norm(binder *b, const char *name, uint32_t n, float **out)
+{
+    int rc = vec(b, name, false, n, out);
+    if (!rc && b->plus_one)
+        for (uint32_t i = 0; i < n; i++) (*out)[i] += 1.0f;
+    return rc;
+}
+
+/* The prefix of the text model's tensors (see the opening comment). */
+static const char *text_prefix(const lms__wsrc *src)
+{
+    static const char *const prefixes[] = {"model.", "language_model.model.", "model.language_model."};
+    char name[64];
+    for (size_t i = 0; i < LMS_ARRAY_LEN(prefixes); i++) {
+        lms_dtype dt;
+        uint32_t nd;
+        uint64_t shape[LMS_MAX_DIMS], nb;
+        const void *d, *dv;
+        snprintf(name, sizeof name, "%sembed_tokens.weight", prefixes[i]);
+        if (src->tensor(src->ctx, name, &dt, &nd, shape, &d, &dv, &nb) == 0)
+            return prefixes[i];
+    }
+    return prefixes[0]; /* its absence is reported by the binder, named */
+}
+
 int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights *w)
 {
     int rc;
-    char name[160];
-    binder b = {src, NULL, NULL};
+    char name[200];
+    binder b = {src, NULL, NULL, hp->norm_plus_one};
     uint32_t E = hp->n_embd, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const char *pre = text_prefix(src);
     memset(w, 0, sizeof *w);
-    size_t per_layer = 2 * (size_t)E + qd + 2 * (size_t)kvd + E + 2 * (size_t)hd;
+    size_t per_layer = 4 * (size_t)E + qd + 2 * (size_t)kvd + E + 2 * (size_t)hd;
     size_t total = per_layer * hp->n_layers + E;
     w->vec_store = lms__malloc(total * sizeof(float));
     w->layers = lms__calloc(hp->n_layers, sizeof *w->layers);
@@ -95,26 +131,37 @@ int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights
     b.vec_end = w->vec_store + total;
     w->vec_len = total;
 
-    if ((rc = find(&b, "model.embed_tokens.weight", false, hp->n_vocab, E, &w->embed)))
+    const char *head = strcmp(pre, "language_model.model.") ? "lm_head.weight" : "language_model.lm_head.weight";
+    snprintf(name, sizeof name, "%sembed_tokens.weight", pre);
+    if ((rc = find(&b, name, false, hp->n_vocab, E, &w->embed)))
         goto fail;
-    if ((rc = find(&b, "lm_head.weight", true, hp->n_vocab, E, &w->lm_head)))
+    if ((rc = find(&b, head, true, hp->n_vocab, E, &w->lm_head)))
         goto fail;
     if (hp->tie_embeddings || !w->lm_head.p) {
         if (!hp->tie_embeddings && !w->lm_head.p) {
-            rc = lms__err(LMS_ENOENT, "%s: tensor 'lm_head.weight' is missing (and tie_word_embeddings is false)",
-                          src->name);
+            rc = lms__err(LMS_ENOENT, "%s: tensor '%s' is missing (and tie_word_embeddings is false)", src->name,
+                          head);
             goto fail;
         }
         w->lm_head = w->embed;
     }
-    if ((rc = vec(&b, "model.norm.weight", false, E, &w->final_norm)))
+    snprintf(name, sizeof name, "%snorm.weight", pre);
+    if ((rc = norm(&b, name, E, &w->final_norm)))
         goto fail;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         lms__layer_w *L = &w->layers[l];
-#define NM(s) (snprintf(name, sizeof name, "model.layers.%u.%s", l, s), name)
-        if ((rc = vec(&b, NM("input_layernorm.weight"), false, E, &L->attn_norm)) ||
-            (rc = vec(&b, NM("post_attention_layernorm.weight"), false, E, &L->ffn_norm)) ||
-            (rc = find(&b, NM("self_attn.q_proj.weight"), false, qd, E, &L->wq)) ||
+#define NM(s) (snprintf(name, sizeof name, "%slayers.%u.%s", pre, l, s), name)
+        if ((rc = norm(&b, NM("input_layernorm.weight"), E, &L->attn_norm)))
+            goto fail;
+        if (hp->post_norms) { /* Gemma: post_attention_layernorm is the attention output's norm */
+            if ((rc = norm(&b, NM("post_attention_layernorm.weight"), E, &L->post_attn_norm)) ||
+                (rc = norm(&b, NM("pre_feedforward_layernorm.weight"), E, &L->ffn_norm)) ||
+                (rc = norm(&b, NM("post_feedforward_layernorm.weight"), E, &L->post_ffn_norm)))
+                goto fail;
+        } else if ((rc = norm(&b, NM("post_attention_layernorm.weight"), E, &L->ffn_norm))) {
+            goto fail;
+        }
+        if ((rc = find(&b, NM("self_attn.q_proj.weight"), false, qd, E, &L->wq)) ||
             (rc = find(&b, NM("self_attn.k_proj.weight"), false, kvd, E, &L->wk)) ||
             (rc = find(&b, NM("self_attn.v_proj.weight"), false, kvd, E, &L->wv)) ||
             (rc = find(&b, NM("self_attn.o_proj.weight"), false, E, qd, &L->wo)) ||
@@ -129,8 +176,8 @@ int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights
             goto fail;
         if (hp->o_bias && (rc = vec(&b, NM("self_attn.o_proj.bias"), false, E, &L->bo)))
             goto fail;
-        if (hp->qk_norm && ((rc = vec(&b, NM("self_attn.q_norm.weight"), false, hd, &L->q_norm)) ||
-                            (rc = vec(&b, NM("self_attn.k_norm.weight"), false, hd, &L->k_norm))))
+        if (hp->qk_norm && ((rc = norm(&b, NM("self_attn.q_norm.weight"), hd, &L->q_norm)) ||
+                            (rc = norm(&b, NM("self_attn.k_norm.weight"), hd, &L->k_norm))))
             goto fail;
 #undef NM
     }

@@ -43,6 +43,12 @@
  *  (4) A page's raw form is its K/V bytes in arena order for its valid
  *      tokens: [layer][K,V][head][n_tokens][head_dim]; for a full page that
  *      is exactly the arena page (one contiguous run).
+ *  (5) With a window, a session's pages are its group-0 pages (every
+ *      position, the full-context layers) followed by the window pages of
+ *      its last `window` positions (the sliding layers): one list of items
+ *      that every step walks alike, each item knowing its group. The record
+ *      lists the keys in that order and names the window and the sliding
+ *      layers (record version 2).
  */
 #include <stdio.h>
 #include <string.h>
@@ -68,20 +74,28 @@ lms_kv_resume_params lms_kv_default_resume_params(void)
     return p;
 }
 
-/* Raw bytes of a page with n valid tokens: n * (page_bytes / P). */
-static size_t raw_size(const lms_kv *kv, uint32_t n) { return (size_t)n * (kv->page_bytes / kv->P); }
+/* Raw bytes of a page of group g with n valid tokens: n * (page_bytes / P). */
+static size_t raw_size(const lms_kv *kv, uint32_t g, uint32_t n) { return (size_t)n * (kv->g[g].page_bytes / kv->P); }
 
-/* Copy the valid-token rows of arena page image `page` (host) into dst (packed). */
-static void pack_page(const lms_kv *kv, const uint8_t *page, uint32_t n, uint8_t *dst)
+/* The larger page of the two groups: buffers that hold any page. */
+static size_t max_page(const lms_kv *kv) { return LMS_MAX(kv->g[0].page_bytes, kv->g[1].page_bytes); }
+
+/* Item k of a session with n0 group-0 pages and window pages from wfirst
+ * (design note 5): its group and its page index in the sequence. */
+static uint32_t item_group(uint32_t n0, uint32_t k) { return k >= n0; }
+static uint32_t item_index(uint32_t n0, uint32_t wfirst, uint32_t k) { return k < n0 ? k : wfirst + (k - n0); }
+
+/* Copy the valid-token rows of arena page image `page` (host, group g) into dst (packed). */
+static void pack_page(const lms_kv *kv, uint32_t g, const uint8_t *page, uint32_t n, uint8_t *dst)
 {
-    size_t rows = (size_t)kv->layout.n_layers * 2 * kv->layout.n_kv_heads, run = n * kv->token_bytes;
+    size_t rows = (size_t)kv->g[g].n_layers * 2 * kv->layout.n_kv_heads, run = n * kv->token_bytes;
     for (size_t r = 0; r < rows; r++, dst += run)
         memcpy(dst, page + r * kv->head_bytes, run);
 }
 
-static void unpack_page(const lms_kv *kv, const uint8_t *src, uint32_t n, uint8_t *page)
+static void unpack_page(const lms_kv *kv, uint32_t g, const uint8_t *src, uint32_t n, uint8_t *page)
 {
-    size_t rows = (size_t)kv->layout.n_layers * 2 * kv->layout.n_kv_heads, run = n * kv->token_bytes;
+    size_t rows = (size_t)kv->g[g].n_layers * 2 * kv->layout.n_kv_heads, run = n * kv->token_bytes;
     for (size_t r = 0; r < rows; r++, src += run)
         memcpy(page + r * kv->head_bytes, src, run);
 }
@@ -254,13 +268,14 @@ typedef struct save_ctx {
     const char *name;
     lms_kv_save_params params;
     save_page *pages;
-    lms__kv_save_page *at;    /* [n_pages]: arena page, valid tokens and key of each page */
+    lms__kv_save_page *at;    /* [n_pages]: arena page, valid tokens and key of each page (item) */
     lms__kv_page_put *puts;   /* [n_pages]: what the commit does with each page (and its record) */
     uint32_t n_pages, n_tokens, to_write;
+    uint32_t n0, wfirst;      /* group-0 pages, first window page (design note 5): n_pages = n0 + n0 - wfirst */
     int32_t *tokens;          /* n_tokens, little-endian (the record's form) */
     uint8_t *keys;            /* n_pages x 16 */
     lms__kv_writer *w;        /* holds the store's append lock */
-    kv_workers wk;            /* buf[0]: 2 x page_bytes per worker (packed page, device page image) */
+    kv_workers wk;            /* buf[0]: 2 x the larger page per worker (packed page, device page image) */
     uint8_t **slot;           /* per batch slot: encode bound of a page */
     lms__kv_blob_query *query; /* per batch slot */
     uint32_t n_slots;
@@ -276,26 +291,27 @@ static bool save_encodes(const save_ctx *c, uint32_t i)
 }
 
 /* The page's raw form (design note 4) into the worker's buffer, or the arena page itself. */
-static int save_raw(save_ctx *c, const lms__kv_save_page *sp, int worker, const uint8_t **raw)
+static int save_raw(save_ctx *c, uint32_t g, const lms__kv_save_page *sp, int worker, const uint8_t **raw)
 {
     lms_kv *kv = c->kv;
+    const kv_group *G = &kv->g[g];
     uint8_t *buf = c->wk.buf[0][worker];
     if (host_arena(kv)) {
-        const uint8_t *pg = lms__kv_page_ptr(kv, sp->page);
+        const uint8_t *pg = lms__kv_gpage_ptr(G, sp->page);
         if (sp->n_tokens == kv->P) {
             *raw = pg;
             return 0;
         }
-        pack_page(kv, pg, sp->n_tokens, buf);
+        pack_page(kv, g, pg, sp->n_tokens, buf);
         *raw = buf;
         return 0;
     }
     /* the second half of the buffer holds the device page image */
-    uint8_t *img = buf + kv->page_bytes;
-    int rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_page_ptr(kv, sp->page), kv->page_bytes, NULL);
+    uint8_t *img = buf + max_page(kv);
+    int rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_gpage_ptr(G, sp->page), G->page_bytes, NULL);
     if (rc)
         return rc;
-    pack_page(kv, img, sp->n_tokens, buf);
+    pack_page(kv, g, img, sp->n_tokens, buf);
     *raw = buf;
     return 0;
 }
@@ -310,15 +326,16 @@ static void save_encode_one(void *arg, size_t bi, int worker)
     lms_kv *kv = c->kv;
     if (!save_encodes(c, i))
         return;
-    size_t n = raw_size(kv, at->n_tokens), cap = lms__kv_encode_bound(n), len = n;
+    uint32_t g = item_group(c->n0, i);
+    size_t n = raw_size(kv, g, at->n_tokens), cap = lms__kv_encode_bound(n), len = n;
     const uint8_t *raw;
     uint8_t *out = c->slot[bi];
-    int rc = save_raw(c, at, worker, &raw);
+    int rc = save_raw(c, g, at, worker, &raw);
     if (!rc && c->params.codec == LMS_KV_CODEC_RAW) {
         /* A full host page is written straight from the arena; a packed or
          * device-copied page lives in this worker's buffer, which its next
          * page reuses, so it moves to the page's batch slot. */
-        if (raw != lms__kv_page_ptr(kv, at->page)) {
+        if (raw != lms__kv_gpage_ptr(&kv->g[g], at->page)) {
             memcpy(out, raw, n);
             raw = out;
         }
@@ -375,7 +392,9 @@ static int save_prepare(save_ctx *c, const lms_kv_seq *seq)
 {
     lms_kv *kv = c->kv;
     c->n_tokens = seq->committed;
-    c->n_pages = (c->n_tokens + kv->P - 1) / kv->P;
+    c->n0 = (c->n_tokens + kv->P - 1) / kv->P;
+    c->wfirst = kv->n_groups == 2 ? lms__kv_window_first(kv, c->n_tokens) : c->n0;
+    c->n_pages = c->n0 + (c->n0 - c->wfirst);
     if (!(c->pages = lms__calloc(c->n_pages, sizeof *c->pages)) || !(c->at = lms__calloc(c->n_pages, sizeof *c->at)) ||
         !(c->puts = lms__calloc(c->n_pages, sizeof *c->puts)) || !(c->tokens = lms__malloc((size_t)c->n_tokens * 4)) ||
         !(c->keys = lms__malloc((size_t)c->n_pages * 16)))
@@ -423,15 +442,15 @@ static int save_lookup(save_ctx *c, lms_store *store)
 static int save_buffers(save_ctx *c)
 {
     lms_kv *kv = c->kv;
-    const size_t sizes[KV_WBUFS] = {2 * kv->page_bytes, 0, 0};
-    int rc = workers_create(&c->wk, kv, c->params.threads, c->to_write, kv->page_bytes, sizes);
+    const size_t sizes[KV_WBUFS] = {2 * max_page(kv), 0, 0};
+    int rc = workers_create(&c->wk, kv, c->params.threads, c->to_write, max_page(kv), sizes);
     if (rc)
         return rc;
     c->n_slots = (uint32_t)(4 * c->wk.n);
     if (!(c->slot = lms__calloc(c->n_slots, sizeof *c->slot)) || !(c->query = lms__calloc(c->n_slots, sizeof *c->query)))
         return LMS_ENOMEM;
     for (uint32_t k = 0; k < c->n_slots; k++)
-        if (!(c->slot[k] = lms__malloc(lms__kv_encode_bound(kv->page_bytes))))
+        if (!(c->slot[k] = lms__malloc(lms__kv_encode_bound(max_page(kv)))))
             return LMS_ENOMEM;
     return 0;
 }
@@ -520,7 +539,12 @@ static int save_commit(save_ctx *c)
     r.dtype = (uint32_t)kv->layout.dtype;
     r.page_tokens = kv->P;
     r.n_tokens = c->n_tokens;
-    r.n_pages = c->n_pages;
+    r.n_pages = c->n0;
+    if (kv->n_groups == 2) {
+        r.window = kv->layout.window;
+        r.n_window_pages = c->n0 - c->wfirst;
+        r.sliding = kv->sliding;
+    }
     r.created = r.last_used = c->created;
     r.tokens = (const uint8_t *)c->tokens;
     r.page_keys = c->keys;
@@ -541,7 +565,7 @@ static void save_stats(const save_ctx *c, double t0, lms_kv_io_stats *stats)
     stats->pages = c->n_pages;
     for (uint32_t i = 0; i < c->n_pages; i++) {
         const lms__kv_page_put *p = &c->puts[i];
-        stats->raw_bytes += raw_size(c->kv, c->at[i].n_tokens);
+        stats->raw_bytes += raw_size(c->kv, item_group(c->n0, i), c->at[i].n_tokens);
         if (p->put == LMS__KV_PUT_SKIP || p->put == LMS__KV_PUT_STORED) {
             stats->pages_reused++;
         } else {
@@ -611,6 +635,7 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
  * ==================================================================================== */
 
 typedef struct res_page {
+    uint32_t g;            /* its group */
     uint32_t n_tokens;
     bool via_host;         /* device arena, free target: decoded in the worker's page image, copied there */
     uint8_t *dst;          /* where the decoded page goes (arena page or staging slot; NULL when via_host) */
@@ -627,14 +652,16 @@ typedef struct res_ctx {
     lms__session_rec r;   /* the session record (the reader's copy) */
     int32_t *tokens;      /* r.n_tokens */
     uint32_t n_pages, to_read, n_staged;
+    uint32_t n0, wfirst;  /* group-0 pages, first window page (design note 5) */
     res_page *pages;
-    /* the plan (kv_arena.c), per page */
+    /* the plan (kv_arena.c), per page (item) */
     lms_hash128 *keys;
     uint32_t *cached;     /* page already in the prefix cache, or KV_NONE */
     uint32_t *target;     /* arena page it goes to */
     bool *evict;          /* target is a cached page to evict: decoded into staging, copied at commit */
-    uint8_t *mark;        /* n_pages of the arena: scratch of the plan */
-    uint8_t *staging;     /* n_staged host pages */
+    uint8_t *mark;        /* pages of the larger group: scratch of the plan */
+    uint32_t evictable[2]; /* cached pages the plan may evict, per group */
+    uint8_t *staging;     /* n_staged host pages (max_page bytes each) */
     size_t max_stored;
     uint32_t wk_count[KV_IO_MAX_WORKERS]; /* pages each worker uploaded (its image buffer alternates) */
     kv_workers wk;        /* per worker: buf[RES_UNPACK] a raw partial page, buf[RES_IN] the
@@ -687,6 +714,7 @@ static void res_decode_one(void *arg, size_t i, int worker)
     }
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
+    const kv_group *G = &kv->g[rp->g];
     bool full = rp->n_tokens == kv->P;
     uint8_t *out = full ? dst : c->wk.buf[RES_UNPACK][worker];
     uint64_t h = 0;
@@ -703,14 +731,14 @@ static void res_decode_one(void *arg, size_t i, int worker)
         return;
     }
     if (!full)
-        unpack_page(kv, out, rp->n_tokens, dst);
+        unpack_page(kv, rp->g, out, rp->n_tokens, dst);
     /* A free target of a device arena takes its bytes now, from this
      * worker (overlapping with the others' decoding, and with this worker's
      * next page on its own stream): a free page's bytes belong to nobody, so
      * a later failure leaves nothing to undo. */
     if (rp->via_host) {
         lms_stream *st = c->wk.stream ? c->wk.stream[worker] : NULL;
-        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, c->target[i]), dst, kv->page_bytes, st);
+        rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_gpage_ptr(G, c->target[i]), dst, G->page_bytes, st);
         if (!rc && ev)
             rc = kv->dev->ops->event_record(kv->dev, ev, st);
         c->wk_count[worker]++;
@@ -723,15 +751,25 @@ static void res_decode_one(void *arg, size_t i, int worker)
 
 static bool same_layout_as(const lms_kv *kv, const lms__session_rec *r)
 {
-    return r->n_layers == kv->layout.n_layers && r->n_kv_heads == kv->layout.n_kv_heads &&
-           r->head_dim == kv->layout.head_dim && r->dtype == (uint32_t)kv->layout.dtype && r->page_tokens == kv->P;
+    if (r->n_layers != kv->layout.n_layers || r->n_kv_heads != kv->layout.n_kv_heads ||
+        r->head_dim != kv->layout.head_dim || r->dtype != (uint32_t)kv->layout.dtype || r->page_tokens != kv->P ||
+        r->window != kv->layout.window)
+        return false;
+    return !r->window || !memcmp(r->sliding, kv->sliding, r->n_layers);
 }
 
-static void layout_str(char *buf, size_t n, uint32_t layers, uint32_t heads, uint32_t hd, uint32_t dtype, uint32_t pt)
+static void layout_str(char *buf, size_t n, uint32_t layers, uint32_t heads, uint32_t hd, uint32_t dtype, uint32_t pt,
+                       uint32_t window, const uint8_t *sliding)
 {
     const char *dn = lms_kv_elem_size((lms_dtype)dtype) ? lms_dtype_name((lms_dtype)dtype) : NULL;
-    snprintf(buf, n, "%u layers x %u kv heads x head dim %u, %s, %u tokens/page", layers, heads, hd,
-             dn ? dn : "?", pt);
+    int o = snprintf(buf, n, "%u layers x %u kv heads x head dim %u, %s, %u tokens/page", layers, heads, hd,
+                     dn ? dn : "?", pt);
+    if (window && o > 0 && (size_t)o < n) {
+        uint32_t k = 0;
+        for (uint32_t l = 0; l < layers; l++) k += sliding[l] != 0;
+        snprintf(buf + o, n - (size_t)o, ", window %u on %u layers (digest %08x)", window, k,
+                 (unsigned)lms__hash64(sliding, layers, 0));
+    }
 }
 
 /* 1. The record, in one snapshot that stays open while segments are mapped:
@@ -752,16 +790,19 @@ static int res_open(res_ctx *c, lms_store *store)
                         name, a, b);
     }
     if (!same_layout_as(kv, r)) {
-        char a[160], b[160];
-        layout_str(a, sizeof a, r->n_layers, r->n_kv_heads, r->head_dim, r->dtype, r->page_tokens);
+        char a[200], b[200];
+        layout_str(a, sizeof a, r->n_layers, r->n_kv_heads, r->head_dim, r->dtype, r->page_tokens, r->window,
+                   r->sliding);
         layout_str(b, sizeof b, kv->layout.n_layers, kv->layout.n_kv_heads, kv->layout.head_dim,
-                   (uint32_t)kv->layout.dtype, kv->P);
+                   (uint32_t)kv->layout.dtype, kv->P, kv->layout.window, kv->sliding);
         return lms__err(LMS_EMISMATCH, "KV session '%s' has other layout (%s) than this cache (%s)", name, a, b);
     }
     if (r->n_tokens > kv->max_seq_tokens)
         return lms__err(LMS_ENOSPACE, "KV resume '%s': %u tokens, more than the %u a sequence may hold", name,
                         r->n_tokens, kv->max_seq_tokens);
-    c->n_pages = r->n_pages;
+    c->n0 = r->n_pages;
+    c->wfirst = r->n_pages - r->n_window_pages;
+    c->n_pages = r->n_pages + r->n_window_pages;
     if (!(c->pages = lms__calloc(c->n_pages, sizeof *c->pages)) ||
         !(c->tokens = lms__malloc((size_t)r->n_tokens * 4)) || !(c->keys = lms__calloc(c->n_pages, sizeof *c->keys)) ||
         !(c->cached = lms__calloc(c->n_pages, sizeof *c->cached)) ||
@@ -779,15 +820,22 @@ static int res_keys(res_ctx *c)
 {
     lms_kv *kv = c->kv;
     lms_hash128 parent = {0, 0};
-    for (uint32_t i = 0; i < c->n_pages; i++) {
-        res_page *rp = &c->pages[i];
+    for (uint32_t k = 0; k < c->n_pages; k++) {
+        res_page *rp = &c->pages[k];
+        uint32_t i = item_index(c->n0, c->wfirst, k);
+        rp->g = item_group(c->n0, k);
         rp->n_tokens = LMS_MIN(kv->P, c->r.n_tokens - i * kv->P);
-        c->keys[i] = lms__kv_page_key(kv, parent, c->tokens + (size_t)i * kv->P, rp->n_tokens);
-        if (!lms__hash128_eq(c->keys[i], lms__hash128_get(lms__session_page_key(&c->r, i))))
-            return lms__err(LMS_ECORRUPT, "KV session '%s': page %u's key does not match its tokens", c->name, i);
-        parent = c->keys[i];
-        c->cached[i] = rp->n_tokens == kv->P ? lms__kv_ht_find(kv, c->keys[i]) : KV_NONE;
-        if (c->cached[i] == KV_NONE)
+        if (rp->g == 0) {
+            c->keys[k] = lms__kv_page_key(kv, parent, c->tokens + (size_t)i * kv->P, rp->n_tokens);
+            parent = c->keys[k];
+        } else {
+            c->keys[k] = lms__kv_window_key(c->keys[i]);
+        }
+        if (!lms__hash128_eq(c->keys[k], lms__hash128_get(lms__session_page_key(&c->r, k))))
+            return lms__err(LMS_ECORRUPT, "KV session '%s': %spage %u's key does not match its tokens", c->name,
+                            rp->g ? "window " : "", i);
+        c->cached[k] = rp->n_tokens == kv->P ? lms__kv_ht_find(&kv->g[rp->g], c->keys[k]) : KV_NONE;
+        if (c->cached[k] == KV_NONE)
             c->to_read++;
     }
     return 0;
@@ -806,12 +854,12 @@ static int res_locate_one(res_ctx *c, uint32_t i)
         return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: its page record is missing", name, i);
     if (rc)
         return lms__err_prefix(rc, "KV session '%s': page %u: ", name, i);
-    if (loc->rec.n_tokens != rp->n_tokens || loc->rec.raw_size != raw_size(kv, rp->n_tokens) ||
+    if (loc->rec.n_tokens != rp->n_tokens || loc->rec.raw_size != raw_size(kv, rp->g, rp->n_tokens) ||
         loc->rec.elem_size != kv->elem)
         return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: record sizes do not match the layout", name, i);
     if (!loc->has_blob)
         return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: its blob record is missing", name, i);
-    if (!loc->blob_ok || loc->size > lms__kv_encode_bound(kv->page_bytes))
+    if (!loc->blob_ok || loc->size > lms__kv_encode_bound(kv->g[rp->g].page_bytes))
         return lms__err(LMS_ECORRUPT, "KV session '%s': corrupt page %u: blob record disagrees with the page record",
                         name, i);
     uint64_t seg_size;
@@ -845,30 +893,37 @@ static int res_locate(res_ctx *c)
     return 0;
 }
 
-/* 4. Targets: free pages (top of the stack first), then the oldest cached
- *    pages that this session does not itself reuse; where each decodes to. */
+/* 4. Targets, per group: free pages (top of the stack first), then the
+ *    oldest cached pages that this session does not itself reuse; where
+ *    each decodes to. */
 static int res_plan(res_ctx *c)
 {
     lms_kv *kv = c->kv;
-    uint32_t evictable;
-    if (!(c->mark = lms__calloc(kv->n_pages, 1)))
+    if (!(c->mark = lms__calloc(LMS_MAX(kv->g[0].n_pages, kv->g[1].n_pages), 1)))
         return LMS_ENOMEM;
-    if (lms__kv_resume_plan(kv, c->cached, c->n_pages, c->mark, c->target, c->evict, &evictable))
-        return lms__err(LMS_ENOSPACE, "KV resume '%s': %u pages to load, %u free and %u evictable cached pages",
-                        c->name, c->to_read, kv->n_free, evictable);
+    for (uint32_t g = 0, k0 = 0; g < kv->n_groups; g++) {
+        uint32_t n = g ? c->n_pages - c->n0 : c->n0, to_read = 0;
+        for (uint32_t k = k0; k < k0 + n; k++) to_read += c->cached[k] == KV_NONE;
+        memset(c->mark, 0, kv->g[g].n_pages);
+        if (lms__kv_resume_plan(kv, g, c->cached + k0, n, c->mark, c->target + k0, c->evict + k0, &c->evictable[g]))
+            return lms__err(LMS_ENOSPACE, "KV resume '%s': %u %spages to load, %u free and %u evictable cached pages",
+                            c->name, to_read, g ? "window " : "", kv->g[g].n_free, c->evictable[g]);
+        k0 += n;
+    }
     bool direct = host_arena(kv);
     for (uint32_t i = 0; i < c->n_pages; i++)
         if (c->cached[i] == KV_NONE) {
             c->pages[i].via_host = !direct && !c->evict[i];
             c->n_staged += c->evict[i];
         }
-    if (c->n_staged && !(c->staging = lms__malloc((size_t)c->n_staged * kv->page_bytes)))
+    if (c->n_staged && !(c->staging = lms__malloc((size_t)c->n_staged * max_page(kv))))
         return LMS_ENOMEM;
     for (uint32_t i = 0, s = 0; i < c->n_pages; i++) {
         res_page *rp = &c->pages[i];
         if (c->cached[i] != KV_NONE || rp->via_host)
             continue;
-        rp->dst = c->evict[i] ? c->staging + (size_t)(s++) * kv->page_bytes : lms__kv_page_ptr(kv, c->target[i]);
+        rp->dst = c->evict[i] ? c->staging + (size_t)(s++) * max_page(kv)
+                              : lms__kv_gpage_ptr(&kv->g[rp->g], c->target[i]);
     }
     return 0;
 }
@@ -877,10 +932,10 @@ static int res_plan(res_ctx *c)
 static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
 {
     lms_kv *kv = c->kv;
-    const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = kv->page_bytes, [RES_IN] = c->max_stored,
-                                    [RES_IMAGE] = host_arena(kv) ? 0 : kv->page_bytes,
-                                    [RES_IMAGE2] = host_arena(kv) ? 0 : kv->page_bytes};
-    int rc = workers_create(&c->wk, kv, params ? params->threads : 0, c->to_read, kv->page_bytes, sizes);
+    const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = max_page(kv), [RES_IN] = c->max_stored,
+                                    [RES_IMAGE] = host_arena(kv) ? 0 : max_page(kv),
+                                    [RES_IMAGE2] = host_arena(kv) ? 0 : max_page(kv)};
+    int rc = workers_create(&c->wk, kv, params ? params->threads : 0, c->to_read, max_page(kv), sizes);
     if (rc)
         return rc;
     memset(c->wk_count, 0, sizeof c->wk_count);
@@ -911,14 +966,16 @@ static int res_copy_staged(res_ctx *c)
     for (uint32_t i = 0; i < c->n_pages; i++) {
         if (c->cached[i] != KV_NONE || !c->evict[i])
             continue;
-        int rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_page_ptr(kv, c->target[i]), c->pages[i].dst, kv->page_bytes,
+        kv_group *G = &kv->g[c->pages[i].g];
+        int rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_gpage_ptr(G, c->target[i]), c->pages[i].dst, G->page_bytes,
                                         NULL);
         if (rc) {
             lms__err_prefix(rc, "KV resume '%s': page %u to the device: ", c->name, i);
             for (uint32_t j = 0; j <= i; j++)
                 if (c->cached[j] == KV_NONE && c->evict[j]) {
-                    lms__kv_evict(kv, c->target[j]);
-                    lms__kv_return_free(kv, c->target[j]);
+                    kv_group *Gj = &kv->g[c->pages[j].g];
+                    lms__kv_evict(Gj, c->target[j]);
+                    lms__kv_return_free(Gj, c->target[j]);
                 }
             return rc;
         }
@@ -931,7 +988,7 @@ static void res_stats(const res_ctx *c, double t0, lms_kv_io_stats *stats)
     stats->tokens = c->r.n_tokens;
     stats->pages = c->n_pages;
     for (uint32_t i = 0; i < c->n_pages; i++) {
-        stats->raw_bytes += raw_size(c->kv, c->pages[i].n_tokens);
+        stats->raw_bytes += raw_size(c->kv, c->pages[i].g, c->pages[i].n_tokens);
         if (c->cached[i] != KV_NONE) {
             stats->pages_reused++;
         } else {
@@ -989,7 +1046,9 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         goto out;
     t_decoded = lms__now();
     /* 7. Build the sequence: cannot fail. */
-    *out = lms__kv_seq_attach(kv, c.n_pages, c.cached, c.target, c.evict, c.keys, c.tokens, c.r.n_tokens);
+    lms__kv_attach att[2] = {{0, c.n0, c.cached, c.target, c.evict, c.keys},
+                             {c.wfirst, c.n0, c.cached + c.n0, c.target + c.n0, c.evict + c.n0, c.keys + c.n0}};
+    *out = lms__kv_seq_attach(kv, att, c.tokens, c.r.n_tokens);
 
     double t_built = lms__now();
     if ((rc = lms__kv_touch(store, name)))

@@ -25,16 +25,20 @@ static int describe(lms__kv_reader *rd, const char *name, int dec_rc, const lms_
     info->layout.head_dim = r->head_dim;
     info->layout.dtype = (lms_dtype)r->dtype;
     info->layout.page_tokens = r->page_tokens;
+    info->layout.window = r->window;
+    info->layout.sliding = r->sliding;
     info->n_tokens = r->n_tokens;
     info->n_pages = r->n_pages;
+    info->n_window_pages = r->n_window_pages;
     info->created = r->created;
     info->last_used = r->last_used;
-    for (uint32_t i = 0; i < r->n_pages; i++) {
+    for (uint32_t k = 0; k < lms__session_n_keys(r); k++) {
         lms_kv_page_info pi;
         memset(&pi, 0, sizeof pi);
-        pi.index = i;
-        memcpy(pi.key, lms__session_page_key(r, i), 16);
-        pi.n_tokens = LMS_MIN(r->page_tokens, r->n_tokens - i * r->page_tokens);
+        pi.window = k >= r->n_pages; /* the window pages follow the pages (kv_persist.c design note 5) */
+        pi.index = pi.window ? k - r->n_window_pages : k;
+        memcpy(pi.key, lms__session_page_key(r, k), 16);
+        pi.n_tokens = LMS_MIN(r->page_tokens, r->n_tokens - pi.index * r->page_tokens);
         pi.segment = UINT32_MAX;
         lms__kv_page_loc loc;
         int rc = lms__kv_read_page(rd, pi.key, &loc);

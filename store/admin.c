@@ -288,7 +288,7 @@ int lms__kvset_load(lms_store *s, MDB_txn *txn, lms__kvset *ks, lms__kv_problem_
                 fn(ctx, e->name, lms_last_error());
             continue;
         }
-        for (uint32_t p = 0; p < e->rec.n_pages; p++) {
+        for (uint32_t p = 0; p < lms__session_n_keys(&e->rec); p++) {
             lms__kvpage_ent *pe = lms__kvset_page(ks, lms__session_page_key(&e->rec, p));
             if (pe)
                 pe->named = true;

@@ -340,10 +340,10 @@ static int commit_txn(lms_store *s, MDB_txn *txn, void *arg)
         return lms__err(LMS_EEXIST, "KV session '%s' already exists", name);
     if (rc && rc != LMS_ENOENT)
         return rc;
-    for (uint32_t i = 0; i < c->rec->n_pages; i++)
+    for (uint32_t i = 0; i < lms__session_n_keys(c->rec); i++)
         if ((rc = commit_page(s, txn, c, i)))
             return rc;
-    size_t len = lms__session_rec_size(c->rec->n_tokens, c->rec->n_pages);
+    size_t len = lms__session_rec_size(c->rec);
     uint8_t *buf = lms__malloc(len);
     if (!buf)
         return LMS_ENOMEM;

@@ -70,14 +70,20 @@ int lms__kvpage_rec_decode(const void *buf, size_t len, lms__kvpage_rec *r)
 /* ---- sessions ---------------------------------------------------------------------- */
 
 /* Layout (little-endian):
- *  0 u16 version  2 u16 zero  4 u32 zero  8 u8[16] model id
+ *  0 u16 version  2 u16 zero  4 u32 window (v1: zero)  8 u8[16] model id
  * 24 u32 n_layers 28 u32 n_kv_heads 32 u32 head_dim 36 u32 dtype 40 u32 page_tokens
- * 44 u32 n_tokens 48 u32 n_pages 52 u32 zero 56 u64 created 64 u64 last_used
- * 72 i32[n_tokens] tokens, then u8[16][n_pages] page keys,
+ * 44 u32 n_tokens 48 u32 n_pages 52 u32 n_window_pages (v1: zero) 56 u64 created 64 u64 last_used
+ * 72 i32[n_tokens] tokens, then u8[16][n_pages + n_window_pages] page keys,
+ * then (v2) u8[n_layers] sliding layers,
  * then u64 XXH3-64 (seed 0) of every byte before it. */
-size_t lms__session_rec_size(uint32_t n_tokens, uint32_t n_pages)
+static size_t rec_size(uint32_t n_tokens, uint32_t n_keys, uint32_t sliding_bytes)
 {
-    return LMS__SESSION_REC_FIXED + 4 * (size_t)n_tokens + 16 * (size_t)n_pages + 8;
+    return LMS__SESSION_REC_FIXED + 4 * (size_t)n_tokens + 16 * (size_t)n_keys + sliding_bytes + 8;
+}
+
+size_t lms__session_rec_size(const lms__session_rec *r)
+{
+    return rec_size(r->n_tokens, lms__session_n_keys(r), r->window ? r->n_layers : 0);
 }
 
 static void put_checksum(uint8_t *buf, size_t len)
@@ -87,9 +93,11 @@ static void put_checksum(uint8_t *buf, size_t len)
 
 size_t lms__session_rec_encode(const lms__session_rec *r, uint8_t *out)
 {
-    size_t len = lms__session_rec_size(r->n_tokens, r->n_pages);
+    size_t len = lms__session_rec_size(r), keys = 16 * (size_t)lms__session_n_keys(r);
     memset(out, 0, LMS__SESSION_REC_FIXED);
-    lms__put_u16(out, LMS__SESSION_VERSION);
+    lms__put_u16(out, r->window ? 2 : 1);
+    lms__put_u32(out + 4, r->window);
+    lms__put_u32(out + 52, r->window ? r->n_window_pages : 0);
     memcpy(out + 8, r->model_id, LMS_MODEL_ID_LEN);
     lms__put_u32(out + 24, r->n_layers);
     lms__put_u32(out + 28, r->n_kv_heads);
@@ -101,7 +109,9 @@ size_t lms__session_rec_encode(const lms__session_rec *r, uint8_t *out)
     lms__put_u64(out + 56, r->created);
     lms__put_u64(out + 64, r->last_used);
     memcpy(out + LMS__SESSION_REC_FIXED, r->tokens, 4 * (size_t)r->n_tokens);
-    memcpy(out + LMS__SESSION_REC_FIXED + 4 * (size_t)r->n_tokens, r->page_keys, 16 * (size_t)r->n_pages);
+    memcpy(out + LMS__SESSION_REC_FIXED + 4 * (size_t)r->n_tokens, r->page_keys, keys);
+    if (r->window)
+        memcpy(out + LMS__SESSION_REC_FIXED + 4 * (size_t)r->n_tokens + keys, r->sliding, r->n_layers);
     put_checksum(out, len);
     return len;
 }
@@ -132,18 +142,32 @@ int lms__session_rec_decode(const void *buf, size_t len, const char *name, lms__
     r->page_tokens = lms__get_u32(p + 40);
     r->n_tokens = lms__get_u32(p + 44);
     r->n_pages = lms__get_u32(p + 48);
+    r->window = r->version >= 2 ? lms__get_u32(p + 4) : 0;
+    r->n_window_pages = r->version >= 2 ? lms__get_u32(p + 52) : 0;
     r->created = lms__get_u64(p + 56);
     r->last_used = lms__get_u64(p + 64);
     if (r->page_tokens == 0 || r->n_tokens == 0 || r->n_tokens > LMS__SESSION_MAX_TOKENS)
         return bad("session", name, "page size 0 or token count out of range");
     if (r->n_pages != r->n_tokens / r->page_tokens + (r->n_tokens % r->page_tokens != 0))
         return bad("session", name, "page count does not match the token count");
-    if (len != lms__session_rec_size(r->n_tokens, r->n_pages))
+    if (r->version >= 2) {
+        /* the window pages are those of the last `window` positions (kvcache's lms__kv_window_first) */
+        uint32_t first = r->n_tokens > r->window ? (r->n_tokens - r->window) / r->page_tokens : 0;
+        if (r->window == 0 || r->n_layers == 0 || r->n_layers > 65536 || r->n_window_pages != r->n_pages - first)
+            return bad("session", name, "window, layer or window page count out of range");
+    }
+    if (len != rec_size(r->n_tokens, lms__session_n_keys(r), r->window ? r->n_layers : 0))
         return bad("session", name, "length does not match its token and page counts");
     if (lms__get_u64(p + len - 8) != lms__hash64(p, len - 8, 0))
         return bad("session", name, "checksum mismatch");
     r->tokens = p + LMS__SESSION_REC_FIXED;
     r->page_keys = r->tokens + 4 * (size_t)r->n_tokens;
+    if (r->window) {
+        r->sliding = r->page_keys + 16 * (size_t)lms__session_n_keys(r);
+        for (uint32_t l = 0; l < r->n_layers; l++)
+            if (r->sliding[l] > 1)
+                return bad("session", name, "sliding layer flag other than 0 or 1");
+    }
     for (uint32_t i = 0; i < r->n_tokens; i++)
         if ((int32_t)lms__get_u32(r->tokens + 4 * (size_t)i) < 0)
             return bad("session", name, "negative token id");

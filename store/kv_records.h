@@ -32,9 +32,9 @@ extern "C" {
 #endif
 
 #define LMS__KVPAGE_VERSION 1u
-#define LMS__SESSION_VERSION 1u
+#define LMS__SESSION_VERSION 2u   /* 2: with a sliding window (a session without one is written as 1) */
 #define LMS__KVPAGE_REC_SIZE 56
-#define LMS__SESSION_REC_FIXED 72 /* + 4 per token + 16 per page + 8 checksum */
+#define LMS__SESSION_REC_FIXED 72 /* + 4 per token + 16 per page (and window page) + n_layers (v2) + 8 checksum */
 #define LMS__SESSION_NAME_MAX 400 /* bytes; LMDB keys are at most 511 */
 #define LMS__SESSION_MAX_TOKENS (1u << 26)
 
@@ -60,24 +60,32 @@ typedef struct lms__session_rec {
     uint32_t n_layers, n_kv_heads, head_dim, dtype, page_tokens;
     uint32_t n_tokens;
     uint32_t n_pages;          /* ceil(n_tokens / page_tokens) */
+    uint32_t window;           /* v2: positions of a sliding-window layer (0: v1, no window) */
+    uint32_t n_window_pages;   /* v2: window pages saved, those of the last `window` positions */
     uint64_t created, last_used;
     const uint8_t *tokens;     /* n_tokens little-endian int32 (decode: into the input) */
-    const uint8_t *page_keys;  /* n_pages x 16 bytes */
+    const uint8_t *page_keys;  /* (n_pages + n_window_pages) x 16 bytes: the pages, then the window pages */
+    const uint8_t *sliding;    /* v2: n_layers bytes, 1 = a sliding-window layer */
 } lms__session_rec;
 
-size_t lms__session_rec_size(uint32_t n_tokens, uint32_t n_pages);
+/* Page keys the record lists (what gc keeps and verify checks). */
+static inline uint32_t lms__session_n_keys(const lms__session_rec *r) { return r->n_pages + r->n_window_pages; }
+
+/* Bytes of the encoded record (version 2 when r->window, else 1). */
+size_t lms__session_rec_size(const lms__session_rec *r);
 /* out must hold lms__session_rec_size(...) bytes; returns that size. tokens
  * and page_keys are read from the struct's pointers (tokens as LE int32). */
 size_t lms__session_rec_encode(const lms__session_rec *r, uint8_t *out);
 /*
  * Decode and check a session record: version (LMS_EVERSION when newer; only
  * the version field is read then), exact length, n_pages consistent with
- * n_tokens and page_tokens, token ids >= 0, trailing checksum. LMS_ECORRUPT
- * otherwise. `name` (may be NULL) is used in the detail.
+ * n_tokens and page_tokens (v2: n_window_pages with the window, sliding
+ * bytes 0 or 1), token ids >= 0, trailing checksum. LMS_ECORRUPT otherwise.
+ * `name` (may be NULL) is used in the detail.
  */
 int lms__session_rec_decode(const void *buf, size_t len, const char *name, lms__session_rec *r);
 
-/* Page key i of a decoded session (16 bytes). */
+/* Page key i (< lms__session_n_keys) of a decoded session (16 bytes). */
 static inline const uint8_t *lms__session_page_key(const lms__session_rec *r, uint32_t i)
 {
     return r->page_keys + 16 * (size_t)i;

@@ -389,7 +389,10 @@ static void check_kv(vstate *v)
             continue; /* reported by lms__kvset_load */
         const lms__session_rec *r = &se->rec;
         uint32_t es = kv_elem_size(r->dtype);
-        for (uint32_t p = 0; p < r->n_pages; p++) {
+        /* keys n_pages.. are the window group's pages: those of the last `window` positions */
+        uint32_t first = r->window && r->n_tokens > r->window ? (r->n_tokens - r->window) / r->page_tokens : 0;
+        for (uint32_t p = 0; p < lms__session_n_keys(r); p++) {
+            uint32_t at = p < r->n_pages ? p : first + (p - r->n_pages); /* the page's place in the sequence */
             lms__kvpage_ent *pe = lms__kvset_page(ks, lms__session_page_key(r, p));
             lms__admin_hex16(lms__session_page_key(r, p), hex);
             if (!pe) {
@@ -402,7 +405,7 @@ static void check_kv(vstate *v)
                         se->name, p, hex);
                 continue;
             }
-            uint32_t n = LMS_MIN(r->page_tokens, r->n_tokens - p * r->page_tokens);
+            uint32_t n = LMS_MIN(r->page_tokens, r->n_tokens - at * r->page_tokens);
             if (pe->rec.n_tokens != n || pe->rec.elem_size != es)
                 problem(v, "kv", se->name, NULL, UINT32_MAX, 0,
                         "session '%s': page %u (%s) holds %u tokens of %u-byte elements, the session says %u of %u",
@@ -714,7 +717,7 @@ static void report_corrupt(vstate *v)
         /* a KV page's bytes: every session whose K/V it holds */
         for (size_t i = 0; i < v->kv.n_sess; i++) {
             const lms__kvsess_ent *se = &v->kv.sess[i];
-            for (uint32_t p = 0; !se->dec_rc && p < se->rec.n_pages; p++) {
+            for (uint32_t p = 0; !se->dec_rc && p < lms__session_n_keys(&se->rec); p++) {
                 const lms__kvpage_ent *pe = lms__kvset_page(&v->kv, lms__session_page_key(&se->rec, p));
                 if (!pe || pe->bad || memcmp(pe->rec.blob, b->hash, 16))
                     continue;

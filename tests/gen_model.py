@@ -5,7 +5,10 @@ weights, for tests and benchmarks.
 The folder holds config.json, generation_config.json, optional tokenizer
 files and a chat template, and the weights in one or more safetensors shards
 with model.safetensors.index.json, named as transformers names the real
-architectures (llama, qwen2 with q/k/v biases, qwen3 with per-head q/k norms).
+architectures (llama, qwen2 with q/k/v biases, qwen3 with per-head q/k norms,
+gemma3 with four norms per layer stored as w for (1 + w), q/k norms, local
+and global layers: every --swa-pattern-th layer global, the others with a
+sliding window of --window).
 Weights are random (seeded: the same arguments give the same bytes) and
 written one tensor at a time, so multi-GB models need little memory.
 
@@ -13,6 +16,8 @@ Examples:
   gen_model.py OUT --arch qwen3 --hidden 64 --layers 2          # tiny test model
   gen_model.py OUT --arch llama --target-size 4.2G --shard-size 1G   # benchmark model
   gen_model.py OUT --arch qwen2 --dtype F32 --single-file       # one model.safetensors
+  gen_model.py OUT --arch gemma3 --hidden 1152 --intermediate 6912 --layers 26 --heads 4 --kv-heads 1 \
+      --head-dim 256 --vocab 262144 --tied --window 512             # gemma-3-1b's shape
 """
 import argparse
 import gzip
@@ -58,22 +63,27 @@ def tensor_specs(a):
             specs.append((p + "self_attn.k_proj.bias", (kv,), "b"))
             specs.append((p + "self_attn.v_proj.bias", (kv,), "b"))
         specs.append((p + "self_attn.o_proj.weight", (h, q), "w"))
-        if a.arch == "qwen3":
-            specs.append((p + "self_attn.q_norm.weight", (hd,), "n"))
-            specs.append((p + "self_attn.k_norm.weight", (hd,), "n"))
+        norm = "z" if a.arch == "gemma3" else "n"  # Gemma stores w for (1 + w)
+        if a.arch in ("qwen3", "gemma3"):
+            specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
+            specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
         specs.append((p + "mlp.gate_proj.weight", (inter, h), "w"))
         specs.append((p + "mlp.up_proj.weight", (inter, h), "w"))
         specs.append((p + "mlp.down_proj.weight", (h, inter), "w"))
-        specs.append((p + "input_layernorm.weight", (h,), "n"))
-        specs.append((p + "post_attention_layernorm.weight", (h,), "n"))
-    specs.append(("model.norm.weight", (h,), "n"))
+        specs.append((p + "input_layernorm.weight", (h,), norm))
+        specs.append((p + "post_attention_layernorm.weight", (h,), norm))
+        if a.arch == "gemma3":
+            specs.append((p + "pre_feedforward_layernorm.weight", (h,), norm))
+            specs.append((p + "post_feedforward_layernorm.weight", (h,), norm))
+    specs.append(("model.norm.weight", (h,), "z" if a.arch == "gemma3" else "n"))
     if not a.tied:
         specs.append(("lm_head.weight", (v, h), "w"))
     return specs
 
 
 def config_for(a):
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[a.arch]
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "gemma3": "Gemma3ForCausalLM"}[a.arch]
     torch_dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[a.dtype]
     c = {
         "architectures": [arch],
@@ -105,6 +115,13 @@ def config_for(a):
         c["use_sliding_window"] = False
         c["sliding_window"] = None
         c["max_window_layers"] = a.layers
+    if a.arch == "gemma3":  # as gemma-3-1b's config.json writes it
+        c["model_type"] = "gemma3_text"
+        del c["hidden_act"]
+        c.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=a.head_dim, sliding_window=a.window,
+                 sliding_window_pattern=a.swa_pattern, rope_local_base_freq=10000.0, rope_scaling=None,
+                 final_logit_softcapping=None, attn_logit_softcapping=None, bos_token_id=2, eos_token_id=[1, 106],
+                 pad_token_id=0)
     return c
 
 
@@ -112,6 +129,8 @@ def random_bytes(rng, shape, kind, dtype, std):
     n = int(np.prod(shape)) if shape else 1
     if kind == "n":  # norm weights near 1
         x = (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    elif kind == "z":  # norm weights near 0, applied as 1 + w
+        x = (0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
     elif kind == "b":
         x = (0.02 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
     else:
@@ -175,7 +194,9 @@ def choose_layers(a):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Write a random-weight HuggingFace model folder.")
     ap.add_argument("out", help="output folder (created; must not exist unless --force)")
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma3"], default="llama")
+    ap.add_argument("--window", type=int, default=512, help="gemma3: sliding window of the local layers")
+    ap.add_argument("--swa-pattern", type=int, default=6, help="gemma3: every N-th layer is global")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--intermediate", type=int, default=0, help="default: about 2.7 x hidden, multiple of 32")
     ap.add_argument("--layers", type=int, default=2)
@@ -233,7 +254,9 @@ def main(argv=None):
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config_for(a), f, indent=2)
     with open(os.path.join(a.out, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, f, indent=2)
+        cfg = config_for(a)
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False}, f,
+                  indent=2)
     if a.tokenizer:
         for part in ("tokenizer.json", "tokenizer_config.json"):
             src = f"{a.tokenizer}.{part}"

@@ -221,6 +221,16 @@ void lms_cli_human_count(uint64_t p, char *out, size_t n)
         snprintf(out, n, "%llu", (unsigned long long)p);
 }
 
+bool lms_cli_vision_tensor(const char *name)
+{
+    static const char *const prefixes[] = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                           "model.multi_modal_projector."};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (!strncmp(name, prefixes[i], strlen(prefixes[i])))
+            return true;
+    return false;
+}
+
 int lms_cli_model_pair(const char *cmd, int argc, char **argv,
                        int (*op)(struct lms_store *s, const char *src, const char *dst), const char *done)
 {

@@ -75,6 +75,9 @@ bool lms_cli_parse_size(const char *s, uint64_t *out);
  * "134.5M", "1.54B". */
 void lms_cli_human_bytes(double bytes, char *out, size_t n);
 void lms_cli_human_count(uint64_t count, char *out, size_t n);
+/* A tensor of a multimodal checkpoint's vision part (tower, projector): stored
+ * with the model, not run by the engine (ls and info say so). */
+bool lms_cli_vision_tensor(const char *name);
 
 /*
  * `lmstore CMD MODEL NEWNAME [--store DIR]` (cp, mv): parse the arguments,

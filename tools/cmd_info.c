@@ -38,9 +38,26 @@ static const char *cfg_str(const cJSON *cfg, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+typedef struct vision_count {
+    uint64_t tensors, bytes;
+} vision_count;
+
+static int count_vision(void *vctx, const lms_tensor_record *t)
+{
+    vision_count *v = vctx;
+    if (lms_cli_vision_tensor(t->name)) {
+        v->tensors++;
+        v->bytes += t->nbytes;
+    }
+    return 0;
+}
+
 /* The summary: from the model record and config.json (when stored). */
 static void summary(info_ctx *c, const lms_model_info *m)
 {
+    vision_count vis = {0, 0};
+    if (lms_store_tensors(c->st, m->name, count_vision, &vis))
+        lms_clear_error(); /* the tensor listing that follows reports it */
     void *text = NULL;
     size_t len = 0;
     cJSON *cfg = NULL;
@@ -81,6 +98,12 @@ static void summary(info_ctx *c, const lms_model_info *m)
         cJSON_AddNumberToObject(s, "bytes", (double)m->tensor_bytes);
         cJSON_AddNumberToObject(s, "tensors", (double)m->n_tensors);
         cJSON_AddBoolToObject(s, "has_config", cfg != NULL);
+        if (vis.tensors) {
+            cJSON *v = cJSON_AddObjectToObject(s, "vision_tower");
+            cJSON_AddNumberToObject(v, "tensors", (double)vis.tensors);
+            cJSON_AddNumberToObject(v, "bytes", (double)vis.bytes);
+            cJSON_AddBoolToObject(v, "run", false);
+        }
         cJSON_Delete(cfg);
         return;
     }
@@ -108,6 +131,12 @@ static void summary(info_ctx *c, const lms_model_info *m)
     printf("dtype:         %s%s%s%s\n", dt, cdt ? " (config: " : "", cdt ? cdt : "", cdt ? ")" : "");
     printf("bytes:         %s in %llu tensors (%llu bytes)\n", by, (unsigned long long)m->n_tensors,
            (unsigned long long)m->tensor_bytes);
+    if (vis.tensors) {
+        char vb[32];
+        lms_cli_human_bytes((double)vis.bytes, vb, sizeof vb);
+        printf("vision tower:  stored, not run (%llu tensors, %s): lmstore runs the text model\n",
+               (unsigned long long)vis.tensors, vb);
+    }
     cJSON_Delete(cfg);
 }
 

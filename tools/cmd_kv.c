@@ -39,7 +39,18 @@ static void when(uint64_t t, char *out, size_t n)
 static void layout_str(const lms_kv_layout *L, char *out, size_t n)
 {
     const char *dt = lms_dtype_name(L->dtype);
-    snprintf(out, n, "%ux%ux%u %s p%u", L->n_layers, L->n_kv_heads, L->head_dim, dt ? dt : "?", L->page_tokens);
+    int o = snprintf(out, n, "%ux%ux%u %s p%u", L->n_layers, L->n_kv_heads, L->head_dim, dt ? dt : "?",
+                     L->page_tokens);
+    if (L->window && o > 0 && (size_t)o < n)
+        snprintf(out + o, n - (size_t)o, " w%u", L->window);
+}
+
+/* Layers with a sliding window (layout.window > 0). */
+static uint32_t n_sliding(const lms_kv_layout *L)
+{
+    uint32_t k = 0;
+    for (uint32_t l = 0; L->window && l < L->n_layers; l++) k += L->sliding[l] != 0;
+    return k;
 }
 
 static cJSON *info_json(const lms_kv_session_info *s)
@@ -61,8 +72,17 @@ static cJSON *info_json(const lms_kv_session_info *s)
     const char *dt = lms_dtype_name(s->layout.dtype);
     cJSON_AddStringToObject(l, "dtype", dt ? dt : "?");
     cJSON_AddNumberToObject(l, "page_tokens", s->layout.page_tokens);
+    if (s->layout.window) {
+        cJSON_AddNumberToObject(l, "window", s->layout.window);
+        cJSON *sl = cJSON_AddArrayToObject(l, "sliding_layers");
+        for (uint32_t i = 0; i < s->layout.n_layers; i++)
+            if (s->layout.sliding[i])
+                cJSON_AddItemToArray(sl, cJSON_CreateNumber(i));
+    }
     cJSON_AddNumberToObject(o, "tokens", s->n_tokens);
     cJSON_AddNumberToObject(o, "pages", s->n_pages);
+    if (s->layout.window)
+        cJSON_AddNumberToObject(o, "window_pages", s->n_window_pages);
     cJSON_AddNumberToObject(o, "raw_bytes", (double)s->raw_bytes);
     cJSON_AddNumberToObject(o, "stored_bytes", (double)s->stored_bytes);
     cJSON_AddNumberToObject(o, "missing_pages", s->missing_pages);
@@ -122,6 +142,8 @@ static int info_page(void *ctx, const lms_kv_page_info *p)
         hex16(p->key, key);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "index", p->index);
+        if (p->window)
+            cJSON_AddBoolToObject(o, "window", true);
         cJSON_AddStringToObject(o, "key", key);
         cJSON_AddBoolToObject(o, "present", p->present);
         cJSON_AddNumberToObject(o, "tokens", p->n_tokens);
@@ -160,6 +182,9 @@ static int info_one(void *ctx, const lms_kv_session_info *s)
     printf("model id     %s\n", id);
     printf("layout       %u layers, %u KV heads, head dim %u, %s, %u tokens per page (%s)\n", s->layout.n_layers,
            s->layout.n_kv_heads, s->layout.head_dim, dt ? dt : "?", s->layout.page_tokens, lay);
+    if (s->layout.window)
+        printf("window       %u positions on %u of %u layers: the last window's %u pages of those layers saved\n",
+               s->layout.window, n_sliding(&s->layout), s->layout.n_layers, s->n_window_pages);
     printf("tokens       %u in %u pages\n", s->n_tokens, s->n_pages);
     printf("K/V bytes    %llu raw, %llu stored (%.2fx)\n", (unsigned long long)s->raw_bytes,
            (unsigned long long)s->stored_bytes, s->stored_bytes ? (double)s->raw_bytes / (double)s->stored_bytes : 0.0);

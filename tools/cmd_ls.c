@@ -31,6 +31,7 @@ typedef struct model_row {
     uint64_t n_params, n_tensors, tensor_bytes, created;
     uint32_t dtype_mask;
     uint64_t own, shared; /* distinct blob bytes used by this model only / also by another model */
+    uint64_t vision_tensors, vision_bytes; /* a vision tower, stored but not run */
 } model_row;
 
 /* One tensor's blob: which model references it. */
@@ -94,6 +95,10 @@ static int on_tensor(void *vctx, const lms_tensor_record *t)
     if (room((void **)&c->b, c->nb, &c->capb, sizeof *c->b))
         return LMS_ENOMEM;
     blob_ref *b = &c->b[c->nb++];
+    if (lms_cli_vision_tensor(t->name)) {
+        c->m[c->cur].vision_tensors++;
+        c->m[c->cur].vision_bytes += t->nbytes;
+    }
     memcpy(b->hash, t->hash, 16);
     b->nbytes = t->nbytes;
     b->model = c->cur;
@@ -144,8 +149,8 @@ static void print_text(const ls_ctx *c)
         lms_cli_human_bytes((double)r->tensor_bytes, sz, sizeof sz);
         lms_cli_human_bytes((double)r->own, own, sizeof own);
         lms_cli_human_bytes((double)r->shared, sh, sizeof sh);
-        printf("%-32s %-24s %8s %-10s %10s %10s %10s  %s\n", r->name, *r->arch ? r->arch : "-", ps, dt, sz, own, sh,
-               id);
+        printf("%-32s %-24s %8s %-10s %10s %10s %10s  %s%s\n", r->name, *r->arch ? r->arch : "-", ps, dt, sz, own, sh,
+               id, r->vision_tensors ? "  (vision tower stored, not run: text only)" : "");
     }
 }
 
@@ -173,6 +178,12 @@ static void print_json(const ls_ctx *c)
         cJSON_AddNumberToObject(o, "shared_bytes", (double)r->shared);
         cJSON_AddNumberToObject(o, "created", (double)r->created);
         cJSON_AddStringToObject(o, "source", r->source);
+        if (r->vision_tensors) {
+            cJSON *v = cJSON_AddObjectToObject(o, "vision_tower");
+            cJSON_AddNumberToObject(v, "tensors", (double)r->vision_tensors);
+            cJSON_AddNumberToObject(v, "bytes", (double)r->vision_bytes);
+            cJSON_AddBoolToObject(v, "run", false);
+        }
         cJSON_AddItemToArray(arr, o);
     }
     char *s = cJSON_Print(arr);

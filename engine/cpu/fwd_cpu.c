@@ -145,12 +145,14 @@ static void att_task(void *arg, size_t item, int worker)
     const float *q = bk->buf[LMS__B_Q] + (size_t)t * bk->width[LMS__B_Q] + (size_t)h * G * hd;
     float *out = bk->buf[LMS__B_ATT] + (size_t)t * bk->width[LMS__B_ATT] + (size_t)h * G * hd;
     int dti = lms__dt_index(kv->dtype);
-    size_t lo_off = (size_t)a->layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+    lms__kvloc L = lms__kv_layer(kv, a->layer);
+    size_t lo_off = L.layer_off + (size_t)h * kv->head_bytes;
+    assert(!L.group || lo / pt >= kv->wfirst); /* the window's pages are held */
 
     /* scores of positions [p0, p1) of each page, at sc[g][pos] */
     for (uint32_t i = lo / pt; i * pt < P; i++) {
         uint32_t p0 = LMS_MAX(i * pt, lo), p1 = LMS_MIN((i + 1) * pt, P);
-        const uint8_t *K = kv->base + (size_t)kv->pages[i] * kv->page_bytes + lo_off + (p0 - i * pt) * kv->token_bytes;
+        const uint8_t *K = L.base + (size_t)L.pages[i] * L.page_bytes + lo_off + (p0 - i * pt) * kv->token_bytes;
         bk->k->gemm[dti](K, hd, q, hd, sc + p0, bk->n_ctx, (int)(p1 - p0), (int)G, (int)hd, false);
     }
     for (uint32_t g = 0; g < G; g++) {
@@ -173,7 +175,7 @@ static void att_task(void *arg, size_t item, int worker)
     }
     for (uint32_t i = lo / pt; i * pt < P; i++) {
         uint32_t p0 = LMS_MAX(i * pt, lo), p1 = LMS_MIN((i + 1) * pt, P);
-        const uint8_t *V = kv->base + (size_t)kv->pages[i] * kv->page_bytes + lo_off + kv->v_offset;
+        const uint8_t *V = L.base + (size_t)L.pages[i] * L.page_bytes + lo_off + kv->v_offset;
         for (uint32_t g = 0; g < G; g++) {
             const float *s = sc + (size_t)g * bk->n_ctx;
             float *o = out + (size_t)g * hd;
@@ -332,6 +334,7 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
     const lms__kvview *kv = st->kv;
     uint32_t hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
     const float *inv_freq = b->inv_freq[which == LMS__ROPE_LOCAL];
+    lms__kvloc L = lms__kv_layer(kv, layer);
     for (uint32_t t = 0; t < st->nb; t++) {
         float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
         const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
@@ -346,9 +349,9 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
                 rmsnorm(q + h * hd, q + h * hd, q_norm, hd, hp->eps);
             rope(q + h * hd, cs, hd);
         }
-        uint32_t pos = st->pos0 + t, page = kv->pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
-        uint8_t *dst = kv->base + (size_t)page * kv->page_bytes + (size_t)layer * kv->layer_bytes +
-                       (size_t)slot * kv->token_bytes;
+        uint32_t pos = st->pos0 + t, page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
+        assert(!L.group || pos / kv->page_tokens >= kv->wfirst);
+        uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
         for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
             if (k_norm)
                 rmsnorm(k + h * hd, k + h * hd, k_norm, hd, hp->eps);

@@ -76,7 +76,8 @@ struct lms__bk {
     float *part;        /* split-attention partials */
     int *counters;
     int splits, chunk;
-    lms_cu_kv kvg;
+    lms_cu_kv kvg[2];   /* the cache's groups: 0, and the window group (sliding-window layers) */
+    const lms__kvview *kv; /* the geometry create was given (group and index of each layer) */
     const lms__step *st;
     int mode;
     bool capturing, use_graphs;
@@ -247,7 +248,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     /* split decoding: splits of chunk positions (128, more for contexts past 32k) cover n_ctx */
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
-    size_t nstep = LMS_CU_STEP_TOKENS + B + b->max_pages;
+    /* step parameters: a block table per group of the cache (kernels.h) */
+    size_t nstep = LMS_CU_STEP_TOKENS + B + (cfg->kv->window ? 2 : 1) * (size_t)b->max_pages;
     ALLOC(b->xin, B * b->maxw * 4);
     ALLOC(b->xn, (size_t)GEMV_MAX_ROWS * b->maxw * 4);
     ALLOC(b->hbuf, (size_t)GEMV_MAX_ROWS * hp->n_ff * 4);
@@ -295,8 +297,14 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         goto out_fail;
     }
     const lms__kvview *kv = cfg->kv;
-    b->kvg = (lms_cu_kv){kv->base, (int64_t)kv->page_bytes, (int64_t)kv->layer_bytes, (int64_t)kv->head_bytes,
-                         (int64_t)kv->token_bytes, (int64_t)kv->v_offset, (int)kv->page_tokens, cu_type(kv->dtype)};
+    b->kv = kv;
+    b->kvg[0] = (lms_cu_kv){kv->base, (int64_t)kv->page_bytes, (int64_t)kv->layer_bytes, (int64_t)kv->head_bytes,
+                            (int64_t)kv->token_bytes, (int64_t)kv->v_offset, (int)kv->page_tokens,
+                            cu_type(kv->dtype), (int)(LMS_CU_STEP_TOKENS + B)};
+    b->kvg[1] = b->kvg[0];
+    b->kvg[1].base = kv->wbase;
+    b->kvg[1].page_bytes = (int64_t)kv->wpage_bytes;
+    b->kvg[1].table = (int)(LMS_CU_STEP_TOKENS + B + b->max_pages);
     *out = b;
     return 0;
 out_fail:
@@ -312,7 +320,7 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
 {
     cudaError_t e;
     assert(st->nb >= 1 && st->nb <= b->B && st->pos0 + st->nb <= b->n_ctx);
-    assert(st->kv->base == b->kvg.base);
+    assert(st->kv->base == b->kvg[0].base && st->kv->window == b->kv->window);
     *replayed = false;
     b->st = st;
     b->err = 0;
@@ -329,6 +337,17 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
         (e = cudaMemcpyAsync(b->dstep, b->hstep, (LMS_CU_STEP_TOKENS + b->B + np) * 4, cudaMemcpyHostToDevice,
                              b->stream)))
         return cu_err(e, "step parameters");
+    if (st->kv->window) {
+        /* The window group's table. Its entries below wfirst name pages given back:
+         * no key there is attended, but the prefill kernel loads whole tiles of keys
+         * and masks those before the window, so they get a held page (finite rows). */
+        int32_t *t1 = b->hstep + b->kvg[1].table;
+        uint32_t f = LMS_MIN(st->kv->wfirst, np - 1);
+        for (uint32_t i = 0; i < f; i++) t1[i] = (int32_t)st->kv->wpages[f];
+        memcpy(t1 + f, st->kv->wpages + f, (np - f) * 4);
+        if ((e = cudaMemcpyAsync(b->dstep + b->kvg[1].table, t1, np * 4, cudaMemcpyHostToDevice, b->stream)))
+            return cu_err(e, "step parameters");
+    }
     bool graphable = b->use_graphs && st->nb == 1 && st->out != LMS__OUT_ALL;
     if (graphable && b->graph[b->mode]) {
         if ((e = cudaGraphLaunch(b->graph[b->mode], b->stream)))
@@ -485,12 +504,22 @@ static void cuda_matmul(lms__bk *b, const lms__mm *jobs, int n)
     mm_run(b, jobs, n, 0, 0, NULL, 0);
 }
 
+/* The geometry of layer's group and the layer's index within it. */
+static lms_cu_kv kv_of(const lms__bk *b, uint32_t layer, int *index)
+{
+    int g = b->kv->group ? b->kv->group[layer] : 0;
+    *index = (int)(b->kv->group ? b->kv->index[layer] : layer);
+    return b->kvg[g];
+}
+
 static void rope_launch(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
 {
     const lms__hparams *hp = b->hp;
+    int li;
+    lms_cu_kv kv = kv_of(b, layer, &li);
     lms_cu_rope a = {b->buf[LMS__B_Q], b->buf[LMS__B_K], b->buf[LMS__B_V], dv(b, q_norm), dv(b, k_norm),
                      b->inv_freq + (rope == LMS__ROPE_LOCAL ? hp->head_dim / 2 : 0), (int)hp->n_heads,
-                     (int)hp->n_kv_heads, (int)hp->head_dim, (int)layer, hp->eps, b->kvg, b->dstep, (int)b->B,
+                     (int)hp->n_kv_heads, (int)hp->head_dim, li, hp->eps, kv, b->dstep, (int)b->B,
                      (int)b->st->nb};
     CU_TRY(b, lms_cu_rope_launch(&a, b->stream), "rope");
 }
@@ -531,11 +560,10 @@ static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float sc
     a.n_heads = (int)hp->n_heads;
     a.n_kv = (int)hp->n_kv_heads;
     a.hd = (int)hp->head_dim;
-    a.layer = (int)layer;
+    a.kv = kv_of(b, layer, &a.layer);
     a.window = (int)window;
     a.scale = scale;
     a.softcap = softcap;
-    a.kv = b->kvg;
     a.step = b->dstep;
     a.max_block = (int)b->B;
     a.part = b->part;

@@ -843,7 +843,8 @@ __global__ void rope_kernel(const lms_cu_rope a)
     const int pos = a.step[LMS_CU_STEP_POS0] + b, hd = a.hd, half = hd / 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const lms_cu_kv *kv = &a.kv;
-    const int page = a.step[LMS_CU_STEP_TOKENS + a.max_block + pos / kv->page_tokens], slot = pos % kv->page_tokens;
+    /* the layer's group's block table (lms_cu_kv.table: group 0's, or the window group's) */
+    const int page = a.step[kv->table + pos / kv->page_tokens], slot = pos % kv->page_tokens;
     uint8_t *kvrow = kv->base + (size_t)page * kv->page_bytes + (size_t)a.layer * kv->layer_bytes +
                      (size_t)slot * kv->token_bytes;
     for (int head = warp; head < a.n_heads + a.n_kv; head += nw) {
@@ -958,7 +959,7 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
     const lms_cu_kv *kv = &a.kv;
     const int tb = (int)kv->token_bytes, tbp = tb + 16, sub_n = attn_sub(tb);
-    const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
+    const int32_t *pages = a.step + kv->table; /* the layer's group's block table (lms_cu_kv.table) */
     const size_t qd = (size_t)a.n_heads * hd, kvd = (size_t)a.n_kv * hd;
     const uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
     float *qs = (float *)smem;                                /* [G][hd] */
@@ -1264,7 +1265,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
         return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const lms_cu_kv *kv = &a.kv;
-    const int32_t *pages = a.step + LMS_CU_STEP_TOKENS + a.max_block;
+    const int32_t *pages = a.step + kv->table; /* the layer's group's block table (lms_cu_kv.table) */
     const size_t qd = (size_t)a.n_heads * HD;
     const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)kvh * kv->head_bytes;
     const float LOG2E = 1.4426950408889634f;

@@ -26,16 +26,19 @@ enum { LMS_CU_F32 = 0, LMS_CU_F16 = 1, LMS_CU_BF16 = 2 };
 enum { LMS_CU_PRO_NONE = 0, LMS_CU_PRO_NORM = 1, LMS_CU_PRO_SILU = 2, LMS_CU_PRO_GELU = 3 };
 
 /* Step parameters, int32 words: [0] nb, [1] pos0, [2] n_pages, [3] 0,
- * [4 .. 4+max_block) token ids, [4+max_block ..) the block table. */
+ * [4 .. 4+max_block) token ids, [4+max_block ..) the block table, and with
+ * sliding-window layers the window group's block table after it (each
+ * group's lms_cu_kv.table says where its table starts). */
 #define LMS_CU_STEP_NB 0
 #define LMS_CU_STEP_POS0 1
 #define LMS_CU_STEP_TOKENS 4
 
-/* The paged KV cache (lmstore/kvcache.h layout). */
+/* The paged KV cache (lmstore/kvcache.h layout): one group of its pages. */
 typedef struct lms_cu_kv {
     uint8_t *base;
     int64_t page_bytes, layer_bytes, head_bytes, token_bytes, v_offset;
     int page_tokens, dtype; /* LMS_CU_* */
+    int table;              /* word offset of the group's block table in the step parameters */
 } lms_cu_kv;
 
 /* Matrix-vector products of up to 3 matrices sharing one input (q/k/v,

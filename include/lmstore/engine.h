@@ -77,7 +77,7 @@ LMS_API void lms_engine_free(lms_engine *eng); /* NULL ok */
 /* ---- what is in effect --------------------------------------------------------- */
 
 typedef struct lms_engine_info {
-    const char *arch;        /* "llama", "qwen2", "qwen3" */
+    const char *arch;        /* "llama", "qwen2", "qwen3", "gemma3" */
     uint32_t n_vocab;        /* rows of the LM head (logits per position) */
     uint32_t n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff;
     uint32_t n_ctx;          /* in effect */
@@ -114,13 +114,18 @@ enum lms_eval_flags {
  * positions with LMS_EVAL_ALL, into `logits` (may be NULL: fill the cache
  * only). Errors: LMS_EINVAL (id out of vocabulary, n == 0), LMS_ENOSPACE
  * (the sequence would pass n_ctx or the KV budget is exhausted). After a
- * failure the sequence is as it was before the call.
+ * failure the sequence is as it was before the call (with sliding-window
+ * layers, Gemma 3's, this may run earlier tokens again, and should that
+ * fail too the sequence is left shorter).
  */
 LMS_API int lms_engine_eval(lms_engine *eng, const int32_t *tokens, size_t n, float *logits, unsigned flags);
 
 /* Tokens of the sequence (borrowed, valid until the next call that changes it). */
 LMS_API const int32_t *lms_engine_tokens(const lms_engine *eng, size_t *n);
-/* Keep the first n_keep tokens (n_keep <= length). */
+/* Keep the first n_keep tokens (n_keep <= length). With sliding-window layers
+ * (Gemma 3) whose K/V for that point were given back and evicted from the
+ * cache, the tokens since the last point that still has them are run again
+ * (errors of lms_engine_eval). */
 LMS_API int lms_engine_truncate(lms_engine *eng, size_t n_keep);
 /* Empty the sequence. Its full pages stay in the KV prefix cache (LRU) so a
  * later prompt starting the same way reuses them. */

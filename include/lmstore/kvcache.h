@@ -34,6 +34,25 @@
  * Position pos of a sequence lives in page table[pos / page_tokens], slot
  * pos % page_tokens (lms_kv_seq_slot).
  *
+ * ---- Sliding-window layers (layout.window > 0) ------------------------------
+ *
+ * Layers marked in layout.sliding (Gemma 3's local layers) attend to the last
+ * `window` positions only, so their K/V need not stay for the whole sequence.
+ * They live in a second group of pages, the WINDOW GROUP, laid out as above
+ * with n_layers replaced by the number of sliding layers (and the pages of
+ * group 0 hold the other, full-context layers):
+ *
+ *   arena  [n_pages] page0 (full-context layers), then [window_pages] page1 (sliding layers)
+ *   layer l lives in group lms_kv_layer_group(kv, l, &i), at index i within its group's pages
+ *
+ * A sequence has a block table per group, both indexed by pos / page_tokens.
+ * The window table holds pages only from lms_kv_seq_window_pages()'s `first`
+ * on: lms_kv_seq_commit(n) gives back the window pages wholly below position
+ * n - window (what any later position, or a truncation by one token, can
+ * still read), so the window group's pages in use stay bounded by the window
+ * whatever the sequence's length. Released full pages are keyed, like group
+ * 0's, and stay reusable in that group's own LRU and prefix index.
+ *
  * ---- Page life ---------------------------------------------------------------
  *
  *   FREE --(alloc by append/fork-COW/resume)--> IN USE (refs >= 1)
@@ -88,6 +107,11 @@ typedef struct lms_kv_layout {
     uint32_t head_dim;
     lms_dtype dtype;      /* LMS_DTYPE_F32, LMS_DTYPE_F16 or LMS_DTYPE_BF16 */
     uint32_t page_tokens; /* tokens per page; 0 = 16; at most 1024 */
+    uint32_t window;      /* positions a sliding-window layer attends to; 0 = no such layers (one group) */
+    const uint8_t *sliding; /* [n_layers] 1 = a sliding-window layer, 0 = a full-context layer; NULL when
+                               window is 0. lms_kv_create copies it; a layout the cache or a session
+                               reports points at its own copy (valid while the cache lives / during the
+                               callback). At least one layer must be full-context. */
 } lms_kv_layout;
 
 typedef struct lms_kv_params {
@@ -95,6 +119,8 @@ typedef struct lms_kv_params {
     uint64_t budget_bytes;   /* arena bytes (rounded down to whole pages), used when
                                 budget_pages is 0; both 0 = LMS_EINVAL */
     uint32_t max_seqs;       /* live sequences at once; 0 = 64 */
+    uint64_t window_pages;   /* pages of the window group (layout.window > 0); 0 = as many as group 0
+                                (then budget_bytes is split between the groups in that ratio) */
     uint32_t max_seq_tokens; /* tokens of one sequence; 0 = the whole arena */
     uint8_t model_id[LMS_MODEL_ID_LEN]; /* model whose K/V this holds (lms_model_info.id);
                                            part of every page key and session */
@@ -107,7 +133,9 @@ LMS_API lms_kv_params lms_kv_default_params(void);
  * the whole arena now. Errors: LMS_EINVAL (layout: zero sizes, dtype not
  * f32/f16/bf16, page_tokens > 1024; budget under one page), LMS_ERANGE
  * (sizes overflow), LMS_ENOMEM (host tables or device arena; the detail says
- * how many bytes). On failure *out is NULL and nothing needs freeing.
+ * how many bytes). A window needs `sliding` with at least one full-context
+ * layer (LMS_EINVAL otherwise). On failure *out is NULL and nothing needs
+ * freeing.
  */
 LMS_API int lms_kv_create(lms_device *dev, const lms_kv_layout *layout, const lms_kv_params *params, lms_kv **out);
 
@@ -117,9 +145,12 @@ LMS_API int lms_kv_create(lms_device *dev, const lms_kv_layout *layout, const lm
  */
 LMS_API int lms_kv_destroy(lms_kv *kv);
 
-/* The layout in effect (page_tokens filled in), page count and model id. */
+/* The layout in effect (page_tokens filled in), page count (group 0) and model id. */
 LMS_API void lms_kv_get_layout(const lms_kv *kv, lms_kv_layout *out);
 LMS_API uint32_t lms_kv_n_pages(const lms_kv *kv);
+/* The group of `layer` (0: full-context, 1: the window group) and its index among
+ * that group's layers (*index may be NULL). Without a window: 0 and the layer. */
+LMS_API int lms_kv_layer_group(const lms_kv *kv, uint32_t layer, uint32_t *index);
 LMS_API const uint8_t *lms_kv_model_id(const lms_kv *kv); /* LMS_MODEL_ID_LEN bytes, valid while kv lives */
 LMS_API lms_device *lms_kv_device(const lms_kv *kv);
 LMS_API size_t lms_kv_elem_size(lms_dtype dtype);           /* 4, 2, 2; 0 for other dtypes */
@@ -133,14 +164,18 @@ typedef struct lms_kv_geometry {
     size_t head_bytes;    /* page_tokens * token_bytes */
     size_t v_offset;      /* V of a layer starts this many bytes after its K */
     size_t layer_bytes;   /* 2 * v_offset */
-    size_t page_bytes;    /* n_layers * layer_bytes: stride between pages */
+    size_t page_bytes;    /* n_layers * layer_bytes: stride between pages (group 0's layers) */
+    /* the window group (layout.window > 0; zeros without): its pages, same strides within a page */
+    void *window_base;        /* device pointer of its page 0 */
+    uint32_t window_n_pages;
+    size_t window_page_bytes; /* sliding layers * layer_bytes */
 } lms_kv_geometry;
 
 LMS_API void lms_kv_get_geometry(const lms_kv *kv, lms_kv_geometry *out);
 
 /*
- * Device pointers to the K (or V) block of `layer` in `page`:
- * [n_kv_heads][page_tokens][head_dim] of the layout's dtype. Valid while kv
+ * Device pointers to the K (or V) block of `layer` in `page` (a page of the
+ * layer's group): [n_kv_heads][page_tokens][head_dim] of the layout's dtype. Valid while kv
  * lives; writable only for the slots a sequence reserved with append and
  * has not committed. NULL (and LMS_EINVAL detail) for an out-of-range layer
  * or page.
@@ -158,6 +193,8 @@ typedef struct lms_kv_stats {
     uint32_t n_seqs;        /* live sequences */
     uint64_t evictions;     /* cached pages reused for new data, since creation */
     uint64_t cow_copies;    /* copy-on-write page copies, since creation */
+    /* the window group (0 without a window), counted like group 0's pages above */
+    uint32_t window_pages, window_free_pages, window_cached_pages, window_used_pages;
 } lms_kv_stats;
 
 LMS_API void lms_kv_get_stats(const lms_kv *kv, lms_kv_stats *out);
@@ -208,7 +245,9 @@ LMS_API int lms_kv_seq_slot(const lms_kv *kv, const lms_kv_seq *seq, uint32_t po
 /*
  * Declare the K/V of positions [0, n_written) written (n_written <= length,
  * and not below the current committed count: LMS_EINVAL). Pages that are
- * full and committed get their chained key and enter the prefix index.
+ * full and committed get their chained key and enter the prefix index. With
+ * a window, window pages wholly below n_written - window are given back
+ * (see "Sliding-window layers").
  */
 LMS_API int lms_kv_seq_commit(lms_kv *kv, lms_kv_seq *seq, uint32_t n_written);
 
@@ -221,6 +260,10 @@ LMS_API uint32_t lms_kv_seq_committed(const lms_kv_seq *seq); /* positions with 
  * that changes this sequence. Host memory.
  */
 LMS_API const uint32_t *lms_kv_seq_pages(const lms_kv_seq *seq, uint32_t *n_pages);
+/* The window group's block table (layout.window > 0): entries [*first, *n_pages)
+ * are window pages of positions first*page_tokens ...; the ones before are given
+ * back. NULL (and 0, 0) without a window. Borrowed like lms_kv_seq_pages. */
+LMS_API const uint32_t *lms_kv_seq_window_pages(const lms_kv_seq *seq, uint32_t *first, uint32_t *n_pages);
 
 /* Token id at position pos (pos < length; -1 otherwise). */
 LMS_API int32_t lms_kv_seq_token(const lms_kv *kv, const lms_kv_seq *seq, uint32_t pos);
@@ -240,16 +283,24 @@ LMS_API int lms_kv_seq_fork(lms_kv *kv, const lms_kv_seq *src, lms_kv_seq **out)
  * Keep the first n_keep positions (n_keep <= length; LMS_EINVAL otherwise).
  * Pages past them lose a reference; committed becomes min(committed, n_keep).
  * Keyed pages keep their key (their bytes are unchanged): the next append
- * into a kept partial keyed page copies it.
+ * into a kept partial keyed page copies it. With a window, the window pages
+ * the kept positions need and the sequence gave back are attached again
+ * from the prefix index; when one is gone, LMS_ERANGE and nothing changes
+ * (lms_kv_seq_keepable says how far back a truncation can go).
  */
 LMS_API int lms_kv_seq_truncate(lms_kv *kv, lms_kv_seq *seq, uint32_t n_keep);
+/* The largest m <= n (and <= length) that lms_kv_seq_truncate(kv, seq, m) accepts:
+ * n itself without a window; with one, possibly less (0 at worst). Reads only. */
+LMS_API uint32_t lms_kv_seq_keepable(const lms_kv *kv, const lms_kv_seq *seq, uint32_t n);
 
 /*
  * Find the longest prefix of tokens[0..n) whose full pages are in the
  * prefix index (only whole pages match) and start a new sequence with those
  * pages attached (refs + 1), length and committed = *n_reused, which is a
  * multiple of page_tokens (0 when nothing matched: the sequence is then
- * empty). A caller that needs logits for the last prompt token passes n - 1.
+ * empty). With a window, the match also needs the window pages of its last
+ * `window` positions in the prefix index, and is shortened until it has them.
+ * A caller that needs logits for the last prompt token passes n - 1.
  * LMS_ENOSPACE when max_seqs sequences are live.
  */
 LMS_API int lms_kv_lookup(lms_kv *kv, const int32_t *tokens, uint32_t n, lms_kv_seq **out, uint32_t *n_reused);
@@ -296,7 +347,10 @@ LMS_API lms_kv_resume_params lms_kv_default_resume_params(void);
  * segments (fsync'd), then the session record and the new page records
  * commit in one LMDB transaction. A session of the same name is replaced
  * (unless params->no_replace). The cache is not changed. params and stats
- * may be NULL. Errors: LMS_EINVAL (an invalid name: empty, over 400 bytes,
+ * may be NULL. With a window, the window group's pages of the last `window`
+ * positions are saved beside the full-context pages (what resuming needs);
+ * the record names the window and the sliding layers, and a resume into
+ * another layout is refused. Errors: LMS_EINVAL (an invalid name: empty, over 400 bytes,
  * not UTF-8, a control character or a leading '-'; or no committed token),
  * LMS_EEXIST, LMS_EIO, LMS_EDB, LMS_ENOMEM. After a failure no session of
  * that name changed (a crash leaves at most unreferenced segment bytes for gc).
@@ -313,7 +367,8 @@ LMS_API int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, 
  * pages). Errors, each with a detail naming the session:
  *   LMS_ENOENT     no such session
  *   LMS_EVERSION   the session or a page record has a version this build does not read
- *   LMS_EMISMATCH  saved with another model ("other model") or another layout ("other layout")
+ *   LMS_EMISMATCH  saved with another model ("other model") or another layout ("other layout",
+ *                  which includes the window and the set of sliding layers)
  *   LMS_ECORRUPT   a page fails its checksum or does not decode (page index named),
  *                  or the record is malformed
  *   LMS_EFORMAT    a KV segment is truncated (page index and segment named)
@@ -337,6 +392,7 @@ typedef struct lms_kv_session_info {
     lms_kv_layout layout;
     uint32_t n_tokens;
     uint32_t n_pages;
+    uint32_t n_window_pages;  /* window-group pages saved (layout.window > 0): the last window's */
     uint64_t created;         /* unix seconds */
     uint64_t last_used;       /* unix seconds (last save or resume) */
     uint64_t raw_bytes;       /* K/V bytes of its pages (valid tokens) */
@@ -346,6 +402,7 @@ typedef struct lms_kv_session_info {
 
 typedef struct lms_kv_page_info {
     uint32_t index;           /* position in the session (0 = first page) */
+    bool window;              /* a window-group page (the sliding layers' K/V of those positions) */
     uint8_t key[16];          /* content key */
     bool present;             /* record found in the index */
     lms_kv_codec codec;

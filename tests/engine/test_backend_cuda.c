@@ -8,7 +8,11 @@
  * F32/F16/BF16 weights and K/V, norms, gated activations, biases, residual
  * adds, sliding windows and soft-capping. Then whole steps (the forward
  * pass of a random 2-layer model) on both backends, decode steps replayed
- * from the CUDA graph at moving positions, and the device argmax.
+ * from the CUDA graph at moving positions, and the device argmax; and a
+ * Gemma-3-like model whose sliding-window layer keeps its K/V in a second
+ * group of pages (the cache's window group), whose pages below the window
+ * are overwritten with NaN as the window moves: a read past the window
+ * shows.
  *
  * Every mismatch is printed (operation, shape, relative error) before the
  * test fails, so one run on a GPU host shows all of them. Without a GPU, or
@@ -595,6 +599,97 @@ static void test_forward_shape(const shape *s)
     model_free(&m);
 }
 
+/* ---- sliding-window layers in the cache's window group -------------------------------------------------- */
+
+/* Pages of a window group wholly below position `end` - window: NaN (all bits set) on both sides. */
+static void poison_window(lms__kvview *kc, lms__kvview *kg, uint32_t end)
+{
+    uint32_t first = end > kc->window ? (end - kc->window) / kc->page_tokens : 0;
+    for (uint32_t i = 0; i < first; i++) {
+        memset(kc->wbase + (size_t)kc->wpages[i] * kc->wpage_bytes, 0xff, kc->wpage_bytes);
+        assert_int_equal(g_dev->ops->memset(g_dev, kg->wbase + (size_t)kg->wpages[i] * kg->wpage_bytes, 0xff,
+                                            kg->wpage_bytes, NULL),
+                         0);
+    }
+}
+
+static void test_window_shape(const shape *s)
+{
+    model m;
+    model_make(&m, s);
+    lms__hparams *hp = &m.hp;
+    /* Gemma 3's layer: layer 0 local (window 20, its own RoPE base), post-norms, GELU-tanh,
+     * scaled embeddings, a logit soft-cap */
+    hp->window = 20;
+    hp->sliding[0] = 1;
+    hp->rope_local_theta = 10000;
+    hp->rope_theta = 1e6, hp->rope_kind = LMS__ROPE_LINEAR, hp->rope_factor = 8;
+    hp->post_norms = true;
+    hp->act = LMS__ACT_GELU_TANH;
+    hp->embed_scale = sqrtf((float)s->E);
+    hp->final_softcap = 30;
+    size_t used = m.w.vec_len - 4 * (size_t)s->E;
+    for (int l = 0; l < 2; l++) {
+        m.layers[l].post_attn_norm = vec(&m, &used, s->E, 1.0f, 0.2f);
+        m.layers[l].post_ffn_norm = vec(&m, &used, s->E, 1.0f, 0.2f);
+    }
+    static const uint8_t group[2] = {1, 0};
+    static const uint32_t index[2] = {0, 0};
+    lms__kvview kc, kg;
+    kv_geometry(&kc, hp, s->kvdt);
+    kc.page_bytes = kc.layer_bytes; /* one layer in each group */
+    kc.window = hp->window, kc.group = group, kc.index = index, kc.wpage_bytes = kc.layer_bytes;
+    size_t ab = N_PAGES * kc.page_bytes;
+    uint8_t *ac = calloc(1, ab), *wc = calloc(1, ab);
+    void *ag, *wg;
+    uint32_t table[N_PAGES], wtable[N_PAGES];
+    for (uint32_t i = 0; i < N_PAGES; i++) table[i] = (i * 23 + 3) % N_PAGES, wtable[i] = (i * 13 + 7) % N_PAGES;
+    assert_int_equal(g_dev->ops->alloc(g_dev, ab, &ag), 0);
+    assert_int_equal(g_dev->ops->alloc(g_dev, ab, &wg), 0);
+    assert_int_equal(g_dev->ops->memset(g_dev, ag, 0, ab, NULL), 0);
+    assert_int_equal(g_dev->ops->memset(g_dev, wg, 0, ab, NULL), 0);
+    kc.base = ac, kc.pages = table, kc.n_pages = N_PAGES, kc.wbase = wc, kc.wpages = wtable;
+    kg = kc;
+    kg.base = ag, kg.wbase = wg;
+    lms_pool *pool;
+    assert_int_equal(lms__pool_create(2, &pool), 0);
+    lms__fwd *fc, *fg;
+    setenv("LMSTORE_CUDA_GRAPH", "1", 1);
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, hp, &m.w, NULL, lms__kernels_best(), pool, 64, N_CTX, &kc, &fc), 0);
+    assert_int_equal(lms__fwd_create(lms__fwd_cuda, hp, &m.w, g_dev, NULL, NULL, 64, N_CTX, &kg, &fg), 0);
+    uint32_t V = hp->n_vocab;
+    float *l1 = malloc((size_t)64 * V * 4), *l2 = malloc((size_t)64 * V * 4);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
+    double tol = s->wdt == LMS_DTYPE_BF16 || s->kvdt != LMS_DTYPE_F32 ? 3e-2 : 1e-3;
+    /* prefill 41, decode 40 (graph replays), prefill 30 more: the tensor-core kernel's
+     * first key tile then starts below the window */
+    uint32_t pos = 0, plan[3] = {41, 40, 30};
+    for (int phase = 0; phase < 3; phase++) {
+        for (uint32_t k = 0; k < (phase == 1 ? plan[1] : 1); k++) {
+            uint32_t nb = phase == 1 ? 1 : plan[phase];
+            kc.wfirst = kg.wfirst = pos > hp->window ? (pos - hp->window) / kc.page_tokens : 0;
+            assert_int_equal(lms__fwd_block(fc, toks + (phase == 1 ? k % 64 : 0), nb, pos, &kc, l1, phase != 1), 0);
+            int rc = lms__fwd_block(fg, toks + (phase == 1 ? k % 64 : 0), nb, pos, &kg, l2, phase != 1);
+            if (rc)
+                printf("cuda forward (window): %s\n", lms_last_error());
+            assert_int_equal(rc, 0);
+            check(phase == 1 ? "window decode (graph)" : "window prefill", s, nb, pos, l2, l1,
+                  (size_t)(phase == 1 ? 1 : nb) * V, tol);
+            pos += nb;
+            poison_window(&kc, &kg, pos);
+        }
+    }
+    free(l1), free(l2);
+    lms__fwd_free(fc);
+    lms__fwd_free(fg);
+    lms__pool_destroy(pool);
+    free(ac), free(wc);
+    g_dev->ops->free(g_dev, ag);
+    g_dev->ops->free(g_dev, wg);
+    model_free(&m);
+}
+
 /* ---- the shapes -------------------------------------------------------------------------------------- */
 
 static const shape SHAPES[] = {
@@ -625,6 +720,20 @@ static void forward_matches_cpu(void **state)
     assert_int_equal(g_fail - before, 0);
 }
 
+static void window_group_forward_matches_cpu(void **state)
+{
+    int before = g_fail;
+    /* head dims 64, 128, 256 (gemma-3's), 16-bit and f32 K/V (the decoding kernel for prefill too) */
+    static const shape W[] = {
+        {256, 4, 1, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, true},
+        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true},
+        {64, 4, 2, 32, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, true},
+    };
+    for (size_t i = 0; i < LMS_ARRAY_LEN(W); i++) test_window_shape(&W[i]);
+    printf("window group forward: %d mismatches\n", g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
 int main(void)
 {
     if (!lms__fwd_cuda) {
@@ -638,6 +747,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ops_match_cpu),
         cmocka_unit_test(forward_matches_cpu),
+        cmocka_unit_test(window_group_forward_matches_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     lms_device_close(g_dev);

@@ -4,10 +4,16 @@
  *  - logits, 24 greedy tokens and perplexity of each family equal
  *    transformers' (tests/fixtures/engine/, see
  *    tests/reference/make_engine_fixtures.py), also with a config written in
- *    the older rope_scaling form;
+ *    the older rope_scaling form (Gemma 3: the older form of its RoPE and
+ *    layer settings, with the text config's defaults left out, as
+ *    gemma-3-4b's config.json has them);
  *  - a session saved after N tokens and resumed in a NEW PROCESS continues
- *    with exactly the ids of the uninterrupted run; resuming a session of
- *    another model fails with LMS_EMISMATCH and leaves the sequence alone;
+ *    with exactly the ids of the uninterrupted run (Gemma 3: saved past the
+ *    sliding window); resuming a session of another model fails with
+ *    LMS_EMISMATCH and leaves the sequence alone;
+ *  - Gemma 3's sliding-window layers hold at most the window's pages of the
+ *    KV arena over a generation 8x the window, and their pages that slid
+ *    out serve a prefix reuse and a regeneration from an earlier point;
  *  - prefix reuse (from the sequence and from the prefix cache) is reported
  *    and gives the same tokens as a full recompute;
  *  - memory stays flat while tokens flow (RSS), and anonymous memory does
@@ -21,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine_priv.h"
 #include "engine/internal.h"
 #include "lmstore/engine.h"
 #include "lmstore/loader.h"
@@ -91,6 +98,17 @@ static void import(lms_store *st, const char *dir, const char *name)
         fail_msg("import %s: %s", dir, lms_last_error());
 }
 
+/* A new store in a scratch folder holding the fixture `family` under its name; free the path. */
+static char *store_with(const char *tag, const char *family)
+{
+    char *sd = lms_test_tmpdir(tag);
+    lms_store *st;
+    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
+    import(st, fixture(family), family);
+    assert_int_equal(lms_store_close(st), 0);
+    return sd;
+}
+
 typedef struct rig {
     lms_store *st;
     lms_model *model;
@@ -158,11 +176,13 @@ static lms_gen_params greedy(uint32_t max)
 
 /* ---- transformers references through the store --------------------------------------------- */
 
+/* fixture: its folder name (gemma3-mm is a gemma3 model) */
 static void check_family_dir(const char *family, const char *dir)
 {
     ref r;
     rig g;
     load_ref(family, &r);
+    const char *arch = strncmp(family, "gemma3", 6) ? family : "gemma3";
     char *sd = lms_test_tmpdir("store");
     lms_store *st;
     assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
@@ -171,8 +191,14 @@ static void check_family_dir(const char *family, const char *dir)
     rig_open(&g, sd, family, LMS_DTYPE_F32, 0);
     lms_engine_info info;
     lms_engine_get_info(g.eng, &info);
-    assert_string_equal(info.arch, family);
+    assert_string_equal(info.arch, arch);
     assert_int_equal((int)info.n_vocab, r.n_logits);
+    if (!strcmp(arch, "gemma3")) { /* stops on <eos> and <end_of_turn>, as its generation config says; BOS 2 */
+        assert_int_equal(info.n_eos, 2);
+        assert_int_equal(info.eos_ids[0], 1);
+        assert_int_equal(info.eos_ids[1], 106);
+        assert_int_equal(info.bos_id, 2);
+    }
     uint32_t V = info.n_vocab;
     float *lg = malloc(sizeof(float) * V * 256);
 
@@ -219,6 +245,49 @@ static void check_family_dir(const char *family, const char *dir)
 static void llama_matches_transformers(void **s) { check_family_dir("llama", fixture("llama")); }
 static void qwen2_matches_transformers(void **s) { check_family_dir("qwen2", fixture("qwen2")); }
 static void qwen3_matches_transformers(void **s) { check_family_dir("qwen3", fixture("qwen3")); }
+static void gemma3_matches_transformers(void **s) { check_family_dir("gemma3", fixture("gemma3")); }
+static void gemma3_multimodal_text_matches_transformers(void **s) { check_family_dir("gemma3-mm", fixture("gemma3-mm")); }
+
+/* gemma3-mm's config as gemma-3-4b's config.json is written: RoPE as
+ * rope_theta + rope_local_base_freq + rope_scaling, layers by
+ * sliding_window_pattern, and the text config's defaults (head_dim and
+ * query_pre_attn_scalar aside) left out, eos at the top level only. */
+static void gemma3_older_config_form_matches_transformers(void **s)
+{
+    char *d = lms_test_tmpdir("gemmaold");
+    char path[1200];
+    assert_int_equal(lms_test_sh(NULL, "cp '%s'/model.safetensors '%s'/generation_config.json '%s'/",
+                                 fixture("gemma3-mm"), fixture("gemma3-mm"), d),
+                     0);
+    snprintf(path, sizeof path, "%s/config.json", fixture("gemma3-mm"));
+    char *txt = lms_test_slurp(path, NULL);
+    cJSON *root = cJSON_Parse(txt);
+    free(txt);
+    cJSON *tc = cJSON_GetObjectItem(root, "text_config");
+    assert_non_null(tc);
+    /* [S, S, F, S] is every third layer global */
+    cJSON_DeleteItemFromObject(tc, "layer_types");
+    cJSON_AddNumberToObject(tc, "sliding_window_pattern", 3);
+    cJSON_DeleteItemFromObject(tc, "rope_parameters");
+    cJSON_AddNumberToObject(tc, "rope_theta", 1000000.0);
+    cJSON_AddNumberToObject(tc, "rope_local_base_freq", 10000.0);
+    cJSON *rs = cJSON_AddObjectToObject(tc, "rope_scaling");
+    cJSON_AddStringToObject(rs, "rope_type", "linear");
+    cJSON_AddNumberToObject(rs, "factor", 8.0);
+    const char *defaults[] = {"rms_norm_eps", "hidden_activation", "bos_token_id", "eos_token_id", "attention_bias",
+                              "tie_word_embeddings", "_sliding_window_pattern", "use_bidirectional_attention"};
+    for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++) cJSON_DeleteItemFromObject(tc, defaults[i]);
+    char *out = cJSON_Print(root);
+    snprintf(path, sizeof path, "%s/config.json", d);
+    FILE *f = fopen(path, "w");
+    fputs(out, f);
+    fclose(f);
+    free(out);
+    cJSON_Delete(root);
+    check_family_dir("gemma3-mm", d);
+    lms_test_rmrf(d);
+    free(d);
+}
 
 /* The same llama model with its RoPE settings written in the other form
  * than the fixture's: rope_parameters {rope_type, rope_theta, ...} <->
@@ -318,22 +387,25 @@ static int parse_ids(const char *out, int32_t *ids)
     return n;
 }
 
-static void session_resumed_in_new_process_continues_greedy_run(void **s)
+static int session_window_pages(void *ctx, const lms_kv_session_info *info)
+{
+    *(lms_kv_session_info *)ctx = *info;
+    ((lms_kv_session_info *)ctx)->layout.sliding = NULL; /* valid during the callback only */
+    return 0;
+}
+
+static void session_roundtrip(const char *family)
 {
     ref r;
     rig g;
-    load_ref("qwen3", &r);
-    char *sd = lms_test_tmpdir("sess");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("qwen3"), "qwen3");
-    assert_int_equal(lms_store_close(st), 0);
+    load_ref(family, &r);
+    char *sd = store_with("sess", family);
     const char *kinds[] = {"f32", "bf16"};
     for (int k = 0; k < 2; k++) {
         lms_dtype dt = k == 0 ? LMS_DTYPE_F32 : LMS_DTYPE_BF16;
         /* the uninterrupted run: 24 tokens */
         int32_t full[64];
-        rig_open(&g, sd, "qwen3", dt, 0);
+        rig_open(&g, sd, family, dt, 0);
         collect c = {0};
         lms_gen_params gp = greedy(24);
         assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &c, NULL), 0);
@@ -356,10 +428,19 @@ static void session_resumed_in_new_process_continues_greedy_run(void **s)
         size_t n;
         lms_engine_tokens(g.eng, &n);
         assert_int_equal(n, r.n_prompt + 10);
+        lms_kv_session_info info;
+        assert_int_equal(lms_kv_session(g.st, sname, session_window_pages, NULL, &info), 0);
+        if (g.eng->hp.window) { /* past the window: the sliding layers' pages of the last window only */
+            assert_true(n > 2 * g.eng->hp.window);
+            assert_int_equal(info.layout.window, g.eng->hp.window);
+            assert_true(info.n_window_pages > 0 && info.n_window_pages <= g.eng->hp.window / 16 + 1);
+        } else {
+            assert_int_equal(info.n_window_pages, 0);
+        }
         rig_close(&g);
         /* resume in a new process, 14 more */
         char *out = NULL;
-        int st2 = lms_test_sh(&out, "/proc/%d/exe resume-child '%s' qwen3 %s 14 %s", (int)getpid(), sd, sname,
+        int st2 = lms_test_sh(&out, "/proc/%d/exe resume-child '%s' %s %s 14 %s", (int)getpid(), sd, family, sname,
                               kinds[k]);
         if (st2 != 0)
             fail_msg("child failed (%d): %s", st2, out ? out : "");
@@ -372,6 +453,9 @@ static void session_resumed_in_new_process_continues_greedy_run(void **s)
     lms_test_rmrf(sd);
     free(sd);
 }
+
+static void session_resumed_in_new_process_continues_greedy_run(void **s) { session_roundtrip("qwen3"); }
+static void gemma3_session_saved_past_the_window_resumes_in_new_process(void **s) { session_roundtrip("gemma3"); }
 
 static void resume_with_other_model_fails_and_keeps_sequence(void **s)
 {
@@ -430,11 +514,7 @@ static void prefix_reuse_is_reported_and_exact(void **s)
     ref r;
     rig g;
     load_ref("qwen2", &r);
-    char *sd = lms_test_tmpdir("prefix");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("qwen2"), "qwen2");
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("prefix", "qwen2");
     rig_open(&g, sd, "qwen2", LMS_DTYPE_F32, 0);
 
     /* a long prompt: the ppl ids (48 tokens = 3 pages) */
@@ -467,16 +547,100 @@ static void prefix_reuse_is_reported_and_exact(void **s)
     free(sd);
 }
 
+/* ---- Gemma 3's sliding window ------------------------------------------------------------------ */
+
+typedef struct window_watch {
+    collect c;
+    lms_engine *e;
+    uint32_t max_window_used, max_used;
+} window_watch;
+
+static int watch_window(void *user, int32_t id, const char *piece, size_t len)
+{
+    window_watch *w = user;
+    lms_kv_stats st;
+    lms_kv_get_stats(w->e->kv, &st);
+    w->max_window_used = LMS_MAX(w->max_window_used, st.window_used_pages);
+    w->max_used = LMS_MAX(w->max_used, st.used_pages);
+    return on_token(&w->c, id, piece, len);
+}
+
+static void gemma3_window_pages_stay_bounded_over_a_generation_8x_the_window(void **s)
+{
+    ref r;
+    load_ref("gemma3", &r);
+    char *sd = store_with("gwin", "gemma3");
+    int32_t ids[2][256];
+    for (int k = 0; k < 2; k++) {
+        /* 4 tokens a page: the window (16) is 4 pages; 16 tokens a page: 1 */
+        uint32_t P = k ? 16 : 4;
+        rig g;
+        memset(&g, 0, sizeof g);
+        assert_int_equal(lms_store_open(sd, 0, NULL, &g.st), 0);
+        assert_int_equal(lms_model_open(g.st, "gemma3", NULL, &g.model), 0);
+        lms_engine_params ep = lms_engine_default_params();
+        ep.threads = 2;
+        ep.kv_dtype = LMS_DTYPE_F32;
+        ep.kv_page_tokens = P;
+        ep.prefill_block = 5;
+        assert_int_equal(lms_engine_create(g.model, &ep, &g.eng), 0);
+        window_watch *w = calloc(1, sizeof *w);
+        w->e = g.eng;
+        lms_gen_params gp = greedy(8 * 16);
+        assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, watch_window, w, NULL), 0);
+        assert_int_equal(w->c.n, 128);
+        assert_memory_equal(w->c.ids, r.greedy, sizeof(int32_t) * r.n_greedy); /* transformers' first 24 */
+        memcpy(ids[k], w->c.ids, 128 * sizeof(int32_t));
+        lms_kv_stats kst;
+        lms_kv_get_stats(g.eng->kv, &kst);
+        printf("gemma3, %u tokens a page: %u + 128 tokens hold %u pages of the global layer, at most %u of the "
+               "sliding layers (window 16; the window group has %u pages)\n",
+               P, r.n_prompt, w->max_used, w->max_window_used, kst.window_pages);
+        /* the sliding layers: the window's pages and the one being filled; the global layer: every position */
+        assert_true(w->max_window_used <= 16 / P + 1);
+        assert_true(w->max_used >= (uint32_t)(r.n_prompt + 127) / P);
+        free(w);
+        rig_close(&g);
+    }
+    /* where the window's pages slide out differs with the page size; the tokens do not */
+    assert_memory_equal(ids[0], ids[1], 128 * sizeof(int32_t));
+    lms_test_rmrf(sd);
+    free(sd);
+}
+
+static void gemma3_prefix_reuse_and_regeneration_past_the_window(void **s)
+{
+    ref r;
+    rig g;
+    load_ref("gemma3", &r);
+    char *sd = store_with("greuse", "gemma3");
+    rig_open(&g, sd, "gemma3", LMS_DTYPE_F32, 0);
+    collect a = {0}, b = {0}, c = {0};
+    lms_gen_params gp = greedy(30);
+    lms_gen_metrics m;
+    assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &a, &m), 0);
+    /* regenerate from the prompt's end (39 tokens kept), long past the window
+     * now: its window pages slid out, and are attached again from the cache */
+    assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &b, &m), 0);
+    assert_int_equal(m.reused_tokens, r.n_prompt - 1);
+    assert_memory_equal(b.ids, a.ids, 30 * sizeof(int32_t));
+    /* after a reset the prefix cache gives whole pages (16 tokens) with their window */
+    lms_engine_reset(g.eng);
+    assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &c, &m), 0);
+    assert_int_equal(m.reused_tokens, 32);
+    assert_memory_equal(c.ids, a.ids, 30 * sizeof(int32_t));
+    assert_memory_equal(a.ids, r.greedy, sizeof(int32_t) * r.n_greedy);
+    rig_close(&g);
+    lms_test_rmrf(sd);
+    free(sd);
+}
+
 /* ---- memory -------------------------------------------------------------------------------------------- */
 
 static void rss_flat_during_1000_token_generation(void **s)
 {
     rig g;
-    char *sd = lms_test_tmpdir("rss");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    import(st, fixture("llama"), "llama");
-    assert_int_equal(lms_store_close(st), 0);
+    char *sd = store_with("rss", "llama");
     rig_open(&g, sd, "llama", LMS_DTYPE_F16, 1100);
     collect *c = calloc(1, sizeof *c);
     lms_gen_params gp = greedy(1000);
@@ -700,6 +864,57 @@ static void unsupported_settings_fail_at_load_naming_them(void **s)
     assert_int_equal(hp.n_eos, 3);
     assert_int_equal(hp.eos_ids[2], 5);
     assert_true(hp.qk_norm);
+    /* Gemma 3: what it does not run, named */
+    /* Gemma 3: what it does not run, named */
+    const char *gbase = "{\"architectures\":[\"Gemma3ForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+                        "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"intermediate_size\":16,\"head_dim\":4,"
+                        "\"sliding_window_pattern\":2%s}";
+    struct {
+        const char *extra, *named;
+        int rc;
+    } bad[] = {
+        {",\"num_hidden_layers\":2,\"use_bidirectional_attention\":true", "use_bidirectional_attention", LMS_EUNSUPPORTED},
+        {",\"num_hidden_layers\":2,\"layer_types\":[\"sliding_attention\",\"chunked_attention\"]", "chunked_attention",
+         LMS_EUNSUPPORTED},
+        {",\"num_hidden_layers\":1", "every layer is a sliding-window layer", LMS_EUNSUPPORTED}, /* pattern 6: layer 0 local */
+        {",\"num_hidden_layers\":2,\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"linear\",\"factor\":2}}",
+         "sliding_attention rope type 'linear'", LMS_EUNSUPPORTED},
+        {",\"num_hidden_layers\":2,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2}", "yarn", LMS_EUNSUPPORTED},
+        {",\"num_hidden_layers\":2,\"hidden_activation\":\"gelu\"", "gelu", LMS_EUNSUPPORTED},
+        {",\"num_hidden_layers\":2,\"layer_types\":[\"full_attention\"]", "layer_types", LMS_EFORMAT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cfg, sizeof cfg, gbase, bad[i].extra);
+        int rc = lms__config_parse(cfg, NULL, "m", &hp);
+        if (rc != bad[i].rc)
+            fail_msg("%s: %d (%s), not %d", cfg, rc, lms_last_error(), bad[i].rc);
+        if (!strstr(lms_last_error(), bad[i].named))
+            fail_msg("%s: '%s' does not name '%s'", cfg, lms_last_error(), bad[i].named);
+    }
+    /* the multimodal form needs its text_config; with one, the defaults fill the rest */
+    assert_int_equal(lms__config_parse("{\"architectures\":[\"Gemma3ForConditionalGeneration\"]}", NULL, "m", &hp),
+                     LMS_EFORMAT);
+    assert_non_null(strstr(lms_last_error(), "text_config"));
+    assert_int_equal(lms__config_parse("{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"eos_token_id\":[1,106],"
+                                       "\"text_config\":{\"hidden_size\":2560,\"intermediate_size\":10240,"
+                                       "\"num_hidden_layers\":34,\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"},"
+                                       "\"sliding_window\":1024}}",
+                                       NULL, "gemma-3-4b", &hp),
+                     0);
+    assert_string_equal(hp.family->name, "gemma3");
+    assert_int_equal(hp.n_vocab, 262208);
+    assert_int_equal(hp.n_heads, 8);
+    assert_int_equal(hp.n_kv_heads, 4);
+    assert_int_equal(hp.head_dim, 256);
+    assert_int_equal(hp.window, 1024);
+    assert_int_equal(hp.n_eos, 2);
+    assert_int_equal(hp.bos_id, 2);
+    assert_true(hp.tie_embeddings);
+    assert_int_equal(hp.rope_kind, LMS__ROPE_LINEAR);
+    assert_true(hp.rope_factor == 8.0 && hp.rope_theta == 1e6 && hp.rope_local_theta == 1e4);
+    for (uint32_t l = 0; l < 34; l++) assert_int_equal(hp.sliding[l], (l + 1) % 6 != 0);
+    assert_true(fabsf(hp.attn_scale - 1.0f / 16) < 1e-7f && fabsf(hp.embed_scale - sqrtf(2560)) < 1e-3f);
+    assert_int_equal(hp.act, LMS__ACT_GELU_TANH);
 }
 
 static void missing_or_misshapen_tensor_is_named(void **s)
@@ -749,8 +964,14 @@ int main(int argc, char **argv)
         cmocka_unit_test(llama_matches_transformers),
         cmocka_unit_test(qwen2_matches_transformers),
         cmocka_unit_test(qwen3_matches_transformers),
+        cmocka_unit_test(gemma3_matches_transformers),
+        cmocka_unit_test(gemma3_multimodal_text_matches_transformers),
+        cmocka_unit_test(gemma3_older_config_form_matches_transformers),
         cmocka_unit_test(llama_other_rope_config_form_matches_transformers),
         cmocka_unit_test(session_resumed_in_new_process_continues_greedy_run),
+        cmocka_unit_test(gemma3_session_saved_past_the_window_resumes_in_new_process),
+        cmocka_unit_test(gemma3_window_pages_stay_bounded_over_a_generation_8x_the_window),
+        cmocka_unit_test(gemma3_prefix_reuse_and_regeneration_past_the_window),
         cmocka_unit_test(resume_with_other_model_fails_and_keeps_sequence),
         cmocka_unit_test(prefix_reuse_is_reported_and_exact),
         cmocka_unit_test(rss_flat_during_1000_token_generation),

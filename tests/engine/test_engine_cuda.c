@@ -2,7 +2,7 @@
  * tests/engine/test_engine_cuda.c - the engine on a CUDA device through its
  * public API, on models imported into a store and placed on the GPU by the
  * loader (resident placement):
- *  - each family's last-position logits within 1e-2 relative of
+ *  - each family's (Gemma 3 with its sliding window too) last-position logits within 1e-2 relative of
  *    transformers' float32 reference, 24 greedy ids identical, perplexity
  *    within 0.5% (tests/fixtures/engine/, the CPU engine's fixtures), with
  *    F32 and F16 K/V, prompts in one block and in blocks of 5;
@@ -219,8 +219,9 @@ static void check_family(const char *family, lms_dtype kvdt, uint32_t block)
 
 static void families_match_transformers(void **s)
 {
-    const char *fam[] = {"llama", "qwen2", "qwen3"};
-    for (int i = 0; i < 3; i++) {
+    /* gemma3: sliding-window layers in the cache's window group, prompts (40) past the window (16) */
+    const char *fam[] = {"llama", "qwen2", "qwen3", "gemma3", "gemma3-mm"};
+    for (int i = 0; i < 5; i++) {
         check_family(fam[i], LMS_DTYPE_F32, 0);
         check_family(fam[i], LMS_DTYPE_F32, 5);
         check_family(fam[i], LMS_DTYPE_F16, 0);
@@ -229,39 +230,45 @@ static void families_match_transformers(void **s)
 
 /* ---- sessions across devices ---------------------------------------------------------------------- */
 
-static void session_moves_between_gpu_and_cpu(void **s)
+static void session_moves(const char *family)
 {
     ref r;
     rig g;
-    load_ref("qwen3", &r);
-    char *sd = store_with("qwen3");
+    load_ref(family, &r);
+    char *sd = store_with(family);
     /* the uninterrupted run, on the CPU */
-    rig_open(&g, sd, "qwen3", NULL, LMS_DTYPE_F32, 0, 0);
+    rig_open(&g, sd, family, NULL, LMS_DTYPE_F32, 0, 0);
     collect full = {0};
     lms_gen_params gp = greedy(24);
     assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &full, NULL), 0);
     rig_close(&g);
     for (int dir = 0; dir < 2; dir++) {
         lms_device *save_on = dir == 0 ? g_dev : NULL, *resume_on = dir == 0 ? NULL : g_dev;
-        rig_open(&g, sd, "qwen3", save_on, LMS_DTYPE_F32, 0, 0);
+        rig_open(&g, sd, family, save_on, LMS_DTYPE_F32, 0, 0);
         collect c = {0};
         gp = greedy(10);
         assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &c, NULL), 0);
         assert_memory_equal(c.ids, full.ids, 10 * sizeof(int32_t));
         assert_int_equal(lms_engine_session_save(g.eng, g.st, dir == 0 ? "from-gpu" : "from-cpu"), 0);
         rig_close(&g);
-        rig_open(&g, sd, "qwen3", resume_on, LMS_DTYPE_F32, 0, 0);
+        rig_open(&g, sd, family, resume_on, LMS_DTYPE_F32, 0, 0);
         assert_int_equal(lms_engine_session_load(g.eng, g.st, dir == 0 ? "from-gpu" : "from-cpu"), 0);
         collect c2 = {0};
         gp = greedy(14);
         assert_int_equal(lms_generate(g.eng, &gp, NULL, 0, on_token, &c2, NULL), 0);
-        printf("%s -> %s: %d ids\n", dir == 0 ? "gpu" : "cpu", dir == 0 ? "cpu" : "gpu", c2.n);
+        printf("%s %s -> %s: %d ids\n", family, dir == 0 ? "gpu" : "cpu", dir == 0 ? "cpu" : "gpu", c2.n);
         assert_int_equal(c2.n, 14);
         assert_memory_equal(c2.ids, full.ids + 10, 14 * sizeof(int32_t));
         rig_close(&g);
     }
     lms_test_rmrf(sd);
     free(sd);
+}
+
+static void session_moves_between_gpu_and_cpu(void **s)
+{
+    session_moves("qwen3");
+    session_moves("gemma3"); /* saved past the window: the window group's pages move too */
 }
 
 /* ---- memory ------------------------------------------------------------------------------------------ */

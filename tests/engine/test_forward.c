@@ -7,8 +7,12 @@
  * and a page-major K/V arena laid out as lmstore/kvcache.h documents, with
  * a scrambled block table (pages not in order), for every kernel set this
  * CPU has, with f32 and 16-bit K/V, and with the weights also converted to
- * F32 and F16 (the other weight kernels). The same checks through the store,
- * loader, kvcache and public engine API are in test_engine.c.
+ * F32 and F16 (the other weight kernels). Gemma 3's sliding-window layers
+ * keep their K/V in a second arena (the cache's window group) whose pages
+ * below the window are overwritten with NaN after every block: attention
+ * that read past the window would poison the logits. The same checks
+ * through the store, loader, kvcache and public engine API are in
+ * test_engine.c.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -116,8 +120,10 @@ typedef struct rig {
     lms__weights w;
     lms__fwd *fwd;
     lms_pool *pool;
-    uint8_t *arena;
-    uint32_t pages[64];
+    uint8_t *arena, *warena;   /* group 0, the window group (sliding-window layers) */
+    uint32_t pages[64], wpages[64];
+    uint8_t group[64];
+    uint32_t index[64];
     lms__kvview kv;
     conv_src conv;
 } rig;
@@ -136,7 +142,7 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
     assert_int_equal(lms__config_parse(cfg, gen, dir, &g->hp), 0);
     lms__free(cfg);
     lms__free(gen);
-    assert_string_equal(g->hp.family->name, family);
+    assert_true(!strncmp(family, g->hp.family->name, strlen(g->hp.family->name))); /* gemma3-mm: gemma3 */
     g->conv.inner = g->src;
     g->conv.to = wdt;
     lms__wsrc cs = {&g->conv, conv_tensor, g->src.file, g->src.free_file, g->src.name, NULL, NULL};
@@ -151,13 +157,29 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
     kv->head_bytes = pt * kv->token_bytes;
     kv->v_offset = g->hp.n_kv_heads * kv->head_bytes;
     kv->layer_bytes = 2 * kv->v_offset;
-    kv->page_bytes = g->hp.n_layers * kv->layer_bytes;
+    uint32_t n_in[2] = {0, 0};
+    assert_true(g->hp.n_layers <= 64);
+    for (uint32_t l = 0; l < g->hp.n_layers; l++) {
+        g->group[l] = g->hp.window ? g->hp.sliding[l] : 0;
+        g->index[l] = n_in[g->group[l]]++;
+    }
+    kv->page_bytes = n_in[0] * kv->layer_bytes;
     g->arena = calloc(n_pages, kv->page_bytes);
     /* a scrambled block table: attention must follow it, not assume order */
     for (uint32_t i = 0; i < 16; i++) g->pages[i] = (i * 37 + 11) % n_pages;
     kv->base = g->arena;
     kv->pages = g->pages;
     kv->n_pages = 16;
+    if (g->hp.window) { /* the window group: another scrambled table */
+        kv->window = g->hp.window;
+        kv->group = g->group;
+        kv->index = g->index;
+        kv->wpage_bytes = n_in[1] * kv->layer_bytes;
+        g->warena = calloc(n_pages, kv->wpage_bytes);
+        for (uint32_t i = 0; i < 16; i++) g->wpages[i] = (i * 29 + 5) % n_pages;
+        kv->wbase = g->warena;
+        kv->wpages = g->wpages;
+    }
     assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &g->hp, &g->w, NULL, k, g->pool, block, n_ctx, kv, &g->fwd), 0);
 }
 
@@ -169,6 +191,17 @@ static void rig_close(rig *g)
     lms__st_folder_close(g->folder);
     conv_free(&g->conv);
     free(g->arena);
+    free(g->warena);
+}
+
+/* The window group's pages wholly below position `end` - window: NaN in every
+ * K/V dtype (all bits set), and out of the view, as the cache gives them back. */
+static void poison_below_window(rig *g, uint32_t end)
+{
+    lms__kvview *kv = &g->kv;
+    uint32_t first = end > kv->window ? (end - kv->window) / kv->page_tokens : 0;
+    for (uint32_t i = 0; i < first; i++) memset(g->warena + (size_t)g->wpages[i] * kv->wpage_bytes, 0xff, kv->wpage_bytes);
+    kv->wfirst = first;
 }
 
 /* Run ids[0..n) from position pos0 in blocks; logits of every position into all (n x vocab) */
@@ -176,8 +209,12 @@ static void run(rig *g, const int32_t *toks, uint32_t n, uint32_t pos0, float *a
 {
     for (uint32_t i = 0; i < n;) {
         uint32_t nb = LMS_MIN(n - i, 11u); /* odd block size: partial blocks and pages; >= 8 and < 8 kernels */
+        if (g->kv.window)
+            g->kv.wfirst = pos0 + i > g->kv.window ? (pos0 + i - g->kv.window) / g->kv.page_tokens : 0;
         assert_int_equal(lms__fwd_block(g->fwd, toks + i, nb, pos0 + i, &g->kv, all + (size_t)i * g->hp.n_vocab, true), 0);
         i += nb;
+        if (g->kv.window)
+            poison_below_window(g, pos0 + i);
     }
 }
 
@@ -258,6 +295,8 @@ static void each_kernel(const char *family)
 static void llama_forward_matches_transformers(void **s) { each_kernel("llama"); }
 static void qwen2_forward_matches_transformers(void **s) { each_kernel("qwen2"); }
 static void qwen3_forward_matches_transformers(void **s) { each_kernel("qwen3"); }
+static void gemma3_forward_matches_transformers(void **s) { each_kernel("gemma3"); }
+static void gemma3_multimodal_text_forward_matches_transformers(void **s) { each_kernel("gemma3-mm"); }
 
 int main(void)
 {
@@ -265,6 +304,8 @@ int main(void)
         cmocka_unit_test(llama_forward_matches_transformers),
         cmocka_unit_test(qwen2_forward_matches_transformers),
         cmocka_unit_test(qwen3_forward_matches_transformers),
+        cmocka_unit_test(gemma3_forward_matches_transformers),
+        cmocka_unit_test(gemma3_multimodal_text_forward_matches_transformers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,16 +97,17 @@ static void session(const uint8_t *p, size_t n)
     lms__session_rec r, r2;
     if (lms__session_rec_decode(p, n, "fuzz", &r))
         return;
-    assert(r.tokens >= p && r.page_keys >= p && r.page_keys + 16 * (size_t)r.n_pages <= p + n);
-    size_t len = lms__session_rec_size(r.n_tokens, r.n_pages);
+    assert(r.tokens >= p && r.page_keys >= p && r.page_keys + 16 * (size_t)lms__session_n_keys(&r) <= p + n);
+    size_t len = lms__session_rec_size(&r);
     assert(len == n);
     uint8_t *enc = lms__malloc(len);
     if (!enc)
         return;
     assert(lms__session_rec_encode(&r, enc) == len);
     assert(lms__session_rec_decode(enc, len, "fuzz", &r2) == 0);
-    assert(r2.n_tokens == r.n_tokens && r2.n_pages == r.n_pages &&
-           memcmp(r2.page_keys, r.page_keys, 16 * (size_t)r.n_pages) == 0 &&
+    assert(r2.n_tokens == r.n_tokens && r2.n_pages == r.n_pages && r2.window == r.window &&
+           r2.n_window_pages == r.n_window_pages &&
+           memcmp(r2.page_keys, r.page_keys, 16 * (size_t)lms__session_n_keys(&r)) == 0 &&
            memcmp(r2.tokens, r.tokens, 4 * (size_t)r.n_tokens) == 0);
     lms__free(enc);
 }

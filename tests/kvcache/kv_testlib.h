@@ -62,6 +62,18 @@ static __attribute__((unused)) int32_t kvt_token(uint32_t seed, uint32_t pos, ui
     return pos < shared ? (int32_t)(1000 + pos) : (int32_t)(seed * 7919u + pos) % 50000;
 }
 
+/* The page of `layer` holding position pos of s (the block table of the layer's
+ * group), or UINT32_MAX for a window page the sequence gave back. */
+static __attribute__((unused)) uint32_t kvt_page(const lms_kv *kv, const lms_kv_seq *s, uint32_t layer, uint32_t pos,
+                                                 uint32_t P)
+{
+    uint32_t first, n;
+    if (lms_kv_layer_group(kv, layer, NULL) == 0)
+        return lms_kv_seq_pages(s, &n)[pos / P];
+    const uint32_t *w = lms_kv_seq_window_pages(s, &first, &n);
+    return pos / P < first ? UINT32_MAX : w[pos / P];
+}
+
 /* Append n tokens to seq, write their K/V and commit. Values depend on
  * (seed, pos) past `shared`, on pos only before it (a shared prefix has
  * the same K/V in every sequence, as in a real model). */
@@ -80,6 +92,7 @@ static __attribute__((unused)) void kvt_fill(lms_kv *kv, lms_kv_seq *s, uint32_t
         assert_int_equal(lms_kv_seq_slot(kv, s, pos, &page, &slot), 0);
         for (uint32_t l = 0; l < L.n_layers; l++)
             for (uint32_t c = 0; c < 2; c++) {
+                page = kvt_page(kv, s, l, pos, L.page_tokens);
                 uint16_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
                 for (uint32_t h = 0; h < L.n_kv_heads; h++)
                     for (uint32_t d = 0; d < L.head_dim; d++)
@@ -89,7 +102,8 @@ static __attribute__((unused)) void kvt_fill(lms_kv *kv, lms_kv_seq *s, uint32_t
     assert_int_equal(lms_kv_seq_commit(kv, s, from + n), 0);
 }
 
-/* Number of positions of s whose tokens and K/V differ from kvt_fill's (0 = exact). */
+/* Number of positions of s whose tokens and K/V differ from kvt_fill's (0 = exact;
+ * sliding-window layers: at the positions whose window pages s holds). */
 static __attribute__((unused)) uint32_t kvt_diff(lms_kv *kv, const lms_kv_seq *s, uint32_t seed, uint32_t n, uint32_t shared)
 {
     lms_kv_layout L;
@@ -104,6 +118,8 @@ static __attribute__((unused)) uint32_t kvt_diff(lms_kv *kv, const lms_kv_seq *s
             wrong = 1;
         for (uint32_t l = 0; l < L.n_layers; l++)
             for (uint32_t c = 0; c < 2; c++) {
+                if ((page = kvt_page(kv, s, l, pos, L.page_tokens)) == UINT32_MAX)
+                    continue;
                 const uint16_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
                 for (uint32_t h = 0; h < L.n_kv_heads; h++)
                     for (uint32_t d = 0; d < L.head_dim; d++)
@@ -132,31 +148,38 @@ static __attribute__((unused)) void snap_put(kvt_snap *s, const void *p, size_t 
 static __attribute__((unused)) kvt_snap kvt_snapshot(const lms_kv *kv)
 {
     kvt_snap s = {NULL, 0};
-    uint32_t n = kv->n_pages;
-    snap_put(&s, kv->refs, n * sizeof *kv->refs);
-    snap_put(&s, kv->flags, n);
-    for (uint32_t p = 0; p < n; p++) {
-        if (kv->flags[p] & KV_KEYED)
-            snap_put(&s, &kv->keys[p], sizeof kv->keys[p]);
-        if (kv->refs[p] || (kv->flags[p] & KV_PUBLISHED)) {
-            snap_put(&s, kv->tokens + (size_t)p * kv->P, kv->P * sizeof(int32_t));
-            snap_put(&s, lms__kv_page_ptr(kv, p), kv->page_bytes);
+    for (uint32_t g = 0; g < kv->n_groups; g++) {
+        const kv_group *G = &kv->g[g];
+        uint32_t n = G->n_pages;
+        snap_put(&s, G->refs, n * sizeof *G->refs);
+        snap_put(&s, G->flags, n);
+        for (uint32_t p = 0; p < n; p++) {
+            if (G->flags[p] & KV_KEYED)
+                snap_put(&s, &G->keys[p], sizeof G->keys[p]);
+            if (G->refs[p] || (G->flags[p] & KV_PUBLISHED)) {
+                if (g == 0)
+                    snap_put(&s, kv->tokens + (size_t)p * kv->P, kv->P * sizeof(int32_t));
+                snap_put(&s, lms__kv_gpage_ptr(G, p), G->page_bytes);
+            }
         }
+        snap_put(&s, &G->n_free, sizeof G->n_free);
+        snap_put(&s, G->free_stack, G->n_free * sizeof *G->free_stack);
+        for (uint32_t p = G->lru_head; p != KV_NONE; p = G->lru_next[p])
+            snap_put(&s, &p, sizeof p);
+        snap_put(&s, G->ht, ((size_t)G->ht_mask + 1) * sizeof *G->ht);
+        snap_put(&s, &G->evictions, sizeof G->evictions);
     }
-    snap_put(&s, &kv->n_free, sizeof kv->n_free);
-    snap_put(&s, kv->free_stack, kv->n_free * sizeof *kv->free_stack);
-    for (uint32_t p = kv->lru_head; p != KV_NONE; p = kv->lru_next[p])
-        snap_put(&s, &p, sizeof p);
-    snap_put(&s, kv->ht, ((size_t)kv->ht_mask + 1) * sizeof *kv->ht);
     for (uint32_t i = 0; i < kv->max_seqs; i++) {
         const lms_kv_seq *q = &kv->seqs[i];
+        uint32_t np = (q->len + kv->P - 1) / kv->P;
         snap_put(&s, &q->live, sizeof q->live);
         snap_put(&s, &q->len, sizeof q->len);
         snap_put(&s, &q->committed, sizeof q->committed);
-        snap_put(&s, q->table, ((q->len + kv->P - 1) / kv->P) * sizeof *q->table);
+        snap_put(&s, q->table, np * sizeof *q->table);
+        if (q->wtable && q->wfirst < np)
+            snap_put(&s, q->wtable + q->wfirst, (np - q->wfirst) * sizeof *q->table);
     }
     snap_put(&s, &kv->n_seq_free, sizeof kv->n_seq_free);
-    snap_put(&s, &kv->evictions, sizeof kv->evictions);
     return s;
 }
 
@@ -203,7 +226,7 @@ static __attribute__((unused)) int kvt_check_store(lms_store *st)
         assert_int_equal(check, 0);
         lms__session_rec r;
         assert_int_equal(lms__session_rec_decode(v.mv_data, v.mv_size, NULL, &r), 0);
-        for (uint32_t i = 0; i < r.n_pages; i++) {
+        for (uint32_t i = 0; i < lms__session_n_keys(&r); i++) {
             MDB_val pv;
             lms__kvpage_rec pr;
             lms__blob_rec b;

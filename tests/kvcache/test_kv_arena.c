@@ -67,12 +67,34 @@ static lms_device *cpu(void)
     return dev;
 }
 
-/* Small f32 cache: 2 layers, 2 heads, head dim 4, P tokens per page. */
+/* Small f32 cache: 2 layers, 2 heads, head dim 4, P tokens per page; with
+ * g_window > 0 layer 0 is a sliding-window layer (window g_window) and the
+ * window group has g_window_pages pages (0: as many as group 0). */
+static uint32_t g_window, g_window_pages;
+static const uint8_t g_sliding[2] = {1, 0};
+
+static lms_kv *make_kv(uint32_t pages, uint32_t P, uint32_t max_seqs);
+
+/* make_kv with layer 0 sliding over `window` positions, in a window group of window_pages. */
+static lms_kv *make_window_kv(uint32_t window, uint32_t window_pages, uint32_t pages, uint32_t P)
+{
+    g_window = window;
+    g_window_pages = window_pages;
+    lms_kv *kv = make_kv(pages, P, 4);
+    g_window = g_window_pages = 0;
+    return kv;
+}
+
 static lms_kv *make_kv(uint32_t pages, uint32_t P, uint32_t max_seqs)
 {
     lms_kv_layout L = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .dtype = LMS_DTYPE_F32, .page_tokens = P};
+    if (g_window) {
+        L.window = g_window;
+        L.sliding = g_sliding;
+    }
     lms_kv_params p = lms_kv_default_params();
     p.budget_pages = pages;
+    p.window_pages = g_window_pages;
     p.max_seqs = max_seqs;
     memset(p.model_id, 0xAB, sizeof p.model_id);
     lms_kv *kv;
@@ -88,6 +110,17 @@ static uint32_t val(uint64_t ph, uint32_t l, uint32_t c, uint32_t h, uint32_t d)
 
 static uint64_t prefix_step(uint64_t ph, int32_t tok) { return lms__hash64(&tok, sizeof tok, ph) ^ 0x9e37; }
 
+/* The page of `layer` that holds position pos of s (its group's block table), or
+ * KV_NONE when the sequence gave that window page back. */
+static uint32_t page_of(const lms_kv *kv, const lms_kv_seq *s, uint32_t layer, uint32_t pos)
+{
+    uint32_t first, n;
+    if (lms_kv_layer_group(kv, layer, NULL) == 0)
+        return lms_kv_seq_pages(s, &n)[pos / kv->P];
+    const uint32_t *w = lms_kv_seq_window_pages(s, &first, &n);
+    return pos / kv->P < first ? KV_NONE : w[pos / kv->P];
+}
+
 /* Write K/V of positions [from, to) of seq, whose tokens are toks. */
 static void write_kv(lms_kv *kv, lms_kv_seq *s, const int32_t *toks, uint32_t from, uint32_t to)
 {
@@ -100,6 +133,8 @@ static void write_kv(lms_kv *kv, lms_kv_seq *s, const int32_t *toks, uint32_t fr
         assert_int_equal(lms_kv_seq_slot(kv, s, pos, &page, &slot), 0);
         for (uint32_t l = 0; l < 2; l++)
             for (uint32_t c = 0; c < 2; c++) {
+                page = page_of(kv, s, l, pos);
+                assert_int_not_equal(page, KV_NONE); /* positions being written are held */
                 uint32_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
                 for (uint32_t h = 0; h < 2; h++)
                     for (uint32_t d = 0; d < 4; d++)
@@ -108,7 +143,8 @@ static void write_kv(lms_kv *kv, lms_kv_seq *s, const int32_t *toks, uint32_t fr
     }
 }
 
-/* Check the K/V of positions [0, n) of seq against toks. Returns false on a mismatch. */
+/* Check the K/V of positions [0, n) of seq against toks (of a sliding-window
+ * layer: the positions whose window pages it holds). Returns false on a mismatch. */
 static bool check_kv(lms_kv *kv, const lms_kv_seq *s, const int32_t *toks, uint32_t n)
 {
     uint64_t ph = 0;
@@ -121,6 +157,8 @@ static bool check_kv(lms_kv *kv, const lms_kv_seq *s, const int32_t *toks, uint3
             return false;
         for (uint32_t l = 0; l < 2; l++)
             for (uint32_t c = 0; c < 2; c++) {
+                if ((page = page_of(kv, s, l, pos)) == KV_NONE)
+                    continue;
                 const uint32_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
                 for (uint32_t h = 0; h < 2; h++)
                     for (uint32_t d = 0; d < 4; d++)
@@ -421,6 +459,232 @@ static void exhausted_budget_fails_and_leaves_the_cache_unchanged(void **st)
     assert_int_equal(lms_kv_destroy(kv), 0);
 }
 
+
+/* ---- sliding-window layers ------------------------------------------------------------- */
+
+static void create_checks_the_window_layout(void **st)
+{
+    (void)st;
+    lms_kv *kv = (lms_kv *)1;
+    lms_kv_params p = lms_kv_default_params();
+    p.budget_pages = 4;
+    uint8_t none[2] = {0, 0}, all[2] = {1, 1};
+    lms_kv_layout L = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .dtype = LMS_DTYPE_F32, .window = 8};
+    assert_int_equal(lms_kv_create(cpu(), &L, &p, &kv), LMS_EINVAL); /* no sliding layers named */
+    L.sliding = none;
+    assert_int_equal(lms_kv_create(cpu(), &L, &p, &kv), LMS_EINVAL);
+    L.sliding = all;
+    assert_int_equal(lms_kv_create(cpu(), &L, &p, &kv), LMS_EINVAL);
+    assert_non_null(strstr(lms_last_error(), "full-context"));
+    assert_null(kv);
+    /* a bytes budget is split between the groups: 1 layer each here, equal pages */
+    L.sliding = g_sliding;
+    p.budget_pages = 0;
+    p.budget_bytes = 5 * 2 * (2 * 2 * 16 * 4 * 4) + 10;
+    assert_int_equal(lms_kv_create(cpu(), &L, &p, &kv), 0);
+    lms_kv_geometry g;
+    lms_kv_get_geometry(kv, &g);
+    assert_int_equal(g.n_pages, 5);
+    assert_int_equal(g.window_n_pages, 5);
+    assert_int_equal(g.page_bytes, 2 * 2 * 16 * 4 * 4);
+    assert_int_equal(g.window_page_bytes, g.page_bytes);
+    assert_ptr_equal(g.window_base, (uint8_t *)g.base + 5 * g.page_bytes);
+    /* layer 0 is the window group's layer 0, layer 1 group 0's layer 0 */
+    uint32_t idx = 9;
+    assert_int_equal(lms_kv_layer_group(kv, 0, &idx), 1);
+    assert_int_equal(idx, 0);
+    assert_int_equal(lms_kv_layer_group(kv, 1, &idx), 0);
+    assert_int_equal(idx, 0);
+    assert_ptr_equal(lms_kv_page_k(kv, 0, 3), (uint8_t *)g.window_base + 3 * g.window_page_bytes);
+    assert_ptr_equal(lms_kv_page_v(kv, 1, 2), (uint8_t *)g.base + 2 * g.page_bytes + g.v_offset);
+    lms_kv_layout got;
+    lms_kv_get_layout(kv, &got);
+    assert_int_equal(got.window, 8);
+    assert_memory_equal(got.sliding, g_sliding, 2);
+    assert_ptr_not_equal(got.sliding, g_sliding); /* the cache's own copy */
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
+/* Appends one token at a time (writing and committing each) up to n. */
+static void grow_by_ones(lms_kv *kv, lms_kv_seq *s, int32_t *toks, uint32_t from, uint32_t n, uint32_t max_window_used)
+{
+    for (uint32_t len = from; len < n; len++) {
+        append_written(kv, s, toks, len, len + 1);
+        lms_kv_stats stats;
+        lms_kv_get_stats(kv, &stats);
+        uint32_t first, np;
+        lms_kv_layout L;
+        lms_kv_get_layout(kv, &L);
+        lms_kv_seq_window_pages(s, &first, &np);
+        /* what it holds: the pages of positions [len + 1 - window, len] */
+        uint32_t lo = len + 1 > L.window ? len + 1 - L.window : 0;
+        assert_int_equal(first, lo / kv->P);
+        assert_int_equal(np, len / kv->P + 1);
+        assert_true(stats.window_used_pages <= max_window_used);
+    }
+}
+
+static void window_pages_in_use_stay_at_the_window_while_a_sequence_grows(void **st)
+{
+    (void)st;
+    lms_kv *kv = make_window_kv(8, 6, 40, 4);
+    int32_t toks[128];
+    for (int i = 0; i < 128; i++) toks[i] = 7 * i + 1;
+    lms_kv_seq *s;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    /* 8x the window: the sliding layer never holds more than window / P + 1 pages
+     * although its group has only 6 pages (group 0 grows to 32 pages) */
+    grow_by_ones(kv, s, toks, 0, 64, 8 / 4 + 1);
+    lms_kv_stats stats;
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.used_pages, 16);
+    assert_int_equal(stats.window_used_pages, 2); /* positions 56..63 */
+    assert_int_equal(stats.window_pages, 6);
+    assert_true(check_kv(kv, s, toks, 64)); /* every position of layer 1, the held window of layer 0 */
+    assert_int_equal(lms__kv_check(kv), 0);
+    /* a block of 12 tokens at once holds its own pages until it is committed */
+    assert_int_equal(lms_kv_seq_append(kv, s, toks + 64, 12), 0);
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.window_used_pages, 5);
+    assert_int_equal(lms_kv_seq_append(kv, s, toks + 76, 8), LMS_ENOSPACE); /* the window group is full */
+    assert_non_null(strstr(lms_last_error(), "window pages needed"));
+    write_kv(kv, s, toks, 64, 76);
+    assert_int_equal(lms_kv_seq_commit(kv, s, 76), 0);
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.window_used_pages, 2);
+    assert_true(check_kv(kv, s, toks, 76));
+    lms_kv_seq_free(kv, s);
+    assert_int_equal(lms__kv_check(kv), 0);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
+static void truncate_past_the_window_reattaches_cached_window_pages_or_refuses(void **st)
+{
+    (void)st;
+    lms_kv *kv = make_window_kv(6, 12, 20, 4);
+    int32_t a[40], b[40];
+    for (int i = 0; i < 40; i++) a[i] = i + 1, b[i] = 100 + i;
+    lms_kv_seq *s, *o;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    append_written(kv, s, a, 0, 32);
+    uint32_t first, np;
+    lms_kv_seq_window_pages(s, &first, &np);
+    assert_int_equal(first, (32 - 6) / 4);
+    /* back to 13 tokens: its window pages (positions 7..12) slid out but are cached */
+    assert_int_equal(lms_kv_seq_keepable(kv, s, 13), 13);
+    assert_int_equal(lms_kv_seq_truncate(kv, s, 13), 0);
+    lms_kv_seq_window_pages(s, &first, &np);
+    assert_int_equal(first, (13 - 6) / 4);
+    assert_int_equal(np, 4);
+    assert_true(check_kv(kv, s, a, 13));
+    assert_int_equal(lms__kv_check(kv), 0);
+    /* regrow the other way from 13 (copy-on-write of the keyed partial window page) */
+    memcpy(b, a, 13 * sizeof *a);
+    append_written(kv, s, b, 13, 32);
+    assert_true(check_kv(kv, s, b, 32));
+    /* another sequence takes every free and cached window page: a's old ones are evicted */
+    int32_t c[40];
+    for (int i = 0; i < 40; i++) c[i] = 500 + i;
+    assert_int_equal(lms_kv_seq_new(kv, &o), 0);
+    assert_int_equal(lms_kv_seq_append(kv, o, c, 40), 0);
+    lms_kv_stats stats;
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.window_free_pages + stats.window_cached_pages, 0);
+    /* now truncating s back to 13 cannot find its window: refused, nothing changes */
+    uint32_t keep = lms_kv_seq_keepable(kv, s, 13);
+    assert_true(keep < 13);
+    lms_kv_stats before, after;
+    uint32_t tbl[8], wtbl[8], f0, n0;
+    lms_kv_get_stats(kv, &before);
+    memcpy(tbl, lms_kv_seq_pages(s, &n0), sizeof tbl);
+    memcpy(wtbl, lms_kv_seq_window_pages(s, &f0, &n0), sizeof wtbl);
+    assert_int_equal(lms_kv_seq_truncate(kv, s, 13), LMS_ERANGE);
+    assert_non_null(strstr(lms_last_error(), "sliding-window"));
+    lms_kv_get_stats(kv, &after);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(lms_kv_seq_len(s), 32);
+    assert_memory_equal(lms_kv_seq_pages(s, &n0), tbl, sizeof tbl);
+    assert_memory_equal(lms_kv_seq_window_pages(s, &first, &np) + f0, wtbl + f0, (n0 - f0) * sizeof *wtbl);
+    assert_int_equal(first, f0);
+    assert_true(check_kv(kv, s, b, 32));
+    /* but the length keepable reports is accepted */
+    assert_int_equal(lms_kv_seq_truncate(kv, s, keep), 0);
+    assert_int_equal(lms_kv_seq_len(s), keep);
+    assert_int_equal(lms__kv_check(kv), 0);
+    lms_kv_seq_free(kv, o);
+    lms_kv_seq_free(kv, s);
+    assert_int_equal(lms__kv_check(kv), 0);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
+static void lookup_keeps_only_a_prefix_whose_window_pages_are_cached(void **st)
+{
+    (void)st;
+    lms_kv *kv = make_window_kv(5, 8, 24, 4);
+    int32_t a[40];
+    for (int i = 0; i < 40; i++) a[i] = i + 1;
+    lms_kv_seq *s, *t;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    /* 9 pages, a page per block: the window group's 8 pages go round once, so the
+     * window page of positions 0..3 (the first to slide out) is evicted for the 9th */
+    for (uint32_t n = 0; n < 36; n += 4) append_written(kv, s, a, n, n + 4);
+    lms_kv_stats stats;
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.window_used_pages, 2);
+    assert_int_equal(stats.window_cached_pages, 6);
+    lms_kv_seq_free(kv, s);
+    /* a prefix matches only as far as the window pages of its last 5 positions are cached:
+     * ending at 4 or 8 it needs the evicted page, at 12 or later it does not */
+    for (uint32_t n = 4; n <= 36; n += 4) {
+        uint32_t reused;
+        assert_int_equal(lms_kv_lookup(kv, a, n, &t, &reused), 0);
+        assert_int_equal(reused, n <= 8 ? 0 : n);
+        assert_true(check_kv(kv, t, a, reused));
+        uint32_t first, np;
+        lms_kv_seq_window_pages(t, &first, &np);
+        assert_int_equal(first, reused > 5 ? (reused - 5) / 4 : 0);
+        assert_int_equal(lms__kv_check(kv), 0);
+        lms_kv_seq_free(kv, t);
+    }
+    lms_kv_drop_cached(kv);
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.window_cached_pages, 0);
+    assert_int_equal(stats.window_free_pages, 8);
+    assert_int_equal(lms__kv_check(kv), 0);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
+static void fork_shares_window_pages_and_copies_a_shared_partial_one(void **st)
+{
+    (void)st;
+    lms_kv *kv = make_window_kv(6, 0, 16, 4);
+    int32_t a[24], b[24];
+    for (int i = 0; i < 24; i++) a[i] = i + 1, b[i] = i < 14 ? i + 1 : 50 + i;
+    lms_kv_seq *s, *f;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    append_written(kv, s, a, 0, 14);
+    assert_int_equal(lms_kv_seq_fork(kv, s, &f), 0);
+    uint32_t f1, n1, f2, n2;
+    const uint32_t *w1 = lms_kv_seq_window_pages(s, &f1, &n1), *w2 = lms_kv_seq_window_pages(f, &f2, &n2);
+    assert_int_equal(f1, f2);
+    assert_int_equal(n1, n2);
+    for (uint32_t i = f1; i < n1; i++) assert_int_equal(w1[i], w2[i]);
+    uint32_t shared_last = w1[n1 - 1];
+    append_written(kv, f, b, 14, 24);
+    w1 = lms_kv_seq_window_pages(s, &f1, &n1);
+    assert_int_equal(w1[n1 - 1], shared_last); /* the original keeps its partial window page */
+    assert_true(check_kv(kv, s, a, 14));
+    assert_true(check_kv(kv, f, b, 24));
+    lms_kv_stats stats;
+    lms_kv_get_stats(kv, &stats);
+    assert_int_equal(stats.cow_copies, 1); /* group 0's copy; the window group counts its own */
+    assert_int_equal(lms__kv_check(kv), 0);
+    lms_kv_seq_free(kv, s);
+    lms_kv_seq_free(kv, f);
+    assert_int_equal(lms__kv_check(kv), 0);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+}
+
 /* ---- reference model + randomized operations ----------------------------------------- */
 
 #define RM_SEQS 6
@@ -433,6 +697,7 @@ typedef struct {
 } ref_seq;
 
 static uint64_t rng_state;
+static uint64_t n_refused, n_reattached; /* windowed truncations refused / that attached given-back pages */
 static uint32_t rnd(uint32_t n)
 {
     rng_state ^= rng_state << 13;
@@ -444,7 +709,7 @@ static uint32_t rnd(uint32_t n)
 /* Expected refs from the model's block tables; contents and tokens from its token lists. */
 static void check_against_model(lms_kv *kv, ref_seq *m, bool deep)
 {
-    uint32_t *refs = calloc(kv->n_pages, sizeof *refs);
+    uint32_t *refs = calloc(lms_kv_n_pages(kv), sizeof *refs);
     for (int i = 0; i < RM_SEQS; i++) {
         if (!m[i].live)
             continue;
@@ -460,7 +725,7 @@ static void check_against_model(lms_kv *kv, ref_seq *m, bool deep)
         for (uint32_t pos = 0; pos < m[i].len; pos++)
             assert_int_equal(lms_kv_seq_token(kv, m[i].s, pos), m[i].toks[pos]);
     }
-    for (uint32_t p = 0; p < kv->n_pages; p++)
+    for (uint32_t p = 0; p < lms_kv_n_pages(kv); p++)
         assert_int_equal(lms_kv_page_refs(kv, p), refs[p]);
     free(refs);
     int rc = lms__kv_check(kv);
@@ -538,7 +803,16 @@ static void random_op(lms_kv *kv, ref_seq *m, bool written)
             }
     } else if (op < 9) { /* truncate */
         uint32_t keep = r->len ? rnd(r->len + 1) : 0;
+        if (lms_kv_seq_keepable(kv, r->s, keep) != keep) { /* a window page it needs is gone */
+            assert_int_equal(lms_kv_seq_truncate(kv, r->s, keep), LMS_ERANGE);
+            n_refused++;
+            return;
+        }
+        uint32_t f0, f1, n;
+        lms_kv_seq_window_pages(r->s, &f0, &n);
         assert_int_equal(lms_kv_seq_truncate(kv, r->s, keep), 0);
+        lms_kv_seq_window_pages(r->s, &f1, &n);
+        n_reattached += f1 < f0;
         r->len = keep;
         if (r->committed > keep)
             r->committed = keep;
@@ -552,9 +826,12 @@ static void random_operations_match_the_reference_model(void **st)
 {
     (void)st;
     uint64_t total_cow = 0, total_evict = 0;
-    for (uint64_t seed = 1; seed <= 40; seed++) {
+    for (uint64_t seed = 1; seed <= 80; seed++) {
         rng_state = seed * 0x9E3779B97F4A7C15ull;
         uint32_t P = 1 + rnd(5);
+        /* odd seeds: layer 0 slides over a window of 1..12 positions in a window group of its own size */
+        g_window = seed % 2 ? 1 + rnd(12) : 0;
+        g_window_pages = g_window ? 4 + rnd(20) : 0;
         lms_kv *kv = make_kv(6 + rnd(20), P, RM_SEQS + 2);
         ref_seq m[RM_SEQS];
         memset(m, 0, sizeof m);
@@ -571,18 +848,27 @@ static void random_operations_match_the_reference_model(void **st)
         assert_int_equal(stats.used_pages, 0);
         total_cow += stats.cow_copies;
         total_evict += stats.evictions;
+        assert_int_equal(stats.window_used_pages, 0);
         assert_int_equal(lms_kv_destroy(kv), 0);
     }
-    /* the random walks exercised sharing and eviction */
-    assert_true(total_cow > 40);
-    assert_true(total_evict > 40);
+    g_window = g_window_pages = 0;
+    /* the random walks exercised sharing and eviction, and windowed truncations both ways */
+    printf("%llu copies on write, %llu evictions, windowed truncations: %llu reattaching, %llu refused\n",
+           (unsigned long long)total_cow, (unsigned long long)total_evict, (unsigned long long)n_reattached,
+           (unsigned long long)n_refused);
+    assert_true(total_cow > 80);
+    assert_true(total_evict > 80);
+    assert_true(n_reattached > 20);
+    assert_true(n_refused > 20);
 }
 
 static void ten_thousand_operations_allocate_nothing_after_creation(void **st)
 {
     (void)st;
     rng_state = 12345;
+    g_window = 6; /* with a window group: the sliding, truncating and attaching allocate nothing either */
     lms_kv *kv = make_kv(24, 4, RM_SEQS + 2);
+    g_window = 0;
     ref_seq m[RM_SEQS];
     memset(m, 0, sizeof m);
     long before = lms__fault_calls(LMS_FAULT_ALLOC);
@@ -621,6 +907,11 @@ int main(void)
         cmocka_unit_test(lookup_reuses_whole_committed_pages_of_the_longest_prefix),
         cmocka_unit_test(eviction_takes_the_least_recently_released_pages_tail_first),
         cmocka_unit_test(exhausted_budget_fails_and_leaves_the_cache_unchanged),
+        cmocka_unit_test(create_checks_the_window_layout),
+        cmocka_unit_test(window_pages_in_use_stay_at_the_window_while_a_sequence_grows),
+        cmocka_unit_test(truncate_past_the_window_reattaches_cached_window_pages_or_refuses),
+        cmocka_unit_test(lookup_keeps_only_a_prefix_whose_window_pages_are_cached),
+        cmocka_unit_test(fork_shares_window_pages_and_copies_a_shared_partial_one),
         cmocka_unit_test(random_operations_match_the_reference_model),
         cmocka_unit_test(ten_thousand_operations_allocate_nothing_after_creation),
     };

@@ -227,8 +227,8 @@ static void each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged
     corrupt_file(dir, f.got.segment, f.got.offset + 7, false);
     expect_resume_failure(st, "s4", NULL, 0, LMS_ECORRUPT, "corrupt page 5");
     /* a session record from a future version */
-    set_session_version(st, "s2", 2);
-    expect_resume_failure(st, "s2", NULL, 0, LMS_EVERSION, "version 2");
+    set_session_version(st, "s2", 3);
+    expect_resume_failure(st, "s2", NULL, 0, LMS_EVERSION, "version 3");
     /* a page record from a future version */
     set_page_version(st, "s3", 3, 2);
     expect_resume_failure(st, "s3", NULL, 0, LMS_EVERSION, "kvpage record: version 2");
@@ -401,6 +401,31 @@ static void sessions_are_listed_described_replaced_and_removed(void **st_)
     free(dir);
 }
 
+/* Resume `name` into kv with the nth fault of `kind` armed: it either gives
+ * exactly the n_tokens of kvt_fill's seed (freed again; returns true) or fails
+ * leaving kv exactly as it was (returns false). */
+static bool resume_under_fault(lms_kv *kv, lms_store *st, const char *name, int kind, long n, uint32_t seed,
+                               uint32_t n_tokens)
+{
+    lms_kv_seq *s = NULL;
+    kvt_snap before = kvt_snapshot(kv);
+    lms__fault_arm(kind, n, false);
+    int rc = lms_kv_resume(kv, st, name, &s);
+    lms__fault_disarm_all();
+    if (rc == 0) {
+        assert_int_equal(kvt_diff(kv, s, seed, n_tokens, 0), 0);
+        lms_kv_seq_free(kv, s);
+    } else {
+        assert_null(s);
+        kvt_snap after = kvt_snapshot(kv);
+        kvt_assert_same(&before, &after);
+        free(after.buf);
+    }
+    free(before.buf);
+    assert_int_equal(lms__kv_check(kv), 0);
+    return rc == 0;
+}
+
 /* Fail the Nth allocation / read of a resume for every N: each run either
  * succeeds exactly or fails leaving the cache unchanged; and fail the Nth
  * allocation / write / fsync of a save: it fails cleanly and no session of
@@ -415,25 +440,12 @@ static void injected_faults_leave_cache_and_store_consistent(void **st_)
     for (int k = 0; k < 3; k++) {
         int ok = 0, failed = 0;
         for (long n = 1; n < 400 && ok == 0; n++) {
-            lms_kv_seq *live, *s = NULL;
+            lms_kv_seq *live;
             lms_kv *kv = busy_cache(NULL, 0, &live);
-            kvt_snap before = kvt_snapshot(kv);
-            lms__fault_arm(kinds[k], n, false);
-            int rc = lms_kv_resume(kv, st, "s", &s);
-            lms__fault_disarm_all();
-            if (rc == 0) {
-                assert_int_equal(kvt_diff(kv, s, 31, 26, 0), 0);
-                lms_kv_seq_free(kv, s);
+            if (resume_under_fault(kv, st, "s", kinds[k], n, 31, 26))
                 ok++;
-            } else {
-                assert_null(s);
-                kvt_snap after = kvt_snapshot(kv);
-                kvt_assert_same(&before, &after);
-                free(after.buf);
+            else
                 failed++;
-            }
-            free(before.buf);
-            assert_int_equal(lms__kv_check(kv), 0);
             lms_kv_seq_free(kv, live);
             assert_int_equal(lms_kv_destroy(kv), 0);
         }
@@ -564,6 +576,180 @@ static void device_arenas_save_and_resume_through_host_copies(void **st_)
     free(before.buf);
     free(after.buf);
     lms_kv_seq_free(kv, live);
+    assert_int_equal(lms_kv_destroy(kv), 0);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
+
+/* ---- sliding-window layers ------------------------------------------------------------ */
+
+static const uint8_t WIN_SLIDING[3] = {1, 0, 1};
+
+static lms_kv *win_kv_on(lms_device *dev, uint32_t window, const uint8_t *sliding, uint32_t pages,
+                         uint32_t window_pages)
+{
+    lms_kv_layout L = KVT_LAYOUT;
+    L.window = window;
+    L.sliding = sliding;
+    lms_kv_params p = lms_kv_default_params();
+    p.budget_pages = pages;
+    p.window_pages = window_pages;
+    p.max_seqs = 8;
+    kvt_model_id(p.model_id, 0);
+    lms_kv *kv;
+    assert_int_equal(lms_kv_create(dev, &L, &p, &kv), 0);
+    return kv;
+}
+
+static lms_kv *win_kv(uint32_t window, const uint8_t *sliding, uint32_t pages, uint32_t window_pages)
+{
+    return win_kv_on(kvt_cpu(), window, sliding, pages, window_pages);
+}
+
+/* Fill n tokens of seed into s in blocks of 5 (the window group is small). */
+static void win_fill(lms_kv *kv, lms_kv_seq *s, uint32_t seed, uint32_t n)
+{
+    for (uint32_t done = lms_kv_seq_len(s); done < n; done = lms_kv_seq_len(s))
+        kvt_fill(kv, s, seed, LMS_MIN(5u, n - done), 0);
+}
+
+typedef struct win_desc {
+    lms_kv_session_info info;
+    uint32_t pages[2]; /* pages listed: group 0, window */
+} win_desc;
+
+static int count_window_pages(void *ctx, const lms_kv_page_info *p)
+{
+    uint32_t *n = ((win_desc *)ctx)->pages;
+    n[p->window]++;
+    if (p->window)
+        assert_true(p->index >= (37 - 6) / 4); /* the last window's pages */
+    return 0;
+}
+
+static int window_info(void *ctx, const lms_kv_session_info *s)
+{
+    lms_kv_session_info *out = &((win_desc *)ctx)->info;
+    *out = *s;
+    assert_int_equal(s->layout.window, 6);
+    assert_memory_equal(s->layout.sliding, WIN_SLIDING, 3);
+    out->layout.sliding = NULL; /* valid during the callback only */
+    return 0;
+}
+
+static void window_sessions_save_the_last_window_and_refuse_other_layouts(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-window");
+    lms_store *st = open_store(dir);
+    /* 37 tokens, window 6, 4 tokens a page: 10 pages, of which the sliding layers
+     * keep the pages of positions 31..36: pages 7..9 */
+    lms_kv *kv = win_kv(6, WIN_SLIDING, 32, 8);
+    lms_kv_seq *s, *r;
+    assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+    win_fill(kv, s, 5, 37);
+    lms_kv_io_stats ss, rs;
+    lms_kv_save_params sp = lms_kv_default_save_params();
+    sp.threads = 2;
+    assert_int_equal(lms_kv_save_ex(kv, s, st, "w", &sp, &ss), 0);
+    assert_int_equal(ss.tokens, 37);
+    assert_int_equal(ss.pages, 10 + 3);
+    /* raw bytes: every position of the one full-context layer, 6..12 positions of the two sliding ones */
+    size_t per_layer_pos = 2 * 2 * 8 * 2;
+    assert_int_equal(ss.raw_bytes, per_layer_pos * (37 + 2 * (3 * 4 - 3)));
+    win_desc d = {0};
+    assert_int_equal(lms_kv_session(st, "w", window_info, count_window_pages, &d), 0);
+    assert_int_equal(d.info.n_pages, 10);
+    assert_int_equal(d.info.n_window_pages, 3);
+    assert_int_equal(d.info.version, 2);
+    assert_int_equal(d.pages[0], 10);
+    assert_int_equal(d.pages[1], 3);
+    assert_int_equal(kvt_check_store(st), 1);
+
+    /* resume into a fresh cache of the same layout: exact bytes, the window held from page 7 */
+    lms_kv *k2 = win_kv(6, WIN_SLIDING, 32, 8);
+    assert_int_equal(lms_kv_resume_ex(k2, st, "w", NULL, &r, &rs), 0);
+    assert_int_equal(rs.pages_written, 13);
+    assert_int_equal(kvt_diff(k2, r, 5, 37, 0), 0);
+    uint32_t first, np;
+    lms_kv_seq_window_pages(r, &first, &np);
+    assert_int_equal(first, 7);
+    assert_int_equal(np, 10);
+    assert_int_equal(lms__kv_check(k2), 0);
+    /* and it grows on as the uninterrupted one does */
+    win_fill(k2, r, 5, 50);
+    win_fill(kv, s, 5, 50);
+    assert_int_equal(kvt_diff(k2, r, 5, 50, 0), 0);
+    lms_kv_seq_free(k2, r);
+    assert_int_equal(lms_kv_destroy(k2), 0);
+
+    /* resumed where its pages are cached: attached, not read */
+    assert_int_equal(lms_kv_resume_ex(kv, st, "w", NULL, &r, &rs), 0);
+    assert_int_equal(rs.pages_reused, 9 + 2); /* the full pages of both groups (the partial last ones are read) */
+    assert_int_equal(kvt_diff(kv, r, 5, 37, 0), 0);
+    assert_int_equal(lms__kv_check(kv), 0);
+    lms_kv_seq_free(kv, r);
+
+    /* another window, other sliding layers, no window: other layouts, refused unchanged */
+    const uint8_t other[3] = {0, 1, 1};
+    lms_kv *bad[3] = {win_kv(8, WIN_SLIDING, 32, 8), win_kv(6, other, 32, 8), kvt_make(NULL, 32, 0)};
+    for (int i = 0; i < 3; i++) {
+        kvt_snap before = kvt_snapshot(bad[i]);
+        r = (lms_kv_seq *)1;
+        assert_int_equal(lms_kv_resume(bad[i], st, "w", &r), LMS_EMISMATCH);
+        assert_null(r);
+        assert_non_null(strstr(lms_last_error(), "other layout"));
+        assert_non_null(strstr(lms_last_error(), "window 6"));
+        kvt_snap after = kvt_snapshot(bad[i]);
+        kvt_assert_same(&before, &after);
+        free(before.buf);
+        free(after.buf);
+        assert_int_equal(lms_kv_destroy(bad[i]), 0);
+    }
+    /* a device arena (page images through the host) that is busy: free targets in both
+     * groups, then evicted cached ones (staged until every page checked out) */
+    lms_kv *dk = win_kv_on(fake_device(), 6, WIN_SLIDING, 14, 6);
+    lms_kv_seq *live, *gone;
+    assert_int_equal(lms_kv_seq_new(dk, &live), 0);
+    win_fill(dk, live, 801, 6);
+    assert_int_equal(lms_kv_seq_new(dk, &gone), 0);
+    win_fill(dk, gone, 802, 24);
+    lms_kv_seq_free(dk, gone); /* cached in both groups */
+    assert_int_equal(lms_kv_resume_ex(dk, st, "w", NULL, &r, &rs), 0);
+    assert_int_equal(rs.pages_written, 13);
+    assert_int_equal(kvt_diff(dk, r, 5, 37, 0), 0);
+    assert_int_equal(kvt_diff(dk, live, 801, 6, 0), 0);
+    lms_kv_stats dst;
+    lms_kv_get_stats(dk, &dst);
+    assert_true(dst.evictions > 0); /* group 0 had to evict */
+    assert_int_equal(lms__kv_check(dk), 0);
+    lms_kv_seq_free(dk, r);
+    /* failures injected into a windowed resume leave the cache unchanged */
+    int ok = 0, failed = 0;
+    for (long n = 1; n < 300 && !ok; n++) {
+        if (resume_under_fault(dk, st, "w", LMS_FAULT_ALLOC, n, 5, 37))
+            ok++;
+        else
+            failed++;
+    }
+    assert_int_equal(ok, 1);
+    assert_true(failed > 0);
+    lms_kv_seq_free(dk, live);
+    assert_int_equal(lms_kv_destroy(dk), 0);
+
+    /* gc keeps the window pages a session names */
+    lms_gc_params gp = lms_gc_default_params();
+    assert_int_equal(lms_store_gc(st, &gp, NULL, NULL, NULL), 0);
+    assert_int_equal(kvt_check_store(st), 1);
+    k2 = win_kv(6, WIN_SLIDING, 32, 8);
+    assert_int_equal(lms_kv_resume(k2, st, "w", &r), 0);
+    assert_int_equal(kvt_diff(k2, r, 5, 37, 0), 0);
+    lms_kv_seq_free(k2, r);
+    assert_int_equal(lms_kv_destroy(k2), 0);
+
+    lms_kv_seq_free(kv, s);
     assert_int_equal(lms_kv_destroy(kv), 0);
     assert_int_equal(lms_store_close(st), 0);
     lms_test_rmrf(dir);
@@ -814,6 +1000,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
         cmocka_unit_test(injected_faults_leave_cache_and_store_consistent),
         cmocka_unit_test(device_arenas_save_and_resume_through_host_copies),
+        cmocka_unit_test(window_sessions_save_the_last_window_and_refuse_other_layouts),
         cmocka_unit_test(random_saves_and_resumes_restore_exact_prefix_shared_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

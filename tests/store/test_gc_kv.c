@@ -77,7 +77,7 @@ static int put_txn(lms_store *s, MDB_txn *txn, void *vctx)
     sr.n_pages = c->n_session_pages;
     sr.tokens = tokens;
     sr.page_keys = keys;
-    size_t len = lms__session_rec_size(n_tokens, c->n_session_pages);
+    size_t len = lms__session_rec_size(&sr);
     uint8_t *rec = malloc(len);
     lms__session_rec_encode(&sr, rec);
     int rc = lms__db_put(s, txn, LMS__DB_SESSIONS, c->session, strlen(c->session), rec, len, 0);

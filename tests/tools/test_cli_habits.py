@@ -5,7 +5,9 @@ users bring: ls / kv ls on a store that does not exist yet list nothing,
 global options before the command, --version and -h/--help anywhere, the
 prompt as words after MODEL and on stdin, sampling defaults from the model's
 generation_config.json (greedy without one, each option overriding its own
-setting), gc --json, and info opening with a summary of the model.
+setting), gc --json, and info opening with a summary of the model (and
+ls and info saying that a multimodal model's vision tower is stored but not
+run).
 Each case checks the exit status and what is printed.
 """
 import json
@@ -171,6 +173,27 @@ def test_info_starts_with_a_summary():
     s = j["summary"]
     assert (s["layers"], s["heads"], s["kv_heads"], s["context"], s["dtype"]) == (2, 4, 2, 2048, "BF16"), s
     assert s["bytes"] == sum(t["nbytes"] for t in j["tensors"]) and s["params"] == j["params"], s
+
+
+def test_ls_and_info_say_a_vision_tower_is_stored_but_not_run():
+    fixtures = os.path.join(ct.SRC, "tests", "fixtures", "engine")
+    ct.ok("import", os.path.join(fixtures, "gemma3-mm"), "--store", STORE, "--name", "g3mm", "-q")
+    ct.ok("import", os.path.join(fixtures, "gemma3"), "--store", STORE, "--name", "g3", "-q")
+    rows = {ln.split()[0]: ln for ln in ct.ok("ls", "--store", STORE).stdout.splitlines()[1:]}
+    assert "vision tower stored, not run" in rows["g3mm"], rows["g3mm"]
+    assert "vision" not in rows["g3"] and "vision" not in rows["tiny"], rows
+    js = {m["name"]: m for m in json.loads(ct.ok("ls", "--store", STORE, "--json").stdout)}
+    assert js["g3mm"]["vision_tower"] == {"tensors": 34, "bytes": js["g3mm"]["vision_tower"]["bytes"], "run": False}
+    assert 0 < js["g3mm"]["vision_tower"]["bytes"] < js["g3mm"]["bytes"] and "vision_tower" not in js["g3"]
+    head = ct.ok("info", "g3mm", "--store", STORE).stdout.split("tensors (storage order):")[0]
+    assert "architecture:  Gemma3ForConditionalGeneration (gemma3)" in head, head
+    assert "vision tower:  stored, not run (34 tensors" in head and "lmstore runs the text model" in head, head
+    assert "layers:        4" in head, head  # the text model's, from text_config
+    s = json.loads(ct.ok("info", "g3mm", "--store", STORE, "--json").stdout)["summary"]
+    assert s["vision_tower"]["run"] is False and s["vision_tower"]["tensors"] == 34, s
+    assert "vision" not in ct.ok("info", "g3", "--store", STORE).stdout.split("tensors (storage order):")[0]
+    ct.ok("rm", "g3mm", "--store", STORE)
+    ct.ok("rm", "g3", "--store", STORE)
 
 
 ct.run_tests(globals())
