@@ -104,12 +104,12 @@ static INLINE T void block2(lms_dtype t, size_t bb, const uint8_t *w0, const uin
     float dx = x[b].d;
     *a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p0, xq)), _mm256_set1_ps(h2f(p0) * dx), *a0);
     if (minimum)
-        *s0 += h2f(p0 + 2) * dx * (float)x[b].sum;
+        *s0 += h2f(p0 + 2) * x[b].s;
     if (w1) {
         const uint8_t *p1 = w1 + (size_t)b * bb;
         *a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p1, xq)), _mm256_set1_ps(h2f(p1) * dx), *a1);
         if (minimum)
-            *s1 += h2f(p1 + 2) * dx * (float)x[b].sum;
+            *s1 += h2f(p1 + 2) * x[b].s;
     }
 }
 
