@@ -133,7 +133,10 @@ static void mm_quantize_input(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
         done[form] = true;
         xq_run r = {dt, jobs[j].x, jobs[j].ldx, (int)jobs[j].w->cols, b->xq[form],
                     lms__qx_row_bytes(dt, (int)jobs[j].w->cols)};
-        lms__pool_run(b->pool, nb, xq_task, &r);
+        if (nb == 1) /* decode: a row is microseconds of work, less than a dispatch */
+            xq_task(&r, 0, 0);
+        else
+            lms__pool_run(b->pool, nb, xq_task, &r);
     }
 }
 
