@@ -4,22 +4,36 @@
  * takes part, so a pool of N threads starts N-1 workers.
  *
  * Work is handed out by an atomic counter, so uneven items balance
- * themselves. Threads sleep on a condition variable between runs.
+ * themselves. Between runs a thread first spins on the run counter for a
+ * while (SPIN_NS) and only then sleeps on a condition variable: the
+ * engine's decode step issues hundreds of short runs per token, a few
+ * microseconds apart, and a sleeping thread takes tens of microseconds to
+ * wake. The caller waits for the workers the same way. A pool left idle
+ * for longer than the spin costs nothing.
+ *
+ * Invariants: (1) generation changes only under mu, after the run's fields
+ * are set (a worker that sees the new value, acquire, sees them);
+ * (2) a thread sleeps only after checking, under mu, that there is nothing
+ * to wait for, and every change it waits for signals its condition
+ * variable under mu: no wake-up is lost.
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
+
+#define SPIN_NS 200000 /* spin this long before sleeping */
 
 struct lms_pool {
     int nthreads; /* including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
-    uint64_t generation; /* bumped per run, guarded by mu */
-    int pending;         /* workers not yet finished with this run */
-    bool quit;
+    atomic_uint_fast64_t generation; /* bumped per run */
+    atomic_int pending;              /* workers not yet finished with this run */
+    atomic_bool quit;
     /* the current run */
     lms_pool_fn fn;
     void *arg;
@@ -31,6 +45,55 @@ typedef struct {
     lms_pool *pool;
     int id;
 } worker_arg;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spin until *v != old or SPIN_NS pass; true when it changed. */
+static bool spin_gen(atomic_uint_fast64_t *v, uint64_t old)
+{
+    uint64_t t0 = 0;
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != old)
+            return true;
+        cpu_relax();
+        if ((i & 255) == 255) {
+            uint64_t t = now_ns();
+            if (!t0)
+                t0 = t;
+            else if (t - t0 > SPIN_NS)
+                return false;
+        }
+    }
+}
+
+static bool spin_zero(atomic_int *v)
+{
+    uint64_t t0 = 0;
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) == 0)
+            return true;
+        cpu_relax();
+        if ((i & 255) == 255) {
+            uint64_t t = now_ns();
+            if (!t0)
+                t0 = t;
+            else if (t - t0 > SPIN_NS)
+                return false;
+        }
+    }
+}
 
 static void drain(lms_pool *p, int worker)
 {
@@ -48,20 +111,23 @@ static void *worker_main(void *v)
     int id = ((worker_arg *)v)->id;
     uint64_t seen = 0;
     lms__free(v);
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->quit && p->generation == seen)
-            pthread_cond_wait(&p->cv_start, &p->mu);
-        if (p->quit)
+        if (!spin_gen(&p->generation, seen)) {
+            pthread_mutex_lock(&p->mu);
+            while (!atomic_load(&p->quit) && atomic_load(&p->generation) == seen)
+                pthread_cond_wait(&p->cv_start, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->quit))
             break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         drain(p, id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -127,15 +193,17 @@ void lms__pool_run(lms_pool *p, size_t n, lms_pool_fn fn, void *arg)
     p->arg = arg;
     p->n = n;
     atomic_store(&p->next, 0);
-    p->pending = p->nthreads - 1;
-    p->generation++;
+    atomic_store(&p->pending, p->nthreads - 1);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     drain(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
-        pthread_cond_wait(&p->cv_done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (!spin_zero(&p->pending)) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->pending) > 0)
+            pthread_cond_wait(&p->cv_done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 void lms__pool_destroy(lms_pool *p)
@@ -143,7 +211,8 @@ void lms__pool_destroy(lms_pool *p)
     if (!p)
         return;
     pthread_mutex_lock(&p->mu);
-    p->quit = true;
+    atomic_store(&p->quit, true);
+    atomic_fetch_add(&p->generation, 1); /* spinning workers see it too */
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     if (p->threads)

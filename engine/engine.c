@@ -285,6 +285,13 @@ static int choose_backend(lms_engine *e, const lms__wsrc *src, const lms__fwd_op
     }
     if (!lms__fwd_cuda)
         return lms__err(LMS_EUNSUPPORTED, "engine: this build has no CUDA engine backend");
+    char what[128];
+    const lms__wt *q = lms__weights_quantized(&e->w, &e->hp, what, sizeof what);
+    if (q)
+        return lms__err(LMS_EUNSUPPORTED,
+                        "%s: tensor '%s' is %s: the CUDA engine backend does not run quantized weights yet "
+                        "(run the model on the CPU)",
+                        src->name, what, lms_dtype_name(q->dt));
     if (!lms__weights_on_device(&e->w, &e->hp))
         return lms__err(LMS_EINVAL,
                         "%s: the model's weights are not on the engine's device: open the model on it "

@@ -114,13 +114,32 @@ int lms__config_rope(lms__hparams *hp, const void *params, const char *src);
 
 /* ---- weights -------------------------------------------------------------------- */
 
-/* A weight matrix [rows][cols] (row-major, read in place) or vector [rows]. */
+/* What an MLX_AFFINE matrix needs besides its codes: per row cols/group
+ * scales and biases (x = s * q + b), read in place like the codes. */
+typedef struct lms__mlx_q {
+    const void *scales, *biases;   /* [rows][cols / group] of sdt: host bytes */
+    const void *dscales, *dbiases; /* the same on the engine's device (NULL on the CPU) */
+    lms_dtype sdt;                 /* F32, F16 or BF16 */
+    uint32_t bits, group;          /* 2..8 bits a code (not 7); groups of 32, 64 or 128 */
+} lms__mlx_q;
+
+/*
+ * A weight matrix [rows][cols] (row-major, read in place) or vector [rows].
+ * dt is BF16, F16 or F32 (vectors are always these), a GGUF block type (each
+ * row is cols / block_elems blocks, lms__wt_row_bytes apart) or MLX_AFFINE
+ * (codes of mlx->bits bits, lms__wt_row_bytes a row, with mlx's scales and
+ * biases). Shapes are in elements for every dtype.
+ */
 typedef struct lms__wt {
     const void *p;       /* borrowed: mapped bytes, valid while the source lives */
     const void *dp;      /* the same bytes on the engine's device (NULL on the CPU) */
-    lms_dtype dt;        /* BF16, F16 or F32 */
+    lms_dtype dt;
     uint32_t rows, cols;
+    const lms__mlx_q *mlx; /* MLX_AFFINE only (owned by lms__weights), else NULL */
 } lms__wt;
+
+/* Bytes of one row of w (cols elements in w's encoding). */
+size_t lms__wt_row_bytes(const lms__wt *w);
 
 typedef struct lms__layer_w {
     lms__wt wq, wk, wv, wo;         /* [n_heads*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_heads*hd] */
@@ -138,6 +157,8 @@ typedef struct lms__weights {
     lms__layer_w *layers;           /* [n_layers] */
     float *vec_store;               /* owns every f32 vector above */
     size_t vec_len;                 /* floats in vec_store */
+    lms__mlx_q *mlx_store;          /* owns the MLX descriptors the matrices point to (or NULL) */
+    size_t n_mlx;
 } lms__weights;
 
 /* Where tensors come from: the loader's lms_model or a safetensors folder.
@@ -168,6 +189,10 @@ int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights
 void lms__weights_release(lms__weights *w);
 /* Bytes of the matrices one token's forward pass reads (every layer's, the LM head's). */
 uint64_t lms__weights_bytes(const lms__weights *w, const lms__hparams *hp);
+/* The first matrix (embedding, layers in order, LM head) stored in a
+ * quantized encoding (GGUF block type or MLX affine), or NULL; its name
+ * ("model.layers.3.self_attn.q_proj.weight") into what[n] when what is given. */
+const lms__wt *lms__weights_quantized(const lms__weights *w, const lms__hparams *hp, char *what, size_t n);
 /* true when every matrix has a device address (dp). */
 bool lms__weights_on_device(const lms__weights *w, const lms__hparams *hp);
 

@@ -128,8 +128,8 @@ bool lms__quant_supported(lms_dtype t);
 /*
  * Quantize n floats (finite) of one row into dst (n / block elems blocks).
  * t: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (bytes equal to gguf-py's quantize),
- * Q4_K and Q8_K (ggml's quantize_row_*_ref: what llama-quantize writes
- * without an importance matrix). LMS_EINVAL for another dtype or a partial
+ * Q4_K, Q6_K and Q8_K (ggml's quantize_row_*_ref: what llama-quantize
+ * writes without an importance matrix). LMS_EINVAL for another dtype or a partial
  * block (nothing written).
  */
 int lms__quant_row(lms_dtype t, const float *src, void *dst, size_t n);

@@ -3,8 +3,8 @@
  * and MLX affine codes.
  *
  * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 compute what gguf-py's quantize functions
- * compute (which equal ggml's quantize_row_*_ref), Q4_K and Q8_K what
- * ggml's quantize_row_q4_K_ref / quantize_row_q8_K_ref compute (the path
+ * compute (which equal ggml's quantize_row_*_ref), Q4_K, Q6_K and Q8_K what
+ * ggml's quantize_row_q4_K_ref / _q6_K_ref / _q8_K_ref compute (the path
  * llama-quantize takes without an importance matrix), and MLX affine what
  * mlx.core.quantize computes on its CPU backend. Same operations in the
  * same order, each float32 result rounded once (-ffp-contract=off), so the
@@ -230,6 +230,96 @@ static void q4_k(const float *x, uint8_t *b)
             qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
 }
 
+/* ggml's make_qx_quants with rmse_type 1 and no importance weights: the
+ * scale of n values into codes [-nmax, nmax) (L = code + nmax) that best
+ * fits them with weights x^2, searched over 19 candidate scales. */
+static float make_qx(int n, int nmax, const float *x, int8_t *L)
+{
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = LMS_MAX(-nmax, LMS_MIN(nmax - 1, nearest_int(iscale * x[i])));
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0)
+            continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = LMS_MAX(-nmax, LMS_MIN(nmax - 1, nearest_int(iscale * x[i])));
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * (float)l;
+            suml2 += w * (float)l * (float)l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++)
+                L[i] = (int8_t)(nmax + LMS_MAX(-nmax, LMS_MIN(nmax - 1, nearest_int(iscale * x[i]))));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q6_K: 16 groups of 16 with 8-bit scales of one f16 d, 6-bit codes (ggml's quantize_row_q6_K_ref). */
+static void q6_k(const float *x, uint8_t *b)
+{
+    int8_t L[256];
+    float scales[16], max_scale = 0, max_abs_scale = 0;
+    uint8_t *ql = b, *qh = b + 128;
+    int8_t *sc = (int8_t *)(b + 192);
+    for (int ib = 0; ib < 16; ib++) {
+        float scale = make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+        scales[ib] = scale;
+        if (fabsf(scale) > max_abs_scale) {
+            max_abs_scale = fabsf(scale);
+            max_scale = scale;
+        }
+    }
+    if (max_abs_scale < 1e-15f) {
+        memset(b, 0, 210);
+        return;
+    }
+    float iscale = -128.f / max_scale;
+    put_f16(b + 208, 1 / iscale);
+    for (int ib = 0; ib < 16; ib++)
+        sc[ib] = (int8_t)LMS_MIN(127, nearest_int(iscale * scales[ib]));
+    for (int j = 0; j < 16; j++) {
+        float d = h2f(b + 208) * (float)sc[j];
+        if (d == 0)
+            continue;
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (int8_t)(LMS_MAX(-32, LMS_MIN(31, nearest_int(x[16 * j + i] / d))) + 32);
+    }
+    for (int j = 0; j < 256; j += 128) {
+        for (int l = 0; l < 32; l++) {
+            uint8_t q1 = L[j + l] & 0xF, q2 = L[j + l + 32] & 0xF, q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
+            ql[l] = (uint8_t)(q1 | (q3 << 4));
+            ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+            qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
+                              ((L[j + l + 96] >> 4) << 6));
+        }
+        ql += 64;
+        qh += 32;
+    }
+}
+
 static void q8_k(const float *x, uint8_t *b)
 {
     float max = signed_absmax(x, 256);
@@ -254,7 +344,7 @@ bool lms__quant_supported(lms_dtype t)
 {
     switch (t) {
     case LMS_DTYPE_Q4_0: case LMS_DTYPE_Q4_1: case LMS_DTYPE_Q5_0: case LMS_DTYPE_Q5_1:
-    case LMS_DTYPE_Q8_0: case LMS_DTYPE_Q4_K: case LMS_DTYPE_Q8_K: return true;
+    case LMS_DTYPE_Q8_0: case LMS_DTYPE_Q4_K: case LMS_DTYPE_Q6_K: case LMS_DTYPE_Q8_K: return true;
     default: return false;
     }
 }
@@ -269,6 +359,7 @@ int lms__quant_row(lms_dtype t, const float *src, void *dst, size_t n)
     case LMS_DTYPE_Q5_1: fn = q5_1; break;
     case LMS_DTYPE_Q8_0: fn = q8_0; break;
     case LMS_DTYPE_Q4_K: fn = q4_k; break;
+    case LMS_DTYPE_Q6_K: fn = q6_k; break;
     case LMS_DTYPE_Q8_K: fn = q8_k; break;
     default:
         return lms__err(LMS_EINVAL, "no quantizer for dtype %s", lms_dtype_name(t) ? lms_dtype_name(t) : "?");

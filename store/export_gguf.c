@@ -7,10 +7,12 @@
  * merges, and the pre-tokenizer named after its regexes) and
  * tokenizer_config.json (special tokens, add_bos_token, chat template):
  * the inverse of gguf_model.c, so a model imported from GGUF goes back
- * with the same tensors and the metadata that matters. Tensors keep their
+ * with the same tensors and the metadata that matters. Matrices keep their
  * encoding and bytes (F32, F16, BF16, the GGUF block types) under their GGUF
  * names; llama's q_proj / k_proj rows go back into llama.cpp's rotary order
- * (whole rows: byte-exact). MLX_AFFINE tensors have no GGUF encoding and
+ * (whole rows: byte-exact). Vectors (norms, biases) stored as BF16 or F16
+ * are widened to F32, as llama.cpp's converter writes them (its CPU backend
+ * multiplies activations by F32 vectors only); F32 ones go out unchanged. MLX_AFFINE tensors have no GGUF encoding and
  * are refused. Llama 3 RoPE scaling without a stored rope_freqs.weight gets
  * one computed from config.json, as llama.cpp's converter does.
  *
@@ -412,6 +414,7 @@ typedef struct gt {
     uint64_t ne[4];
     uint64_t nbytes, offset;
     uint32_t perm_heads;     /* llama q/k: rows back into rotary order */
+    bool widen;              /* a BF16/F16 vector written as F32 */
 } gt;
 
 /* HF row of GGUF row g of a tensor in heads of d rows (inverse of the import's). */
@@ -506,6 +509,13 @@ int lms_model_export_gguf(lms_store *s, const char *model, const char *path, con
         for (uint32_t d = 0; d < o->ndim; d++)
             o->ne[d] = t->tr.shape[o->ndim - 1 - d];
         o->nbytes = t->tr.nbytes;
+        /* vectors (norms, biases) go out as F32, as llama.cpp's converter writes
+         * them: its CPU backend multiplies activations only by F32 vectors */
+        if (o->ndim == 1 && (t->tr.dtype == LMS_DTYPE_BF16 || t->tr.dtype == LMS_DTYPE_F16)) {
+            o->widen = true;
+            o->ggml = LMS__GGML_F32;
+            o->nbytes = o->ne[0] * 4;
+        }
         have_freqs |= !strcmp(o->name, "rope_freqs.weight");
         if (!strcmp(o->name, "token_embd.weight"))
             n_vocab = t->tr.shape[0];
@@ -615,13 +625,19 @@ int lms_model_export_gguf(lms_store *s, const char *model, const char *path, con
         } else {
             const uint8_t *p = o->t->bytes;
             lms__hasher_reset(h);
-            lms__hasher_update(h, p, (size_t)o->nbytes);
+            lms__hasher_update(h, p, (size_t)o->t->tr.nbytes);
             if (!lms__hash128_eq(lms__hasher_digest(h), lms__hash128_get(o->t->tr.hash))) {
                 rc = lms__err(LMS_ECORRUPT, "model '%s' tensor '%s': stored bytes fail their XXH3-128; run `lmstore "
                               "verify`", model, o->t->name);
                 break;
             }
-            if (!o->perm_heads) {
+            if (o->widen) {
+                float *f = lms__malloc((size_t)o->nbytes);
+                rc = !f ? LMS_ENOMEM : lms__dequant_row(o->t->tr.dtype, p, f, (size_t)o->ne[0]);
+                if (!rc)
+                    rc = lms__pwrite_all(fd, f, (size_t)o->nbytes, base, tmp);
+                lms__free(f);
+            } else if (!o->perm_heads) {
                 rc = lms__pwrite_all(fd, p, (size_t)o->nbytes, base, tmp);
             } else {
                 uint64_t rows = o->t->tr.shape[0], rb = o->nbytes / rows, d = rows / o->perm_heads;

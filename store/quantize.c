@@ -68,6 +68,8 @@ typedef struct qctx {
     /* the tensor being quantized: rows [row0, row0 + n) of the batch */
     const qt *cur;
     lms_dtype target, sdt; /* output dtype; MLX scales' dtype */
+    uint32_t n_attn_v, n_down; /* Q4_K_M: the model's v_proj and down_proj matrices */
+    bool has_lm_head;      /* Q4_K_M: an untied LM head (else the embedding is the head) */
     uint64_t cols, in_rb, out_rb, row0;
     const uint8_t *in;     /* the source rows */
     uint8_t *out;          /* the batch's output rows (GGUF blocks or MLX codes) */
@@ -176,6 +178,29 @@ static bool is_embedding(const char *name)
 
 static size_t esz(lms_dtype t) { return t == LMS_DTYPE_F32 ? 4 : 2; }
 
+/* llama-quantize's use_more_bits: the first and last eighth of the layers
+ * and every third in between. */
+static bool more_bits(uint32_t i, uint32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* llama-quantize's Q4_K_M choice for a matrix of a dense Llama / Qwen model
+ * (llama_tensor_get_type): Q6_K for the LM head (the embedding when the
+ * head is tied to it) and for the v_proj and down_proj matrices of the
+ * layers more_bits picks, Q4_K elsewhere. */
+static lms_dtype k_m_type(const qctx *c, const char *name)
+{
+    unsigned l;
+    if (!strcmp(name, "lm_head.weight") || (!c->has_lm_head && !strcmp(name, "model.embed_tokens.weight")))
+        return LMS_DTYPE_Q6_K;
+    if (sscanf(name, "model.layers.%u.", &l) == 1) {
+        size_t n = strlen(name);
+        if (n > 24 && !strcmp(name + n - 24, ".self_attn.v_proj.weight") && more_bits(l, c->n_attn_v))
+            return LMS_DTYPE_Q6_K;
+        if (n > 21 && !strcmp(name + n - 21, ".mlp.down_proj.weight") && more_bits(l, c->n_down))
+            return LMS_DTYPE_Q6_K;
+    }
+    return LMS_DTYPE_Q4_K;
+}
+
 /* The dtype tensor t becomes, or KEEP. */
 static int plan_one(qctx *c, qt *t, lms_dtype *target)
 {
@@ -197,8 +222,13 @@ static int plan_one(qctx *c, qt *t, lms_dtype *target)
         if (cols % c->p.group_size)
             return KEEP;
     } else {
+        if (c->p.mix_k_m)
+            t_ = k_m_type(c, t->name);
+        /* llama-quantize's fallbacks for rows of partial super-blocks */
         if (t_ == LMS_DTYPE_Q4_K && cols % LMS__QK_K)
-            t_ = LMS_DTYPE_Q5_0; /* llama-quantize's fallback for rows of partial super-blocks */
+            t_ = LMS_DTYPE_Q5_0;
+        if (t_ == LMS_DTYPE_Q6_K && cols % LMS__QK_K)
+            t_ = LMS_DTYPE_Q8_0;
         if (cols % lms_dtype_block_elems(t_, 0))
             return KEEP;
         if (r->dtype == t_)
@@ -466,6 +496,16 @@ static int run(qctx *c)
     int8_t *plan = lms__calloc(n_src ? n_src : 1, 1);
     lms_dtype *targets = lms__calloc(n_src ? n_src : 1, sizeof *targets);
     int rc = plan && targets ? 0 : LMS_ENOMEM;
+    for (size_t i = 0; i < n_src; i++) {
+        const char *n = c->t[i].name;
+        size_t nl = strlen(n);
+        c->has_lm_head |= !strcmp(n, "lm_head.weight");
+        c->n_attn_v += nl > 24 && !strcmp(n + nl - 24, ".self_attn.v_proj.weight");
+        c->n_down += nl > 21 && !strcmp(n + nl - 21, ".mlp.down_proj.weight");
+    }
+    if (!rc && c->p.mix_k_m && c->n_attn_v == 80)
+        rc = lms__err(LMS_EUNSUPPORTED, "model '%s' has 80 layers: llama-quantize's Q4_K_M gives its v_proj Q5_K, "
+                      "which lmstore does not quantize to", c->src_name);
     for (size_t i = 0; !rc && i < n_src; i++) {
         int a = plan_one(c, &c->t[i], &targets[i]);
         if (a < 0)
@@ -633,14 +673,16 @@ int lms_model_quantize(lms_store *s, const char *src, const char *dst, const lms
             return lms__err(LMS_EINVAL, "MLX quantization takes bits 2, 3, 4, 5, 6 or 8 and group sizes 32, 64 or "
                             "128 (not %u bits in groups of %u)", c.p.bits, c.p.group_size);
     } else if (!lms__quant_supported(c.p.type) || c.p.type == LMS_DTYPE_Q8_K) {
-        return lms__err(LMS_EINVAL, "cannot quantize to %s (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and MLX affine)",
+        return lms__err(LMS_EINVAL, "cannot quantize to %s (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K and MLX affine)",
                         lms_dtype_name(c.p.type) ? lms_dtype_name(c.p.type) : "?");
     }
+    if (c.p.mix_k_m && c.p.type != LMS_DTYPE_Q4_K)
+        return lms__err(LMS_EINVAL, "the K_M mix goes with Q4_K (Q4_K_M), not %s", lms_dtype_name(c.p.type));
     char tname[32];
     if (c.p.type == LMS_DTYPE_MLX_AFFINE)
         snprintf(tname, sizeof tname, "mlx%u (group %u)", c.p.bits, c.p.group_size);
     else
-        snprintf(tname, sizeof tname, "%s", lms_dtype_name(c.p.type));
+        snprintf(tname, sizeof tname, "%s%s", lms_dtype_name(c.p.type), c.p.mix_k_m ? "_M" : "");
     if (!(c.source = lms__asprintf("lmstore quantize '%s' to %s%s", src, tname,
                                    c.p.keep_embeddings ? ", embeddings kept" : ""))) {
         rc = LMS_ENOMEM;

@@ -10,7 +10,7 @@
 #include "tools/cli.h"
 
 const char lms_cmd_quantize_help[] =
-    "quantize a model into a new one: quantize MODEL NEWNAME --type q8_0|q4_0|q4_k|mlx4|mlx8 [--keep-embeddings]";
+    "quantize a model into a new one: quantize MODEL NEWNAME --type q8_0|q4_0|q4_k|q4_k_m|mlx4|mlx8 [--keep-embeddings]";
 
 /* "q8_0" -> Q8_0, "mlx4" -> MLX_AFFINE 4 bits; false if unknown. */
 static bool parse_type(const char *s, lms_quantize_params *p)
@@ -19,7 +19,13 @@ static bool parse_type(const char *s, lms_quantize_params *p)
         const char *name;
         lms_dtype t;
     } gguf[] = {{"q8_0", LMS_DTYPE_Q8_0}, {"q4_0", LMS_DTYPE_Q4_0}, {"q4_1", LMS_DTYPE_Q4_1},
-                {"q5_0", LMS_DTYPE_Q5_0}, {"q5_1", LMS_DTYPE_Q5_1}, {"q4_k", LMS_DTYPE_Q4_K}};
+                {"q5_0", LMS_DTYPE_Q5_0}, {"q5_1", LMS_DTYPE_Q5_1}, {"q4_k", LMS_DTYPE_Q4_K},
+                {"q6_k", LMS_DTYPE_Q6_K}};
+    if (!strcasecmp(s, "q4_k_m")) {
+        p->type = LMS_DTYPE_Q4_K;
+        p->mix_k_m = true;
+        return true;
+    }
     for (size_t i = 0; i < sizeof gguf / sizeof gguf[0]; i++)
         if (!strcasecmp(s, gguf[i].name)) {
             p->type = gguf[i].t;
@@ -53,8 +59,11 @@ int lms_cmd_quantize(int argc, char **argv)
                    "                        [--threads N] [--store DIR] [--quiet]\n\n"
                    "Makes NEWNAME from MODEL with its matrices quantized; norms, biases and what is\n"
                    "not quantized stay shared with MODEL (stored once).\n"
-                   "TYPE: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k (GGUF block types, the bytes of the\n"
-                   "      reference quantizers; q4_k uses q5_0 for rows that are not whole 256-blocks)\n"
+                   "TYPE: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k (GGUF block types, the bytes of the\n"
+                   "      reference quantizers; q4_k uses q5_0 and q6_k q8_0 for rows that are not\n"
+                   "      whole 256-blocks, as llama-quantize does)\n"
+                   "      q4_k_m (llama-quantize's Q4_K_M mix, byte for byte: q6_k for the LM head\n"
+                   "      and some v_proj / down_proj matrices, q4_k elsewhere)\n"
                    "      mlx2 .. mlx8 (MLX affine: scales and biases per group, as mlx-lm saves)\n"
                    "--keep-embeddings  leave the token embedding and the LM head unquantized\n"
                    "--group-size N     MLX group size: 32, 64 (default) or 128\n");
@@ -73,7 +82,7 @@ int lms_cmd_quantize(int argc, char **argv)
     if (!model || !dst)
         return lms_cli_usage("quantize", "want MODEL and NEWNAME");
     if (!type || !parse_type(type, &qp))
-        return lms_cli_usage("quantize", "--type wants q8_0, q4_0, q4_1, q5_0, q5_1, q4_k or mlx2..mlx8");
+        return lms_cli_usage("quantize", "--type wants q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, q4_k_m or mlx2..mlx8");
     if (group) {
         int64_t v;
         if (!lms_cli_parse_i64(group, &v) || (v != 32 && v != 64 && v != 128) || qp.type != LMS_DTYPE_MLX_AFFINE)

@@ -1,12 +1,17 @@
 /*
  * engine/cpu/fwd_cpu.c - the CPU backend of the forward operations
  * (engine/backend.h): matrix products split by rows over the thread pool
- * through the SIMD kernel table (engine/cpu/kernels*.c), weights read in
- * place from the mapping, every activation and accumulation in f32.
+ * through the SIMD kernel tables (engine/cpu/kernels*.c for 16/32-bit
+ * weights, engine/cpu/quant*.c for GGUF block types and MLX affine),
+ * weights read in place from the mapping, every activation and
+ * accumulation in f32.
  *
  * A block of up to max_block tokens shares each pass over the weights
  * (prefill); decode is a block of one. The jobs of one matmul call (q/k/v,
- * gate/up) run as one pool dispatch. All scratch is allocated at create:
+ * gate/up) run as one pool dispatch. For GGUF block types the call's input
+ * is quantized once (8-bit blocks: one form for the 32-element types, one
+ * for the K types) before that dispatch, and every thread reads the same
+ * quantized rows, as llama.cpp does. All scratch is allocated at create:
  * nothing is allocated per token.
  */
 #include <assert.h>
@@ -14,11 +19,18 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/cpu/quant.h"
+
+/* The two forms of quantized activations: for Q4_0 .. Q8_0 and for the K types. */
+enum { XQ_32 = 0, XQ_K = 1 };
 
 struct lms__bk {
     const lms__hparams *hp;
     const lms__weights *w;
     const lms__kernels *k;
+    const lms__qkernels *qk;   /* quantized weights' kernels */
+    void *xq[2];               /* [B] quantized input rows of the current matmul, per form (or NULL
+                                * when the model has no GGUF-type matrix) */
     lms_pool *pool;
     int nthreads;
     uint32_t B, n_ctx, G;
@@ -37,6 +49,7 @@ typedef struct mm_job {
     const lms__wt *w;
     const float *x;
     size_t ldx;
+    const void *xq;     /* GGUF block types: x quantized for w's dtype (lms__qx_quantize) */
     float *y;
     size_t ldy;
     bool acc;
@@ -45,10 +58,23 @@ typedef struct mm_job {
 
 typedef struct mm_run {
     const lms__kernels *k;
+    const lms__qkernels *qk;
     mm_job *jobs;
     int n_jobs;
     uint32_t nb;
 } mm_run;
+
+static bool quantized(lms_dtype dt) { return lms_dtype_is_quantized(dt); }
+
+/* Rows [r0, r1) of an MLX_AFFINE matrix as the kernels take it. */
+static lms__mlx_mat mlx_rows(const lms__wt *w, uint32_t r0)
+{
+    const lms__mlx_q *q = w->mlx;
+    size_t lds = w->cols / q->group, es = lms_dtype_size(q->sdt);
+    return (lms__mlx_mat){(const uint8_t *)w->p + (size_t)r0 * lms__wt_row_bytes(w), lms__wt_row_bytes(w),
+                          (const uint8_t *)q->scales + (size_t)r0 * lds * es,
+                          (const uint8_t *)q->biases + (size_t)r0 * lds * es, lds, q->sdt, q->bits, q->group};
+}
 
 static void mm_task(void *arg, size_t i, int worker)
 {
@@ -57,15 +83,66 @@ static void mm_task(void *arg, size_t i, int worker)
     (void)worker;
     while (i >= r->jobs[j].items) i -= r->jobs[j++].items;
     mm_job *jb = &r->jobs[j];
-    uint32_t r0 = (uint32_t)i * jb->chunk, r1 = LMS_MIN(r0 + jb->chunk, jb->w->rows);
-    size_t esz = jb->w->dt == LMS_DTYPE_F32 ? 4 : 2;
-    r->k->gemm[lms__dt_index(jb->w->dt)]((const uint8_t *)jb->w->p + (size_t)r0 * jb->w->cols * esz, jb->w->cols,
-                                         jb->x, jb->ldx, jb->y + r0, jb->ldy, (int)(r1 - r0), (int)r->nb,
-                                         (int)jb->w->cols, jb->acc);
+    const lms__wt *w = jb->w;
+    uint32_t r0 = (uint32_t)i * jb->chunk, r1 = LMS_MIN(r0 + jb->chunk, w->rows);
+    int rows = (int)(r1 - r0), cols = (int)w->cols;
+    if (w->dt == LMS_DTYPE_MLX_AFFINE) {
+        lms__mlx_mat m = mlx_rows(w, r0);
+        r->qk->mlx(&m, jb->x, jb->ldx, jb->y + r0, jb->ldy, rows, (int)r->nb, cols, jb->acc);
+    } else if (quantized(w->dt)) {
+        size_t rb = lms__wt_row_bytes(w);
+        r->qk->gemm_q[w->dt]((const uint8_t *)w->p + (size_t)r0 * rb, rb, jb->xq, jb->y + r0, jb->ldy, rows,
+                             (int)r->nb, cols, jb->acc);
+    } else {
+        size_t esz = w->dt == LMS_DTYPE_F32 ? 4 : 2;
+        r->k->gemm[lms__dt_index(w->dt)]((const uint8_t *)w->p + (size_t)r0 * w->cols * esz, w->cols, jb->x,
+                                         jb->ldx, jb->y + r0, jb->ldy, rows, (int)r->nb, cols, jb->acc);
+    }
+}
+
+typedef struct xq_run {
+    lms_dtype dt;
+    const float *x;
+    size_t ldx;
+    int cols;
+    uint8_t *out;
+    size_t rb;
+} xq_run;
+
+static void xq_task(void *arg, size_t i, int worker)
+{
+    xq_run *r = arg;
+    (void)worker;
+    lms__qx_quantize(r->dt, r->x + i * r->ldx, r->ldx, 1, r->cols, r->out + i * r->rb);
+}
+
+/* Quantize the jobs' shared input once per form their weights need, rows
+ * over the pool; each GGUF-type job gets its form's rows. */
+static void mm_quantize_input(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
+{
+    bool done[2] = {false, false};
+    for (int j = 0; j < n; j++) {
+        lms_dtype dt = jobs[j].w->dt;
+        if (!quantized(dt) || dt == LMS_DTYPE_MLX_AFFINE)
+            continue;
+        int form = lms_dtype_block_elems(dt, 0) == LMS__QK_K ? XQ_K : XQ_32;
+        assert(b->xq[form]);
+        jobs[j].xq = b->xq[form];
+        if (done[form])
+            continue;
+        done[form] = true;
+        xq_run r = {dt, jobs[j].x, jobs[j].ldx, (int)jobs[j].w->cols, b->xq[form],
+                    lms__qx_row_bytes(dt, (int)jobs[j].w->cols)};
+        if (nb == 1) /* decode: a row is microseconds of work, less than a dispatch */
+            xq_task(&r, 0, 0);
+        else
+            lms__pool_run(b->pool, nb, xq_task, &r);
+    }
 }
 
 static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
 {
+    mm_quantize_input(b, jobs, n, nb);
     size_t items = 0;
     for (int j = 0; j < n; j++) {
         uint32_t rows = jobs[j].w->rows;
@@ -77,7 +154,7 @@ static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
         jobs[j].items = (rows + c - 1) / c;
         items += jobs[j].items;
     }
-    mm_run r = {b->k, jobs, n, nb};
+    mm_run r = {b->k, b->qk, jobs, n, nb};
     lms__pool_run(b->pool, items, mm_task, &r);
 }
 
@@ -197,6 +274,8 @@ static void cpu_destroy(lms__bk *b)
     lms__free(b->inv_freq[1]);
     lms__free(b->cs);
     lms__free(b->scores);
+    lms__free(b->xq[0]);
+    lms__free(b->xq[1]);
     lms__free(b);
 }
 
@@ -210,6 +289,7 @@ static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->hp = hp;
     b->w = cfg->w;
     b->k = cfg->k;
+    b->qk = lms__qkernels_best();
     b->pool = cfg->pool;
     b->nthreads = lms__pool_threads(cfg->pool);
     b->B = cfg->max_block;
@@ -230,6 +310,14 @@ static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
         !(b->scores = lms__aligned_alloc(64, ssz)))
         goto nomem;
     memset(b->xin, 0, B * maxw * 4);
+    if (lms__weights_quantized(cfg->w, hp, NULL, 0)) {
+        /* every matmul input is at most maxw wide; its rows in both quantized forms */
+        size_t n32 = B * lms__qx_row_bytes(LMS_DTYPE_Q8_0, (int)maxw), nk = B * lms__qx_row_bytes(LMS_DTYPE_Q4_K, (int)maxw);
+        if (!(b->xq[XQ_32] = lms__aligned_alloc(64, n32 + 64)) || !(b->xq[XQ_K] = lms__aligned_alloc(64, nk + 64)))
+            goto nomem;
+        memset(b->xq[XQ_32], 0, n32 + 64);
+        memset(b->xq[XQ_K], 0, nk + 64);
+    }
     memset(b->cs, 0, B * hd * 4);
     memset(b->scores, 0, ssz);
     lms__rope_freqs(hp, LMS__ROPE_GLOBAL, b->inv_freq[0]);
@@ -259,7 +347,16 @@ static int cpu_end(lms__bk *b)
 
 static void embed_row(const lms__wt *e, uint32_t row, float scale, float *out)
 {
-    lms__row_to_f32(e, row, out);
+    if (e->dt == LMS_DTYPE_MLX_AFFINE) {
+        lms__mlx_mat m = mlx_rows(e, row);
+        lms__mlx_dequant_row(m.w, m.bits, m.group, m.scales, m.biases, m.sdt, out, e->cols);
+    } else if (quantized(e->dt)) {
+        int rc = lms__dequant_row(e->dt, (const uint8_t *)e->p + (size_t)row * lms__wt_row_bytes(e), out, e->cols);
+        assert(rc == 0); /* weights.c bound only dtypes it dequantizes, in whole blocks */
+        (void)rc;
+    } else {
+        lms__row_to_f32(e, row, out);
+    }
     if (scale == 1.0f)
         return;
     /* in the weights' dtype, as transformers multiplies embeddings by a scale cast to it */
@@ -313,7 +410,7 @@ static void cpu_matmul(lms__bk *b, const lms__mm *jobs, int n)
         const lms__mm *j = &jobs[i];
         assert(j->x == jobs[0].x && j->norm == jobs[0].norm && j->act == jobs[0].act);
         assert(b->width[j->y] == j->w->rows);
-        mj[i] = (mm_job){j->w, x, b->width[j->x], b->buf[j->y], b->width[j->y], j->acc, 0, 0};
+        mj[i] = (mm_job){j->w, x, b->width[j->x], NULL, b->buf[j->y], b->width[j->y], j->acc, 0, 0};
     }
     mm_multi(b, mj, n, nb);
     for (int i = 0; i < n; i++) {
@@ -382,7 +479,7 @@ static void cpu_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, fl
 {
     assert(row0 + n <= b->st->nb);
     const float *x = mm_input(b, j, row0, n);
-    mm_job mj = {j->w, x, b->width[j->x], host_out, j->w->rows, false, 0, 0};
+    mm_job mj = {j->w, x, b->width[j->x], NULL, host_out, j->w->rows, false, 0, 0};
     mm_multi(b, &mj, 1, n);
     if (softcap > 0)
         for (size_t i = 0; i < (size_t)n * j->w->rows; i++) host_out[i] = softcap * tanhf(host_out[i] / softcap);

@@ -35,6 +35,9 @@ size_t lms__qx_row_bytes(lms_dtype t, int cols)
     return is_k(t) ? (size_t)cols / 256 * sizeof(lms__q8k) : (size_t)cols / 32 * sizeof(lms__q8a);
 }
 
+/* ggml's x86 quantize_row_q8_1 (also its q8_0, whose d and q are the same):
+ * the scale's reciprocal as 127 / amax, rounding to nearest even, d and
+ * d * sum(q) stored as f16. */
 static void q8a_row(const float *x, lms__q8a *out, int cols)
 {
     for (int b = 0; b < cols / 32; b++) {
@@ -42,15 +45,15 @@ static void q8a_row(const float *x, lms__q8a *out, int cols)
         float amax = 0;
         for (int j = 0; j < 32; j++)
             amax = fmaxf(amax, fabsf(v[j]));
-        float d = amax / 127.f, id = d != 0 ? 1.f / d : 0.f;
+        float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
         int sum = 0;
         for (int j = 0; j < 32; j++) {
             int q = (int)nearbyintf(v[j] * id);
             out[b].q[j] = (int8_t)q;
             sum += q;
         }
-        out[b].d = d;
-        out[b].sum = sum;
+        out[b].d = lms__f16_to_f32(lms__f32_to_f16(d));
+        out[b].s = lms__f16_to_f32(lms__f32_to_f16(d * (float)sum));
     }
 }
 
@@ -115,7 +118,7 @@ void *lms__qscratch(size_t n)
 static inline float h2f(const uint8_t *p) { return lms__f16_to_f32(lms__get_u16(p)); }
 
 /* 32 codes of a Q4_0 .. Q8_0 block as integers (Q4_0 / Q5_0 without their
- * offset: the caller subtracts off * sum(x)); *d, *m (Q4_1, Q5_1 minimum). */
+ * offset *off, which the caller subtracts); *d, *m (Q4_1, Q5_1 minimum). */
 static inline void unpack32(lms_dtype t, const uint8_t *b, int q[32], float *d, float *m, int *off)
 {
     *m = 0;
@@ -236,9 +239,8 @@ static float dot32(lms_dtype t, const uint8_t *w, const lms__q8a *x, int nblk)
         float d, m;
         unpack32(t, w + (size_t)b * bb, q, &d, &m, &off);
         for (int j = 0; j < 32; j++)
-            isum += q[j] * x[b].q[j];
-        isum -= off * x[b].sum;
-        s += d * x[b].d * (float)isum + m * x[b].d * (float)x[b].sum;
+            isum += (q[j] - off) * x[b].q[j];
+        s += d * x[b].d * (float)isum + m * x[b].s;
     }
     return s;
 }

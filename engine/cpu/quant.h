@@ -9,13 +9,18 @@
  * (a quantized row is blocks, not elements). x and y are float32.
  *
  * How each type is computed, as llama.cpp does it: the activations are
- * quantized per block to 8 bits (x -> d * q, |q| <= 127, rounding to
- * nearest even) and each block's products are summed in integers, then
- * scaled in float32:
- *   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against 32-element blocks {f32 d, i32 sum(q), i8 q[32]}
+ * quantized per block to 8 bits and each block's products are summed in
+ * integers, then scaled in float32:
+ *   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against 32-element blocks {d, s, i8 q[32]}:
+ *     ggml's x86 quantize_row_q8_1: q = round-to-nearest-even(x * 127 / amax),
+ *     d = f16(amax / 127), s = f16(amax / 127 * sum(q))
  *   Q2_K .. Q6_K against 256-element Q8_K blocks {f32 d, i8 q[256], i16 sums of 16}
- * so a result differs from the float32 dot of the dequantized weights by
- * at most sum over blocks of |w|_1 * d_x / 2 (the activation rounding).
+ *     (ggml's quantize_row_q8_K_ref)
+ * so the activations are bit for bit what llama.cpp's CPU backend computes
+ * with, and a result differs from the float32 dot of the dequantized
+ * weights by at most sum over blocks of |w|_1 * d_x * (1/2 + 127 * 2^-11)
+ * (the rounding of x to q, and of d to f16) plus |m| * |s| * 2^-11 for the
+ * minimum of Q4_1 / Q5_1.
  * MLX affine keeps x in float32: y = sum over groups of s * (q . x) + b * sum(x).
  *
  * Kernel sets: "avx512" (AVX-512 F/BW/VL with VNNI: vpdpbusd), "avx2"
@@ -43,10 +48,11 @@
 extern "C" {
 #endif
 
-/* An activation block for the 32-element types. */
+/* An activation block for the 32-element types (ggml's block_q8_1 with its
+ * two halves as float32 holding f16 values): x ~ d * q. */
 typedef struct lms__q8a {
-    float d;      /* x ~ d * q */
-    int32_t sum;  /* sum of q (for Q4_1 / Q5_1's minimum) */
+    float d;      /* amax / 127 rounded to f16, as ggml stores it */
+    float s;      /* (amax / 127) * sum of q rounded to f16 (Q4_1 / Q5_1's minimum term) */
     int8_t q[32];
 } lms__q8a;
 

@@ -12,7 +12,10 @@
  * Each weight row is a run of blocks; one block's integer sums land in 8
  * int32 lanes, are converted to float and scaled by the block's factors
  * into a float accumulator (one rounding per block, as the portable set).
- * Rows are taken 2 at a time to reuse each activation load. Layouts:
+ * Rows are taken one at a time, so that each thread reads its weights as
+ * one sequential stream (the hardware prefetchers' best case: two rows in
+ * step measured half the bandwidth); with several activation vectors
+ * (prefill) each weight block is unpacked once for four of them. Layouts:
  * quant/quant.h; contract: engine/cpu/quant.h.
  */
 #include <immintrin.h>
@@ -79,72 +82,151 @@ static INLINE T __m256i codes32(lms_dtype t, const uint8_t *b)
     }
 }
 
-/* One block's integer dot in 8 lanes (offset codes made signed: Q4_0 q - 8, Q5_0 q - 16). */
-static INLINE T __m256i block_dot(lms_dtype t, const uint8_t *p, __m256i xq)
+/* A block's codes as DOT takes them: u unsigned (|q| for the signed types,
+ * whose sign q then moves onto x; the offset types made signed first:
+ * Q4_0 q - 8, Q5_0 q - 16), or the plain codes of Q4_1 / Q5_1. */
+static INLINE T void wcodes(lms_dtype t, const uint8_t *p, __m256i *u, __m256i *q)
 {
-    __m256i q;
     if (t == LMS_DTYPE_Q8_0)
-        q = _mm256_loadu_si256((const __m256i *)(p + 2));
+        *q = _mm256_loadu_si256((const __m256i *)(p + 2));
     else if (t == LMS_DTYPE_Q4_0)
-        q = _mm256_sub_epi8(codes32(t, p), _mm256_set1_epi8(8));
+        *q = _mm256_sub_epi8(codes32(t, p), _mm256_set1_epi8(8));
     else if (t == LMS_DTYPE_Q5_0)
-        q = _mm256_sub_epi8(codes32(t, p), _mm256_set1_epi8(16));
-    else
-        return DOT(codes32(t, p), xq); /* Q4_1, Q5_1: unsigned codes, the minimum apart */
-    return DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(xq, q));
-}
-
-/* One block of rows w0 (and w1 unless NULL) against x[b] into the accumulators. */
-static INLINE T void block2(lms_dtype t, size_t bb, const uint8_t *w0, const uint8_t *w1, const lms__q8a *x, int b,
-                            __m256 *a0, __m256 *a1, float *s0, float *s1)
-{
-    const bool minimum = t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1;
-    const uint8_t *p0 = w0 + (size_t)b * bb;
-    __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
-    float dx = x[b].d;
-    *a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p0, xq)), _mm256_set1_ps(h2f(p0) * dx), *a0);
-    if (minimum)
-        *s0 += h2f(p0 + 2) * dx * (float)x[b].sum;
-    if (w1) {
-        const uint8_t *p1 = w1 + (size_t)b * bb;
-        *a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(t, p1, xq)), _mm256_set1_ps(h2f(p1) * dx), *a1);
-        if (minimum)
-            *s1 += h2f(p1 + 2) * dx * (float)x[b].sum;
+        *q = _mm256_sub_epi8(codes32(t, p), _mm256_set1_epi8(16));
+    else { /* Q4_1, Q5_1: unsigned codes, the minimum apart */
+        *u = codes32(t, p);
+        return;
     }
+    *u = _mm256_abs_epi8(*q);
 }
 
-/* Rows w0 (and w1 unless NULL) against x, two blocks per step on separate
- * accumulators so the float additions do not wait on each other.
+static INLINE T bool minimum_type(lms_dtype t) { return t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1; }
+
+/* One weight block (codes u, q from wcodes, at p) against activation block xb. */
+static INLINE T void acc32(lms_dtype t, const uint8_t *p, __m256i u, __m256i q, const lms__q8a *xb, __m256 *a,
+                           float *s)
+{
+    __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+    __m256i d = minimum_type(t) ? DOT(u, xq) : DOT(u, _mm256_sign_epi8(xq, q));
+    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h2f(p) * xb->d), *a);
+    if (minimum_type(t))
+        *s += h2f(p + 2) * xb->s;
+}
+
+static INLINE T size_t block_bytes32(lms_dtype t)
+{
+    return t == LMS_DTYPE_Q4_0 ? 18 : t == LMS_DTYPE_Q4_1 ? 20 : t == LMS_DTYPE_Q5_0 ? 22 : t == LMS_DTYPE_Q5_1 ? 24 : 34;
+}
+
+/* Row w against x: four blocks per step on four accumulators, so the float
+ * additions do not wait on each other. One row at a time: the weights are
+ * one sequential stream (two rows read in step stream at half the rate).
  * Always inlined: each caller passes a constant t, so the tests on it go away. */
-static INLINE T void dot32_2(lms_dtype t, const uint8_t *w0, const uint8_t *w1, const lms__q8a *x, int nblk,
-                             float *r0, float *r1)
+static INLINE T float dot32_1(lms_dtype t, const uint8_t *w, const lms__q8a *x, int nblk)
 {
-    const size_t bb = t == LMS_DTYPE_Q4_0 ? 18 : t == LMS_DTYPE_Q4_1 ? 20 : t == LMS_DTYPE_Q5_0 ? 22
-                      : t == LMS_DTYPE_Q5_1 ? 24 : 34;
-    __m256 a0 = _mm256_setzero_ps(), a0b = a0, a1 = a0, a1b = a0;
-    float s0 = 0, s0b = 0, s1 = 0, s1b = 0;
+    const size_t bb = block_bytes32(t);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    __m256i u, q = _mm256_setzero_si256();
     int b = 0;
-    for (; b + 2 <= nblk; b += 2) {
-        block2(t, bb, w0, w1, x, b, &a0, &a1, &s0, &s1);
-        block2(t, bb, w0, w1, x, b + 1, &a0b, &a1b, &s0b, &s1b);
+    for (; b + 4 <= nblk; b += 4) {
+        const uint8_t *p = w + (size_t)b * bb;
+        wcodes(t, p, &u, &q);
+        acc32(t, p, u, q, x + b, &a0, &s0);
+        wcodes(t, p + bb, &u, &q);
+        acc32(t, p + bb, u, q, x + b + 1, &a1, &s1);
+        wcodes(t, p + 2 * bb, &u, &q);
+        acc32(t, p + 2 * bb, u, q, x + b + 2, &a2, &s2);
+        wcodes(t, p + 3 * bb, &u, &q);
+        acc32(t, p + 3 * bb, u, q, x + b + 3, &a3, &s3);
     }
-    if (b < nblk)
-        block2(t, bb, w0, w1, x, b, &a0, &a1, &s0, &s1);
-    *r0 = hsum_ps(_mm256_add_ps(a0, a0b)) + (s0 + s0b);
-    if (w1)
-        *r1 = hsum_ps(_mm256_add_ps(a1, a1b)) + (s1 + s1b);
+    for (; b < nblk; b++) {
+        const uint8_t *p = w + (size_t)b * bb;
+        wcodes(t, p, &u, &q);
+        acc32(t, p, u, q, x + b, &a0, &s0);
+    }
+    return hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + ((s0 + s1) + (s2 + s3));
+}
+
+/* Row w against four activation vectors (prefill): each weight block is
+ * unpacked once for the four. */
+static INLINE T void dot32_4(lms_dtype t, const uint8_t *w, const lms__q8a *x0, const lms__q8a *x1,
+                             const lms__q8a *x2, const lms__q8a *x3, int nblk, float out[4])
+{
+    const size_t bb = block_bytes32(t);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    __m256i u, q = _mm256_setzero_si256();
+    for (int b = 0; b < nblk; b++) {
+        const uint8_t *p = w + (size_t)b * bb;
+        wcodes(t, p, &u, &q);
+        acc32(t, p, u, q, x0 + b, &a0, &s0);
+        acc32(t, p, u, q, x1 + b, &a1, &s1);
+        acc32(t, p, u, q, x2 + b, &a2, &s2);
+        acc32(t, p, u, q, x3 + b, &a3, &s3);
+    }
+    out[0] = hsum_ps(a0) + s0;
+    out[1] = hsum_ps(a1) + s1;
+    out[2] = hsum_ps(a2) + s2;
+    out[3] = hsum_ps(a3) + s3;
 }
 
 /* ---- K types against lms__q8k ---------------------------------------------------------------------- */
 
-/* Q4_K / Q5_K super-block against x: d*sum(sc*q.x) - dmin*sum(mn*bsums), scaled by x's d. */
-static INLINE T float dot_q45k_block(const uint8_t *b, const lms__q8k *x, bool five)
+/*
+ * A K super-block's codes, unpacked once for every activation vector it
+ * meets: 8 registers of 32 unsigned codes (Q4_K / Q5_K: sub-block j; Q6_K:
+ * codes + 32 in element order), the integer scales (broadcast per 32-code
+ * register; Q6_K: two 16-groups a register), and the 16-bit factors that
+ * turn the activation's 16-sums (bsums) into the offset term
+ * (Q4_K / Q5_K: the minimums, each twice; Q6_K: 32 x the scales).
+ */
+typedef struct kblock {
+    __m256i q[8], sc[8], off16;
+    float d, dmin; /* Q6_K: dmin = d (the offset term is subtracted) */
+} kblock;
+
+static INLINE T void kunpack(lms_dtype t, const uint8_t *b, kblock *k)
 {
-    int sc[8], mn[8];
-    for (int j = 0; j < 8; j++)
-        lms__k4_scale_min(b + 4, j, &sc[j], &mn[j]);
+    if (t == LMS_DTYPE_Q6_K) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            k->q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+            k->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+            k->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+            k->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+        }
+        /* register r holds 16-groups 2r (lanes 0-3) and 2r+1 (lanes 4-7) */
+        for (int r = 0; r < 8; r++)
+            k->sc[r] = _mm256_setr_epi32(sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r + 1], sc[2 * r + 1],
+                                         sc[2 * r + 1], sc[2 * r + 1]);
+        k->off16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)), 5);
+        k->d = k->dmin = h2f(b + 208);
+        return;
+    }
+    const bool five = t == LMS_DTYPE_Q5_K;
+    /* the 12 scale bytes -> 8 six-bit scales (bytes 0-7 of u) and 8 minimums
+     * (bytes 8-15): sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7,
+     * sub-blocks 4-7 in the nibbles of bytes 8-11 with their top 2 bits in
+     * the top bits of bytes 0-3 / 4-7 (lms__k4_scale_min, four at a time) */
+    uint32_t u[4], a0, a1, a2;
+    memcpy(u, b + 4, 12);
+    a0 = u[0], a1 = u[1], a2 = u[2];
+    u[0] = a0 & 0x3f3f3f3f;
+    u[1] = (a2 & 0x0f0f0f0f) | ((a0 >> 6) & 0x03030303) << 4;
+    u[2] = a1 & 0x3f3f3f3f;
+    u[3] = ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 6) & 0x03030303) << 4;
+    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    __m256i scv = _mm256_cvtepu8_epi32(sm);
     const uint8_t *qs = b + (five ? 48 : 16);
-    __m256i acc = _mm256_setzero_si256(), m15 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i m15 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
     for (int j2 = 0; j2 < 4; j2++) {
         __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
@@ -153,57 +235,46 @@ static INLINE T float dot_q45k_block(const uint8_t *b, const lms__q8k *x, bool f
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one), 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
         }
-        __m256i xl = _mm256_loadu_si256((const __m256i *)(x->q + 64 * j2));
-        __m256i xh = _mm256_loadu_si256((const __m256i *)(x->q + 64 * j2 + 32));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(DOT(lo, xl), _mm256_set1_epi32(sc[2 * j2])));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(DOT(hi, xh), _mm256_set1_epi32(sc[2 * j2 + 1])));
+        k->q[2 * j2] = lo;
+        k->q[2 * j2 + 1] = hi;
     }
-    int msum = 0;
     for (int j = 0; j < 8; j++)
-        msum += mn[j] * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
-    return x->d * (h2f(b) * (float)hsum_epi32(acc) - h2f(b + 2) * (float)msum);
+        k->sc[j] = _mm256_permutevar8x32_epi32(scv, _mm256_set1_epi32(j));
+    __m128i mins = _mm_unpackhi_epi64(sm, sm);
+    k->off16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)); /* each minimum twice: for its two 16-sums */
+    k->d = h2f(b);
+    k->dmin = h2f(b + 2);
 }
 
-static inline T float dot_q6k_block(const uint8_t *b, const lms__q8k *x)
+/* One unpacked super-block against activation super-block x: the scaled
+ * code products into *a, the offset term (minimums x bsums; Q6_K: 32 x
+ * scales x bsums) into *m, both in float lanes summed at the row's end. */
+static INLINE T void kacc(const kblock *k, const lms__q8k *x, __m256 *a, __m256 *m)
 {
-    const int8_t *sc = (const int8_t *)(b + 192);
-    __m256i acc = _mm256_setzero_si256(), m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-        __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, m15),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4)),
-        };
-        for (int k = 0; k < 4; k++) {
-            int g = 8 * h + 2 * k;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + 128 * h + 32 * k));
-            /* lanes 0-3 hold the first 16 codes (group g), lanes 4-7 the next 16 */
-            __m256i s = _mm256_setr_epi32(sc[g], sc[g], sc[g], sc[g], sc[g + 1], sc[g + 1], sc[g + 1], sc[g + 1]);
-            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(DOT(q[k], xv), s));
-        }
-    }
-    int off = 0;
-    for (int g = 0; g < 16; g++)
-        off += sc[g] * x->bsums[g];
-    return x->d * h2f(b + 208) * (float)(hsum_epi32(acc) - 32 * off);
+    __m256i ai = _mm256_setzero_si256();
+    for (int r = 0; r < 8; r++)
+        ai = _mm256_add_epi32(ai, _mm256_mullo_epi32(DOT(k->q[r], _mm256_loadu_si256((const __m256i *)(x->q + 32 * r))),
+                                                     k->sc[r]));
+    __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k->off16);
+    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai), _mm256_set1_ps(k->d * x->d), *a);
+    *m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(k->dmin * x->d), *m);
 }
 
-static INLINE T float dotk(lms_dtype t, const uint8_t *w, const lms__q8k *x, int nblk)
+/* Row w against NX (1 or 4) activation vectors: each super-block unpacked once. */
+static INLINE T void dotk_n(lms_dtype t, const uint8_t *w, const lms__q8k *const *xs, int nx, int nblk, float *out)
 {
-    uint32_t bb = lms_dtype_block_bytes(t, 0);
-    float s = 0;
+    const uint32_t bb = lms_dtype_block_bytes(t, 0);
+    __m256 a[4], m[4];
+    for (int i = 0; i < nx; i++)
+        a[i] = m[i] = _mm256_setzero_ps();
     for (int b = 0; b < nblk; b++) {
-        const uint8_t *p = w + (size_t)b * bb;
-        s += t == LMS_DTYPE_Q6_K ? dot_q6k_block(p, x + b) : dot_q45k_block(p, x + b, t == LMS_DTYPE_Q5_K);
+        kblock k;
+        kunpack(t, w + (size_t)b * bb, &k);
+        for (int i = 0; i < nx; i++)
+            kacc(&k, xs[i] + b, &a[i], &m[i]);
     }
-    return s;
+    for (int i = 0; i < nx; i++)
+        out[i] = hsum_ps(a[i]) - hsum_ps(m[i]);
 }
 
 /* ---- products ------------------------------------------------------------------------------------------ */
@@ -213,17 +284,21 @@ static INLINE T float dotk(lms_dtype t, const uint8_t *w, const lms__q8k *x, int
                            int cols, bool acc)                                                               \
     {                                                                                                        \
         size_t xr = lms__qx_row_bytes(DT, cols);                                                             \
-        for (int r = 0; r < rows; r += 2) {                                                                  \
-            const uint8_t *w0 = (const uint8_t *)W + (size_t)r * ldw;                                        \
-            const uint8_t *w1 = r + 1 < rows ? w0 + ldw : NULL;                                              \
-            for (int b = 0; b < nb; b++) {                                                                   \
-                float v0, v1 = 0;                                                                            \
-                dot32_2(DT, w0, w1, (const lms__q8a *)((const uint8_t *)xq + (size_t)b * xr), cols / 32,     \
-                        &v0, &v1);                                                                           \
-                store_y(y + (size_t)b * ldy + r, v0, acc);                                                   \
-                if (w1)                                                                                      \
-                    store_y(y + (size_t)b * ldy + r + 1, v1, acc);                                           \
+        const uint8_t *X = xq;                                                                               \
+        for (int r = 0; r < rows; r++) {                                                                     \
+            const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw;                                         \
+            int b = 0;                                                                                       \
+            for (; b + 4 <= nb; b += 4) {                                                                    \
+                float v[4];                                                                                  \
+                dot32_4(DT, w, (const lms__q8a *)(X + (size_t)b * xr), (const lms__q8a *)(X + (size_t)(b + 1) * xr), \
+                        (const lms__q8a *)(X + (size_t)(b + 2) * xr), (const lms__q8a *)(X + (size_t)(b + 3) * xr), \
+                        cols / 32, v);                                                                       \
+                for (int k = 0; k < 4; k++)                                                                  \
+                    store_y(y + (size_t)(b + k) * ldy + r, v[k], acc);                                       \
             }                                                                                                \
+            for (; b < nb; b++)                                                                              \
+                store_y(y + (size_t)b * ldy + r, dot32_1(DT, w, (const lms__q8a *)(X + (size_t)b * xr), cols / 32), \
+                        acc);                                                                                \
         }                                                                                                    \
     }
 
@@ -232,12 +307,26 @@ static INLINE T float dotk(lms_dtype t, const uint8_t *w, const lms__q8k *x, int
                            int cols, bool acc)                                                               \
     {                                                                                                        \
         size_t xr = lms__qx_row_bytes(DT, cols);                                                             \
-        for (int r = 0; r < rows; r++)                                                                       \
-            for (int b = 0; b < nb; b++)                                                                     \
-                store_y(y + (size_t)b * ldy + r,                                                             \
-                        dotk(DT, (const uint8_t *)W + (size_t)r * ldw,                                       \
-                             (const lms__q8k *)((const uint8_t *)xq + (size_t)b * xr), cols / 256),          \
-                        acc);                                                                                \
+        const uint8_t *X = xq;                                                                               \
+        for (int r = 0; r < rows; r++) {                                                                     \
+            const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw;                                         \
+            int b = 0;                                                                                       \
+            for (; b + 4 <= nb; b += 4) {                                                                    \
+                const lms__q8k *xs[4];                                                                       \
+                float v[4];                                                                                  \
+                for (int k = 0; k < 4; k++)                                                                  \
+                    xs[k] = (const lms__q8k *)(X + (size_t)(b + k) * xr);                                    \
+                dotk_n(DT, w, xs, 4, cols / 256, v);                                                         \
+                for (int k = 0; k < 4; k++)                                                                  \
+                    store_y(y + (size_t)(b + k) * ldy + r, v[k], acc);                                       \
+            }                                                                                                \
+            for (; b < nb; b++) {                                                                            \
+                const lms__q8k *x1 = (const lms__q8k *)(X + (size_t)b * xr);                                 \
+                float v;                                                                                     \
+                dotk_n(DT, w, &x1, 1, cols / 256, &v);                                                       \
+                store_y(y + (size_t)b * ldy + r, v, acc);                                                    \
+            }                                                                                                \
+        }                                                                                                    \
     }
 
 #define WRAP(NAME, DT)                                                                                       \

@@ -353,12 +353,18 @@ LMS_API int lms_model_export_gguf(lms_store *store, const char *model, const cha
 /* ---- quantize ------------------------------------------------------------------------ */
 
 typedef struct lms_quantize_params {
-    lms_dtype type;        /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or MLX_AFFINE */
+    lms_dtype type;        /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K or MLX_AFFINE */
     uint32_t bits;         /* MLX_AFFINE: 2, 3, 4, 5, 6 or 8; ignored otherwise */
     uint32_t group_size;   /* MLX_AFFINE: 32, 64 or 128; 0 = 64 (mlx-lm's default) */
     bool keep_embeddings;  /* leave the token embedding and the LM head as they are */
     int threads;           /* quantizing threads; 0 = online CPUs */
     bool progress;         /* progress bar on stderr when it is a terminal */
+    bool mix_k_m;          /* with Q4_K: llama-quantize's Q4_K_M mix (Q6_K for the LM head, or the
+                            * embedding when tied, and for the v_proj and down_proj of the first and
+                            * last eighth of the layers and every third between; Q4_K elsewhere;
+                            * Q5_0 / Q8_0 for rows that are not whole 256-element blocks). Dense
+                            * Llama / Qwen models; an 80-layer model is refused (its v_proj would
+                            * be Q5_K). */
 } lms_quantize_params;
 
 LMS_API lms_quantize_params lms_quantize_default_params(void); /* Q8_0 */
@@ -378,8 +384,10 @@ typedef struct lms_quantize_stats {
  * params->type, everything else (norms, biases, matrices whose rows are not
  * whole blocks, tensors already of that type) shared with the source
  * through the store's deduplication. GGUF types: the bytes of the reference
- * quantizers (quant/quant.h); Q4_K takes Q5_0 for rows that are not a whole
- * number of 256-element blocks, as llama-quantize does. MLX_AFFINE: each
+ * quantizers (quant/quant.h); Q4_K takes Q5_0 and Q6_K Q8_0 for rows that
+ * are not a whole number of 256-element blocks, as llama-quantize does, and
+ * with mix_k_m the result is llama-quantize's Q4_K_M (without an importance
+ * matrix) byte for byte. MLX_AFFINE: each
  * quantized X.weight gets X.scales and X.biases (the source's float dtype;
  * F16 for a GGUF-quantized source) and config.json a "quantization" object,
  * as mlx-lm writes them. Sources quantized to GGUF types are dequantized

@@ -60,7 +60,7 @@ static void make_wt(lms__wt *w, uint32_t rows, uint32_t cols, lms_dtype dt, floa
     void *d = NULL;
     assert_int_equal(g_dev->ops->alloc(g_dev, n * esz(dt) + 16, &d), 0);
     assert_int_equal(g_dev->ops->copy_h2d(g_dev, d, h, n * esz(dt), NULL), 0);
-    *w = (lms__wt){h, d, dt, rows, cols};
+    *w = (lms__wt){h, d, dt, rows, cols, NULL};
 }
 
 static void free_wt(lms__wt *w)
@@ -327,7 +327,7 @@ static void compare_kv(pair *p, const shape *s, uint32_t l, uint32_t nb, uint32_
             for (uint32_t h = 0; h < s->n_kv; h++)
                 for (uint32_t d = 0; d < s->hd; d++, k++) {
                     size_t o = off + kvs * kv->v_offset + h * kv->head_bytes;
-                    lms__wt w1 = {p->arena_cpu + o, NULL, s->kvdt, 1, s->hd}, w2 = {g + o, NULL, s->kvdt, 1, s->hd};
+                    lms__wt w1 = {p->arena_cpu + o, NULL, s->kvdt, 1, s->hd, NULL}, w2 = {g + o, NULL, s->kvdt, 1, s->hd, NULL};
                     float r1[256], r2[256];
                     lms__row_to_f32(&w1, 0, r1);
                     lms__row_to_f32(&w2, 0, r2);

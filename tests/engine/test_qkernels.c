@@ -4,7 +4,10 @@
  * awkward shapes (1 row, odd row counts, rows of 1 to many blocks, nb 1..9):
  *   - each result is the float32 dot of the dequantized weights (quant/'s
  *     reference dequantizers) with x, within the bound the 8-bit activation
- *     rounding allows (sum over blocks of |w|_1 * d_x / 2) and float slack;
+ *     rounding allows (sum over blocks of |w|_1 * d_x / 2, more for the f16
+ *     scales of 32-element blocks: engine/cpu/quant.h) and float slack;
+ *   - the 32-element activation blocks are ggml's quantize_row_q8_1 bit for
+ *     bit (q by 127 / amax rounded to nearest even, f16 d and d * sum(q));
  *   - the SIMD sets equal the portable one up to float summation order;
  *   - acc adds to y; the pre-quantized entry (gemm_q) gives the same bits;
  *   - MLX affine (bits 2-8, groups 32/64/128, F32/F16/BF16 scales) equals
@@ -104,7 +107,15 @@ static void check_set(const lms__qkernels *ks, const lms__qkernels *gen)
                                     amax = fmax(amax, fabs(xb[i]));
                                     w1 += fabs(deq[i]);
                                 }
-                                bound += w1 * amax / 127 * 0.5;
+                                if (k) {
+                                    bound += w1 * amax / 127 * 0.5;
+                                } else { /* 32-element blocks: d in f16, and the minimum's d * sum(q) too */
+                                    bound += w1 * amax / 127 * (0.5 + 127.0 / 2048);
+                                    if (t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1) {
+                                        const uint8_t *wb = w + (size_t)r * ldw + (size_t)blk * lms_dtype_block_bytes(t, 0);
+                                        bound += fabs(lms__f16_to_f32(lms__get_u16(wb + 2))) * 32 * amax / 2048;
+                                    }
+                                }
                             }
                             float got = y[(size_t)b * ldy + r], g = yg[(size_t)b * ldy + r];
                             double slack = 2e-5 * mag + 1e-6;

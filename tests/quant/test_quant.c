@@ -163,7 +163,9 @@ static void quantizers_write_the_bytes_of_gguf_py(void **state)
     }
 }
 
-/* ---- what gguf-py cannot check: Q4_K and Q8_K quantization -------------------------------------- */
+/* ---- what gguf-py cannot check: Q4_K, Q6_K and Q8_K quantization ---------------------------------
+ * (their bytes are checked against llama-quantize's on real and random models by
+ * tests/tools/test_llamacpp.py) */
 
 static float frand(uint64_t *s)
 {
@@ -171,7 +173,7 @@ static float frand(uint64_t *s)
     return (float)((double)(*s >> 11) / 9007199254740992.0) * 2.f - 1.f;
 }
 
-static void q4_k_and_q8_k_round_trip_within_their_step(void **state)
+static void k_types_round_trip_within_their_step(void **state)
 {
     (void)state;
     const size_t n = 256 * 12;
@@ -183,8 +185,8 @@ static void q4_k_and_q8_k_round_trip_within_their_step(void **state)
     memset(x + 1280, 0, 256 * 4); /* a zero super-block */
     for (size_t i = 1536; i < 1792; i++)
         x[i] = fabsf(x[i]);       /* all positive: the min is 0 */
-    static const lms_dtype ts[] = {LMS_DTYPE_Q4_K, LMS_DTYPE_Q8_K};
-    for (size_t k = 0; k < 2; k++) {
+    static const lms_dtype ts[] = {LMS_DTYPE_Q4_K, LMS_DTYPE_Q6_K, LMS_DTYPE_Q8_K};
+    for (size_t k = 0; k < 3; k++) {
         assert_int_equal(lms__quant_row(ts[k], x, q, n), 0);
         assert_int_equal(lms__dequant_row(ts[k], q, y, n), 0);
         for (size_t b = 0; b < n / 256; b++) {
@@ -196,8 +198,12 @@ static void q4_k_and_q8_k_round_trip_within_their_step(void **state)
                 mx = fmaxf(mx, x[i]);
             }
             /* 4-bit codes over a sub-block's range (and 6-bit scales): within ~1/12 of the
-             * super-block's span; 8-bit: half a step of amax/127 */
-            float bound = ts[k] == LMS_DTYPE_Q4_K ? (mx - fminf(mn, 0.f)) / 12.f : amax / 127.f * 0.5001f;
+             * super-block's span; 6-bit symmetric codes of 16-groups (8-bit scales): about
+             * half a step of amax/32, plus codes x scales times the f16 rounding of a
+             * subnormal d (2^-25); 8-bit: half a step of amax/127 */
+            float bound = ts[k] == LMS_DTYPE_Q4_K   ? (mx - fminf(mn, 0.f)) / 12.f
+                          : ts[k] == LMS_DTYPE_Q6_K ? amax / 40.f + 32.f * 127.f * 0x1p-25f
+                                                    : amax / 127.f * 0.5001f;
             if (err > bound)
                 fail_msg("%s super-block %zu: error %g above %g", lms_dtype_name(ts[k]), b, err, bound);
             if (amax == 0)
@@ -286,7 +292,7 @@ int main(void)
         cmocka_unit_test(block_sizes_equal_gguf_py_and_sizes_come_from_blocks),
         cmocka_unit_test(dequantizers_equal_gguf_py_bit_for_bit),
         cmocka_unit_test(quantizers_write_the_bytes_of_gguf_py),
-        cmocka_unit_test(q4_k_and_q8_k_round_trip_within_their_step),
+        cmocka_unit_test(k_types_round_trip_within_their_step),
         cmocka_unit_test(mlx_affine_equals_mlx_quantize_and_dequantize),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

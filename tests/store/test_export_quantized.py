@@ -113,10 +113,26 @@ def test_quantized_hf_model_to_gguf():
     tokens = r.fields["tokenizer.ggml.tokens"].contents()
     hf_vocab = json.load(open(os.path.join(src, "tokenizer.json")))["model"]["vocab"]
     assert all(tokens[i] == t for t, i in hf_vocab.items())
-    # the file imports back onto the same tensor bytes: only rope_freqs (8 floats),
-    # which the HF model did not have, is new
-    _, outp, _ = su.lms("import", out, "--name", "back", "--store", STORE, check=0)
-    assert ": 32 B written" in outp, outp
+    # vectors go out as F32 (what llama.cpp's CPU backend multiplies by), same values
+    for t in r.tensors:
+        n = gu.hf_name(t.name)
+        if len(t.shape) == 1 and n in stored:
+            assert t.tensor_type == gu.T.F32, f"{t.name}: vector exported as {t.tensor_type.name}"
+            st = stored[n]
+            v = np.frombuffer(su.segment_bytes(STORE, st["segment"], st["offset"], st["nbytes"]), "<u2")
+            want = (v.astype(np.uint32) << 16).view(np.float32) if st["dtype"] == "BF16" else \
+                v.view(np.float16).astype(np.float32)
+            assert np.array_equal(np.asarray(t.data), want), f"{t.name}: values changed"
+    # the file imports back onto the same matrix bytes; rope_freqs (which the HF
+    # model did not have) and the widened vectors are new
+    su.lms("import", out, "--name", "back", "--store", STORE, check=0)
+    _, infb, _ = su.lms("info", "back", "--json", "--store", STORE, check=0)
+    back = {t["name"]: t for t in json.loads(infb)["tensors"]}
+    for n, t in stored.items():
+        if len(t["shape"]) == 2:
+            assert back[n]["hash"] == t["hash"], f"{n}: matrix bytes changed on the way back"
+        else:
+            assert back[n]["dtype"] == "F32", n
     _, cfgb, _ = su.lms("cat", "back", "config.json", "--store", STORE, check=0)
     rs = json.loads(cfgb)["rope_scaling"]
     assert rs["rope_type"] == "llama3" and rs["factor"] == rp["factor"], rs
