@@ -115,6 +115,9 @@ typedef struct lms__fwd_ops {
     /* LMS_ENOMEM / LMS_EDEVICE (detail names what); on failure *out is NULL. */
     int (*create)(const lms__fwd_cfg *cfg, lms__bk **out);
     void (*destroy)(lms__bk *bk); /* NULL ok */
+    /* (optional) Whether the backend computes with matrix w's encoding; NULL: every
+     * encoding the weights binder accepts. */
+    bool (*supports)(const lms__wt *w);
     /* Kernel set in use ("avx512", "cuda sm_90"); static or backend-owned storage. */
     const char *(*describe)(const lms__bk *bk);
 

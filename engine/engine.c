@@ -276,6 +276,8 @@ static void view_tables(lms_engine *e)
         e->kvv.wpages = lms_kv_seq_window_pages(e->seq, &e->kvv.wfirst, &np);
 }
 
+static bool not_supported(const lms__wt *m) { return !lms__fwd_cuda->supports(m); }
+
 /* The backend of the engine's device; every matrix must be on that device. */
 static int choose_backend(lms_engine *e, const lms__wsrc *src, const lms__fwd_ops **ops)
 {
@@ -286,12 +288,18 @@ static int choose_backend(lms_engine *e, const lms__wsrc *src, const lms__fwd_op
     if (!lms__fwd_cuda)
         return lms__err(LMS_EUNSUPPORTED, "engine: this build has no CUDA engine backend");
     char what[128];
-    const lms__wt *q = lms__weights_quantized(&e->w, &e->hp, what, sizeof what);
-    if (q)
+    const lms__wt *q = lms__fwd_cuda->supports ? lms__weights_find(&e->w, &e->hp, not_supported, what, sizeof what) : NULL;
+    if (q) {
+        char enc[48];
+        if (q->mlx)
+            snprintf(enc, sizeof enc, "MLX affine with %u-bit codes", q->mlx->bits);
+        else
+            snprintf(enc, sizeof enc, "%s", lms_dtype_name(q->dt) ? lms_dtype_name(q->dt) : "?");
         return lms__err(LMS_EUNSUPPORTED,
-                        "%s: tensor '%s' is %s: the CUDA engine backend does not run quantized weights yet "
-                        "(run the model on the CPU)",
-                        src->name, what, lms_dtype_name(q->dt));
+                        "%s: tensor '%s' is %s: the CUDA engine backend runs BF16, F16, F32 and MLX 4- and 8-bit "
+                        "weights (run this model on the CPU, or quantize it with --type mlx4 or mlx8)",
+                        src->name, what, enc);
+    }
     if (!lms__weights_on_device(&e->w, &e->hp))
         return lms__err(LMS_EINVAL,
                         "%s: the model's weights are not on the engine's device: open the model on it "

@@ -189,11 +189,14 @@ int lms__weights_bind(const lms__wsrc *src, const lms__hparams *hp, lms__weights
 void lms__weights_release(lms__weights *w);
 /* Bytes of the matrices one token's forward pass reads (every layer's, the LM head's). */
 uint64_t lms__weights_bytes(const lms__weights *w, const lms__hparams *hp);
-/* The first matrix (embedding, layers in order, LM head) stored in a
- * quantized encoding (GGUF block type or MLX affine), or NULL; its name
- * ("model.layers.3.self_attn.q_proj.weight") into what[n] when what is given. */
+/* The first matrix (embedding, layers' projections in order, LM head) for
+ * which pred is true, or NULL; its name ("model.layers.3.self_attn.q_proj.weight")
+ * into what[n] when what is given. */
+const lms__wt *lms__weights_find(const lms__weights *w, const lms__hparams *hp, bool (*pred)(const lms__wt *),
+                                char *what, size_t n);
+/* lms__weights_find of the matrices stored in a quantized encoding (GGUF block type or MLX affine). */
 const lms__wt *lms__weights_quantized(const lms__weights *w, const lms__hparams *hp, char *what, size_t n);
-/* true when every matrix has a device address (dp). */
+/* true when every matrix has a device address (dp; an MLX matrix's scales and biases too). */
 bool lms__weights_on_device(const lms__weights *w, const lms__hparams *hp);
 
 /* Weight source over a folder with model.safetensors (or shards) and

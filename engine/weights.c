@@ -317,12 +317,13 @@ uint64_t lms__weights_bytes(const lms__weights *w, const lms__hparams *hp)
     return n;
 }
 
-const lms__wt *lms__weights_quantized(const lms__weights *w, const lms__hparams *hp, char *what, size_t n)
+const lms__wt *lms__weights_find(const lms__weights *w, const lms__hparams *hp, bool (*pred)(const lms__wt *),
+                                char *what, size_t n)
 {
     static const char *const names[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
     const lms__wt *found = NULL;
-    if (lms_dtype_is_quantized(w->embed.dt)) {
+    if (pred(&w->embed)) {
         found = &w->embed;
         if (what)
             snprintf(what, n, "model.embed_tokens.weight");
@@ -331,13 +332,13 @@ const lms__wt *lms__weights_quantized(const lms__weights *w, const lms__hparams 
         const lms__layer_w *L = &w->layers[l];
         const lms__wt *m[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7 && !found; i++)
-            if (lms_dtype_is_quantized(m[i]->dt)) {
+            if (pred(m[i])) {
                 found = m[i];
                 if (what)
                     snprintf(what, n, "model.layers.%u.%s.weight", l, names[i]);
             }
     }
-    if (!found && lms_dtype_is_quantized(w->lm_head.dt)) {
+    if (!found && pred(&w->lm_head)) {
         found = &w->lm_head;
         if (what)
             snprintf(what, n, "lm_head.weight");
@@ -345,14 +346,19 @@ const lms__wt *lms__weights_quantized(const lms__weights *w, const lms__hparams 
     return found;
 }
 
+static bool is_quantized(const lms__wt *m) { return lms_dtype_is_quantized(m->dt); }
+
+const lms__wt *lms__weights_quantized(const lms__weights *w, const lms__hparams *hp, char *what, size_t n)
+{
+    return lms__weights_find(w, hp, is_quantized, what, n);
+}
+
+static bool off_device(const lms__wt *m)
+{
+    return !m->dp || (m->mlx && (!m->mlx->dscales || !m->mlx->dbiases));
+}
+
 bool lms__weights_on_device(const lms__weights *w, const lms__hparams *hp)
 {
-    if (!w->embed.dp || !w->lm_head.dp)
-        return false;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const lms__layer_w *L = &w->layers[l];
-        if (!L->wq.dp || !L->wk.dp || !L->wv.dp || !L->wo.dp || !L->w_gate.dp || !L->w_up.dp || !L->w_down.dp)
-            return false;
-    }
-    return true;
+    return !lms__weights_find(w, hp, off_device, NULL, 0);
 }

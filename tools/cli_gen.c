@@ -140,7 +140,8 @@ int lms_cli_gen_positional(const char *cmd, int argc, char **argv, int *i, lms_c
     const char *a = argv[*i];
     if (!only || ((only & LMS_CLI_GEN_STORE) && names_opt(a, "--store")) ||
         ((only & LMS_CLI_GEN_THREADS) && names_opt(a, "--threads")) ||
-        ((only & LMS_CLI_GEN_CTX) && names_opt(a, "--ctx"))) {
+        ((only & LMS_CLI_GEN_CTX) && names_opt(a, "--ctx")) ||
+        ((only & LMS_CLI_GEN_DEVICE) && names_opt(a, "--device"))) {
         int r = lms_cli_gen_opt(cmd, argc, argv, i, o);
         if (r == 1)
             return LMS_EXIT_OK;

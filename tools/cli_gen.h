@@ -56,7 +56,7 @@ void lms_cli_gen_opts_init(lms_cli_gen_opts *o);
 int lms_cli_gen_opt(const char *cmd, int argc, char **argv, int *i, lms_cli_gen_opts *o);
 
 /* Subsets of the generation options for lms_cli_gen_positional (0 = all). */
-enum { LMS_CLI_GEN_STORE = 1, LMS_CLI_GEN_THREADS = 2, LMS_CLI_GEN_CTX = 4 };
+enum { LMS_CLI_GEN_STORE = 1, LMS_CLI_GEN_THREADS = 2, LMS_CLI_GEN_CTX = 4, LMS_CLI_GEN_DEVICE = 8 };
 
 /*
  * The end of a command's option loop, for an argv[*i] the command did not

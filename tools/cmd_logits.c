@@ -27,6 +27,7 @@ static void usage(FILE *f)
             "  --all                  every position's logits (positions x n_vocab), not only the last\n"
             "  --out FILE             where to write the float32 values (little-endian)\n"
             "  --json                 print {\"ids\", \"rows\", \"n_vocab\", \"out\"} on stdout\n"
+            "  --device D             cpu (default) or cuda[:N]\n"
             "  --threads N, --store DIR\n");
 }
 
@@ -74,7 +75,8 @@ int lms_cmd_logits(int argc, char **argv)
             i++;
         } else {
             int r = lms_cli_gen_positional(cmd, argc, argv, &i, &o,
-                                           LMS_CLI_GEN_STORE | LMS_CLI_GEN_THREADS | LMS_CLI_GEN_CTX);
+                                           LMS_CLI_GEN_STORE | LMS_CLI_GEN_THREADS | LMS_CLI_GEN_CTX |
+                                               LMS_CLI_GEN_DEVICE);
             if (r)
                 return r;
         }

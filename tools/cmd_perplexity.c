@@ -33,6 +33,7 @@ static void usage(FILE *f)
             "  --prompt-ids LIST      score these token ids instead of a file\n"
             "  --ctx N                window length in tokens\n"
             "  --json                 print {\"ppl\": x, \"n_tokens\": n, \"nll\": mean, \"seconds\": s}\n"
+            "  --device D             cpu (default) or cuda[:N]\n"
             "  --threads N, --store DIR\n");
 }
 
@@ -62,7 +63,7 @@ int lms_cmd_perplexity(int argc, char **argv)
             i++;
         } else {
             /* --ctx is this command's own (the window), not the generation option */
-            int r = lms_cli_gen_positional(cmd, argc, argv, &i, &o, LMS_CLI_GEN_STORE | LMS_CLI_GEN_THREADS);
+            int r = lms_cli_gen_positional(cmd, argc, argv, &i, &o, LMS_CLI_GEN_STORE | LMS_CLI_GEN_THREADS | LMS_CLI_GEN_DEVICE);
             if (r)
                 return r;
         }

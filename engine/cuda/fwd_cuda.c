@@ -36,6 +36,7 @@
 #define GEMV_MAX_ROWS 8         /* steps up to this many rows use the GEMV kernel */
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
 #define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
+#define DQ_BYTES (64u << 20)    /* MLX matrices in GEMMs: rows dequantized to bf16 this many bytes at a time */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
 
@@ -55,6 +56,7 @@ struct lms__bk {
     float *split_out;   /* [2 min(B, SPLIT_MAX_ROWS)][max(maxw, V)] product of a split input */
     float *xn;          /* [GEMV_MAX_ROWS][maxw] a GEMV's normalized input */
     float *hbuf;        /* [GEMV_MAX_ROWS][n_ff] act(gate) * up, the down projection's input */
+    void *wdq;          /* DQ_BYTES: rows of an MLX matrix as bf16, a GEMM's weights (MLX models only) */
     bool h_valid;       /* hbuf holds act(G) * U of the current G and U */
     int h_act;
     /* a one-token step's RoPE, deferred into the attention that follows it */
@@ -117,6 +119,29 @@ static int cu_type(lms_dtype dt)
     return dt == LMS_DTYPE_F32 ? LMS_CU_F32 : dt == LMS_DTYPE_F16 ? LMS_CU_F16 : LMS_CU_BF16;
 }
 
+/* The type a GEMM multiplies matrix w in: its own, bf16 for MLX codes (dequantized rows). */
+static int mm_type(const lms__wt *w) { return cu_type(w->dt); }
+
+/* Whether two matrices can share one GEMV launch: the same encoding, and for MLX the same bits,
+ * group and scale type. */
+static bool same_enc(const lms__wt *a, const lms__wt *b)
+{
+    if (a->dt != b->dt)
+        return false;
+    return !a->mlx || (a->mlx->bits == b->mlx->bits && a->mlx->group == b->mlx->group && a->mlx->sdt == b->mlx->sdt);
+}
+
+static bool cuda_supports(const lms__wt *w)
+{
+    if (w->dt == LMS_DTYPE_BF16 || w->dt == LMS_DTYPE_F16 || w->dt == LMS_DTYPE_F32)
+        return true;
+    /* MLX affine: 16 bytes of codes within one group (groups of 32 .. 128) */
+    return w->dt == LMS_DTYPE_MLX_AFFINE && w->mlx && (w->mlx->bits == 4 || w->mlx->bits == 8) &&
+           w->mlx->group >= 32;
+}
+
+static bool is_mlx(const lms__wt *w) { return w->dt == LMS_DTYPE_MLX_AFFINE; }
+
 static cudaDataType_t blas_type(int t)
 {
     return t == LMS_CU_F32 ? CUDA_R_32F : t == LMS_CU_F16 ? CUDA_R_16F : CUDA_R_16BF;
@@ -160,6 +185,7 @@ static void cuda_destroy(lms__bk *b)
     cudaFree(b->split_out);
     cudaFree(b->xn);
     cudaFree(b->hbuf);
+    cudaFree(b->wdq);
     cudaFree(b->dvec);
     cudaFree(b->inv_freq);
     cudaFree(b->dstep);
@@ -253,6 +279,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     ALLOC(b->xin, B * b->maxw * 4);
     ALLOC(b->xn, (size_t)GEMV_MAX_ROWS * b->maxw * 4);
     ALLOC(b->hbuf, (size_t)GEMV_MAX_ROWS * hp->n_ff * 4);
+    if (lms__weights_find(b->w, hp, is_mlx, NULL, 0))
+        ALLOC(b->wdq, DQ_BYTES);
     ALLOC(b->split_out, 2 * LMS_MIN(B, (size_t)SPLIT_MAX_ROWS) * LMS_MAX((size_t)b->maxw, V) * 4);
     ALLOC(b->dvec, LMS_MAX(b->w->vec_len, 1) * 4);
     ALLOC(b->inv_freq, hd * 4);
@@ -401,9 +429,40 @@ static void cuda_embed(lms__bk *b, float scale)
 {
     flush_rope(b);
     const lms__wt *e = &b->w->embed;
+    if (e->mlx) {
+        const lms__mlx_q *q = e->mlx;
+        CU_TRY(b, lms_cu_embed_mlx_launch(b->buf[LMS__B_X], e->dp, q->dscales, q->dbiases, (int)q->bits, cu_type(q->sdt),
+                                          (int)b->hp->n_embd, (int)q->group, scale, b->dstep, (int)b->st->nb,
+                                          b->stream),
+               "embedding");
+        return;
+    }
     CU_TRY(b, lms_cu_embed_launch(b->buf[LMS__B_X], e->dp, cu_type(e->dt), (int)b->hp->n_embd, scale, b->dstep,
                                   (int)b->st->nb, b->stream),
            "embedding");
+}
+
+/* c[col][r] (=, or += with beta 1) W . xin[col] for an MLX matrix W, cols columns of
+ * xin (bf16): rows of W dequantized to bf16 into wdq (DQ_BYTES at a time), one
+ * cuBLAS product per chunk. Prefill is compute-bound, so the dequantization
+ * (one pass over the codes, a write and a read of bf16 rows) costs little
+ * against the product; decode never comes here (the GEMV reads the codes). */
+static void mm_mlx(lms__bk *b, const lms__wt *w, int cols, float beta, float *c, int ldc)
+{
+    const lms__mlx_q *q = w->mlx;
+    const float alpha = 1.0f;
+    uint32_t K = w->cols, chunk = (uint32_t)LMS_MAX(1u, DQ_BYTES / ((size_t)K * 2));
+    for (uint32_t r0 = 0; r0 < w->rows && !b->err; r0 += chunk) {
+        uint32_t n = LMS_MIN(chunk, w->rows - r0);
+        CU_TRY(b, lms_cu_mlx_dequant_launch(b->wdq, w->dp, q->dscales, q->dbiases, (int)q->bits, cu_type(q->sdt),
+                                            (int)K, (int)q->group, (int)r0, (int)n, b->stream),
+               "MLX dequantization");
+        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, cols, (int)K, &alpha, b->wdq,
+                                         CUDA_R_16BF, (int)K, b->xin, CUDA_R_16BF, (int)K, &beta, c + r0, CUDA_R_32F,
+                                         ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            fail(b, 1000 + (int)st, "cuBLAS matrix product");
+    }
 }
 
 /* One matrix product group on rows [row0, row0 + n) (n == 0: the step's rows). */
@@ -413,11 +472,12 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
     const lms__mm *j0 = &jobs[0];
     uint32_t K = j0->w->cols, nb = n ? n : b->st->nb;
     int pro = pro_of(j0), wtype = cu_type(j0->w->dt);
+    const lms__mlx_q *q0 = j0->w->mlx;
     const float *x = b->buf[j0->x], *x2 = j0->act != LMS__ACT_NONE ? b->buf[j0->x2] : NULL;
     int ldx = (int)b->width[j0->x];
     assert(K == b->width[j0->x]);
     bool same_type = true;
-    for (int i = 1; i < n_jobs; i++) same_type = same_type && jobs[i].w->dt == j0->w->dt;
+    for (int i = 1; i < n_jobs; i++) same_type = same_type && same_enc(jobs[i].w, j0->w);
     if (nb <= GEMV_MAX_ROWS && same_type) {
         /* the input, transformed once into device scratch (rows of K floats) */
         const float *xg = x + (size_t)row0 * ldx;
@@ -437,6 +497,10 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
             a.bias[i] = dv(b, jobs[i].bias);
             a.rows[i] = (int)jobs[i].w->rows;
             a.acc[i] = jobs[i].acc;
+            if (q0) {
+                a.scales[i] = jobs[i].w->mlx->dscales;
+                a.biases[i] = jobs[i].w->mlx->dbiases;
+            }
             assert(y_override || b->width[jobs[i].y] == jobs[i].w->rows);
         }
         /* gate and up: the warp that computes row r of both writes act(gate) * up too,
@@ -458,7 +522,12 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         a.nb_fixed = n ? (int)n : 0;
         a.row0 = 0;
         a.y_row0 = y_override ? 0 : (int)row0;
-        CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
+        if (q0) {
+            a.group = (int)q0->group;
+            CU_TRY(b, lms_cu_gemv_mlx_launch(&a, (int)q0->bits, cu_type(q0->sdt), b->stream), "matrix-vector product");
+        } else {
+            CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
+        }
         b->h_valid = pair;
         b->h_act = a.pair_act;
         return;
@@ -471,21 +540,27 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
      * costs no time and keeps about 16 bits of the f32 activations. */
     for (int i = 0; i < n_jobs; i++) {
         const lms__mm *j = &jobs[i];
-        int jt = cu_type(j->w->dt);
+        int jt = mm_type(j->w);
         bool split = nb <= SPLIT_MAX_ROWS && jt != LMS_CU_F32;
-        if (i == 0 || jt != cu_type(jobs[i - 1].w->dt)) /* a job of another weight type needs its own input */
+        if (i == 0 || jt != mm_type(jobs[i - 1].w)) /* a job of another weight type needs its own input */
             CU_TRY(b, lms_cu_prologue_launch(b->xin, jt, x, x2, ldx, dv(b, j0->norm), pro, b->hp->eps, (int)K,
                                              (int)row0, (int)nb, n ? NULL : b->dstep, split, b->stream),
                    "matrix product input");
         float alpha = 1.0f, beta = j->acc && !split ? 1.0f : 0.0f;
         float *y = y_override ? y_override : b->buf[j->y] + (size_t)row0 * b->width[j->y];
         int ldy = y_override ? ldy_override : (int)b->width[j->y];
-        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows, split ? 2 * (int)nb : (int)nb,
-                                         (int)K, &alpha, j->w->dp, blas_type(jt), (int)K, b->xin, blas_type(jt), (int)K,
-                                         &beta, split ? b->split_out : y, CUDA_R_32F, split ? (int)j->w->rows : ldy,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            fail(b, 1000 + (int)st, "cuBLAS matrix product");
+        float *c = split ? b->split_out : y;
+        int ldc = split ? (int)j->w->rows : ldy;
+        if (j->w->mlx)
+            mm_mlx(b, j->w, split ? 2 * (int)nb : (int)nb, beta, c, ldc);
+        else {
+            cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows,
+                                             split ? 2 * (int)nb : (int)nb, (int)K, &alpha, j->w->dp, blas_type(jt),
+                                             (int)K, b->xin, blas_type(jt), (int)K, &beta, c, CUDA_R_32F, ldc,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                fail(b, 1000 + (int)st, "cuBLAS matrix product");
+        }
         if (split)
             CU_TRY(b, lms_cu_split_sum_launch(y, ldy, b->split_out, (int)j->w->rows, (int)nb, dv(b, j->bias), j->acc,
                                               b->stream),
@@ -673,6 +748,7 @@ const lms__fwd_ops lms__fwd_cuda_ops = {
     .create = cuda_create,
     .destroy = cuda_destroy,
     .describe = cuda_describe,
+    .supports = cuda_supports,
     .begin = cuda_begin,
     .end = cuda_end,
     .embed = cuda_embed,

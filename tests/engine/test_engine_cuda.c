@@ -9,6 +9,8 @@
  *  - a session saved on the GPU resumes on the CPU, and one saved on the
  *    CPU resumes on the GPU, continuing with the ids of the uninterrupted
  *    run (F32 K/V);
+ *  - an MLX affine model (4- and 8-bit codes) gives the CPU's last logits
+ *    within 1e-2 relative and its 24 greedy ids, prefill by GEMM and by GEMV;
  *  - device memory in use does not change over 1,000 generated tokens (no
  *    allocation on the token path);
  *  - the metrics and info name the device.
@@ -228,6 +230,57 @@ static void families_match_transformers(void **s)
     }
 }
 
+/* ---- MLX affine weights: CUDA against the CPU on the same codes ------------------------------------ */
+
+/* A model's last logits and 24 greedy ids after a 40-token prompt, on dev (NULL: the CPU). */
+static void run_mlx(const char *sd, lms_device *dev, uint32_t block, float *lg, collect *c)
+{
+    rig g;
+    int32_t p[40];
+    for (int i = 0; i < 40; i++) p[i] = (int32_t)((i * 37 + 11) % 384);
+    rig_open(&g, sd, "mlx-llama", dev, LMS_DTYPE_F32, block, 0);
+    assert_int_equal(lms_engine_eval(g.eng, p, 40, lg, LMS_EVAL_LAST), 0);
+    lms_engine_reset(g.eng);
+    lms_gen_params gp = greedy(24);
+    assert_int_equal(lms_generate(g.eng, &gp, p, 40, on_token, c, NULL), 0);
+    rig_close(&g);
+}
+
+/* tests/fixtures/quant/mlx-llama: 4-bit codes, an 8-bit layer, groups of 32,
+ * bf16 scales and biases. Prefill in one block runs the GEMM path (rows
+ * dequantized to bf16 for cuBLAS), blocks of 5 and decode the GEMV on the codes. */
+static void mlx_weights_match_the_cpu(void **s)
+{
+    char *sd = lms_test_tmpdir("store");
+    lms_store *st;
+    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
+    lms_import_params ip = lms_import_default_params();
+    ip.name = "mlx-llama";
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tests/fixtures/quant/mlx-llama", lms_test_src());
+    if (lms_import(st, path, &ip, NULL))
+        fail_msg("import: %s", lms_last_error());
+    assert_int_equal(lms_store_close(st), 0);
+    float cpu[384], gpu[384];
+    collect cc = {0};
+    run_mlx(sd, NULL, 0, cpu, &cc);
+    for (int bi = 0; bi < 2; bi++) {
+        collect gc = {0};
+        run_mlx(sd, g_dev, bi ? 5 : 0, gpu, &gc);
+        double md = 0, mx = 0;
+        for (int i = 0; i < 384; i++) {
+            md = fmax(md, fabs((double)gpu[i] - cpu[i]));
+            mx = fmax(mx, fabs((double)cpu[i]));
+        }
+        printf("mlx-llama block %d: last logits rel diff to the CPU %.3g\n", bi ? 5 : 0, md / mx);
+        assert_true(md / mx < 1e-2);
+        assert_int_equal(gc.n, 24);
+        assert_memory_equal(gc.ids, cc.ids, 24 * sizeof(int32_t));
+    }
+    lms_test_rmrf(sd);
+    free(sd);
+}
+
 /* ---- sessions across devices ---------------------------------------------------------------------- */
 
 static void session_moves(const char *family)
@@ -301,6 +354,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(families_match_transformers),
         cmocka_unit_test(session_moves_between_gpu_and_cpu),
+        cmocka_unit_test(mlx_weights_match_the_cpu),
         cmocka_unit_test(device_memory_flat_over_1000_tokens),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -82,6 +82,27 @@ def main():
         check(rel <= 1e-2 and same, f"prompt {i}: last logits within {rel:.2e} of mlx-lm's (float32), arg max "
               f"{int(np.argmax(x))} vs {int(np.argmax(want[i]))}; mlx-lm's own bf16 compute is "
               f"{ref['bf16_vs_f32'][i]:.3f} away")
+    # 3. the CUDA engine on the same codes
+    probe = tm.lms("logits", "smollm2-mlx4", "--prompt-ids", ",".join(map(str, ref["prompts"][0])), "--out",
+                   os.path.join(base, "probe.f32"), "--device", "cuda", store=store, check=False)
+    if probe.returncode != 0 and ("no CUDA" in probe.stderr or "CUDA device" in probe.stderr
+                                  or "not built" in probe.stderr or "no such device" in probe.stderr):
+        print("skipped: the CUDA part (" + probe.stderr.strip().splitlines()[-1] + ")")
+    else:
+        for i, p in enumerate(ref["prompts"]):
+            lg = os.path.join(base, "logits-cuda.f32")
+            tm.lms("logits", "smollm2-mlx4", "--prompt-ids", ",".join(map(str, p)), "--out", lg, "--device", "cuda",
+                   store=store)
+            x = np.fromfile(lg, dtype="<f4")
+            rel = float(np.max(np.abs(x - want[i])) / np.max(np.abs(want[i])))
+            same = int(np.argmax(x)) == int(np.argmax(want[i]))
+            check(rel <= 1e-2 and same, f"cuda, prompt {i}: last logits within {rel:.2e} of mlx-lm's, arg max "
+                  f"{int(np.argmax(x))} vs {int(np.argmax(want[i]))}")
+        tm.lms("quantize", "smollm2", "smollm2-q8", "--type", "q8_0", store=store)
+        r = tm.lms("logits", "smollm2-q8", "--prompt-ids", "1,2,3", "--out", os.path.join(base, "q8.f32"),
+                   "--device", "cuda", store=store, check=False)
+        check(r.returncode != 0 and "model.embed_tokens.weight" in r.stderr and "Q8_0" in r.stderr,
+              "cuda: a Q8_0 model is refused naming its tensor: " + r.stderr.strip()[:200])
     shutil.rmtree(base, ignore_errors=True)
     return 1 if failures else 0
 
