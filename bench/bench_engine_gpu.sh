@@ -14,6 +14,13 @@
 #                    the HBM read bandwidth (torch sum) and bf16 matrix rate next to it
 #   peers8b          transformers on the same weights: decode (eager and static
 #                    cache compiled), prefill 2048; greedy ids against lmstore's
+#   mlx8b            llama8b quantized by `lmstore quantize --type mlx4` (and
+#                    mlx8): decode at 128 tokens of context against the HBM
+#                    roofline of its own bytes, prefill of 2048 (dequantized
+#                    rows in cuBLAS GEMMs)
+#   gemma12b         a gemma-3-12b-shaped bf16 model (tests/gen_model.py; the
+#                    8B model's files are removed first for disk space): decode
+#                    at 128 and 4096 tokens of context against the roofline
 #   smollm2 GGUF     the default model from its GGUF: greedy ids of lmstore on
 #                    cuda against transformers bf16 on the same GPU
 #   coldstart        whole process to the first token, warm and cold, and
@@ -122,6 +129,33 @@ profile() {
     $PY bench/ncu_summary.py "$OUT/ncu_prefill.csv" | tee -a "$LOG"
 }
 
+mlx8b() {
+    say "llama8b as MLX 4-bit and 8-bit"
+    local t
+    for ty in mlx4 mlx8; do
+        t=$(date +%s%N)
+        timeout 400 "$LMS" quantize llama8b llama8b-$ty --type $ty --store "$ST" 2>&1 | tail -1 | tee -a "$LOG"
+        echo "{\"what\": \"quantize\", \"type\": \"$ty\", \"s\": $(( ($(date +%s%N) - t) / 1000000 )).0e-3}" | jl
+        for args in "--prompt 128 --gen 128" "--prompt 2048 --gen 16 --reps 3"; do
+            timeout 300 "$LMS" bench engine llama8b-$ty --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
+        done
+    done
+}
+
+gemma12b() {
+    local g=$W/gemma3-12b-shape
+    say "gemma-3-12b-shaped model"
+    rm -rf "$HF" "$ST"
+    [ -f "$g/config.json" ] || timeout 500 $PY tests/gen_model.py "$g" --arch gemma3 --hidden 3840 --intermediate 15360 \
+        --layers 48 --heads 16 --kv-heads 8 --head-dim 256 --vocab 262144 --tied --window 1024 --max-pos 8192 \
+        --shard-size 4G 2>&1 | tail -1 | tee -a "$LOG"
+    timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
+    rm -rf "$g"
+    for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 3"; do
+        timeout 300 "$LMS" bench engine gemma12b --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
+    done
+}
+
 smollm2() {
     local gguf=$1 d=$W/smollm2
     say "SmolLM2-135M-Instruct"
@@ -144,6 +178,8 @@ while [ $# -gt 0 ]; do
     peers8b) peers8b ;;
     smollm2) smollm2 "$2"; shift ;;
     profile) profile ;;
+    mlx8b) mlx8b ;;
+    gemma12b) gemma12b ;;
     coldstart) coldstart ;;
     *) echo "unknown phase $1" >&2; exit 2 ;;
     esac

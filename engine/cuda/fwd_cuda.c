@@ -56,7 +56,7 @@ struct lms__bk {
     float *split_out;   /* [2 min(B, SPLIT_MAX_ROWS)][max(maxw, V)] product of a split input */
     float *xn;          /* [GEMV_MAX_ROWS][maxw] a GEMV's normalized input */
     float *hbuf;        /* [GEMV_MAX_ROWS][n_ff] act(gate) * up, the down projection's input */
-    void *wdq;          /* DQ_BYTES: rows of an MLX matrix as bf16, a GEMM's weights (MLX models only) */
+    void *wdq;          /* DQ_BYTES: rows of an MLX matrix as bf16 pairs, a GEMM's weights (MLX models only) */
     bool h_valid;       /* hbuf holds act(G) * U of the current G and U */
     int h_act;
     /* a one-token step's RoPE, deferred into the attention that follows it */
@@ -443,25 +443,29 @@ static void cuda_embed(lms__bk *b, float scale)
 }
 
 /* c[col][r] (=, or += with beta 1) W . xin[col] for an MLX matrix W, cols columns of
- * xin (bf16): rows of W dequantized to bf16 into wdq (DQ_BYTES at a time), one
- * cuBLAS product per chunk. Prefill is compute-bound, so the dequantization
- * (one pass over the codes, a write and a read of bf16 rows) costs little
- * against the product; decode never comes here (the GEMV reads the codes). */
+ * xin (bf16): rows of W dequantized into wdq as two bf16 halves (value and rounding
+ * error, DQ_BYTES for both), a cuBLAS product with each, summed. Prefill is
+ * compute-bound, so the dequantization (one pass over the codes) costs little
+ * against the products; decode never comes here (the GEMV reads the codes). */
 static void mm_mlx(lms__bk *b, const lms__wt *w, int cols, float beta, float *c, int ldc)
 {
     const lms__mlx_q *q = w->mlx;
-    const float alpha = 1.0f;
-    uint32_t K = w->cols, chunk = (uint32_t)LMS_MAX(1u, DQ_BYTES / ((size_t)K * 2));
+    const float one = 1.0f;
+    uint32_t K = w->cols, chunk = (uint32_t)LMS_MAX(1u, DQ_BYTES / 2 / ((size_t)K * 2));
+    uint16_t *hi = b->wdq, *lo = hi + (size_t)chunk * K;
     for (uint32_t r0 = 0; r0 < w->rows && !b->err; r0 += chunk) {
         uint32_t n = LMS_MIN(chunk, w->rows - r0);
-        CU_TRY(b, lms_cu_mlx_dequant_launch(b->wdq, w->dp, q->dscales, q->dbiases, (int)q->bits, cu_type(q->sdt),
+        CU_TRY(b, lms_cu_mlx_dequant_launch(hi, lo, w->dp, q->dscales, q->dbiases, (int)q->bits, cu_type(q->sdt),
                                             (int)K, (int)q->group, (int)r0, (int)n, b->stream),
                "MLX dequantization");
-        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, cols, (int)K, &alpha, b->wdq,
-                                         CUDA_R_16BF, (int)K, b->xin, CUDA_R_16BF, (int)K, &beta, c + r0, CUDA_R_32F,
-                                         ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            fail(b, 1000 + (int)st, "cuBLAS matrix product");
+        for (int h = 0; h < 2; h++) {
+            cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, cols, (int)K, &one,
+                                             h ? lo : hi, CUDA_R_16BF, (int)K, b->xin, CUDA_R_16BF, (int)K,
+                                             h ? &one : &beta, c + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                             CUBLAS_GEMM_DEFAULT);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                fail(b, 1000 + (int)st, "cuBLAS matrix product");
+        }
     }
 }
 

@@ -118,6 +118,16 @@ template <> struct elem<LMS_CU_BF16> {
     }
 };
 
+/* v rounded to type T (and back to f32): MLX dequantizes in its scales' type. */
+template <int T> __device__ __forceinline__ float round_to(float v)
+{
+    if (T == LMS_CU_F32)
+        return v;
+    typename elem<T>::t t;
+    elem<T>::put(&t, 0, v);
+    return elem<T>::get(&t, 0);
+}
+
 /* A 16-byte weight load that streams past L1 (each weight byte is read once per call). */
 __device__ __forceinline__ uint4 ld_stream(const void *p)
 {
@@ -204,9 +214,9 @@ struct gemv_rows {
  * The end of a GEMV block: partial sums (and sums of x^2 with a norm)
  * reduced over the block, then thread (r, b) writes row r of token b:
  * the RMS scale, bias, residual add, and with pair_act act(gate) * up.
- * red: GEMV_WARPS x (GEMV_R*NB + NB) floats of shared memory.
+ * red: WARPS x (GEMV_R*NB + NB) floats of shared memory (WARPS: the block's warps).
  */
-template <int NB>
+template <int NB, int WARPS = GEMV_WARPS>
 __device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_rows &gr, int g, int nb,
                                             float (&acc)[GEMV_R][NB], float (&ss)[NB],
                                             float (*red)[GEMV_R * NB + NB])
@@ -233,7 +243,7 @@ __device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_row
     const bool live = NB == 1 || b < nb;
     float v = 0.f, sq = 0.f;
 #pragma unroll
-    for (int i = 0; i < GEMV_WARPS; i++) {
+    for (int i = 0; i < WARPS; i++) {
         v += red[i][r * NB + b];
         if (a.norm)
             sq += red[i][GEMV_R * NB + b];
@@ -261,14 +271,28 @@ __device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_row
     }
 }
 
+/* Code k (of BITS bits) of word wd as the float 1 + q / 2^BITS: the code moved
+ * into the top of a float's mantissa under the exponent of 1.0, one shift and
+ * one LOP3 where an integer-to-float conversion (a quarter-rate instruction,
+ * the bound of this kernel before) would be. */
+template <int BITS>
+__device__ __forceinline__ float mlx_code_f(uint32_t wd, int k)
+{
+    const int at = k * BITS, top = 23 - BITS; /* the code's bit, the bit it goes to */
+    const uint32_t v = at <= top ? wd << (top - at) : wd >> (at - top);
+    return __uint_as_float((v & (((1u << BITS) - 1) << top)) | 0x3F800000u);
+}
+
 /* MLX affine (x = s * q + b per group of elements): BITS 4 or 8, scales and
- * biases of type ST. 16 bytes of codes (32 or 16 elements) lie in one group. */
-template <int BITS, int ST, int NB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 3 : 1) gemv_mlx_kernel(const lms_cu_gemv a)
+ * biases of type ST. 16 bytes of codes (32 or 16 elements) lie in one group.
+ * Per 16 bytes and row: s * sum q x + b * sum x, sum q x from codes as
+ * floats 1 + q / 2^BITS (mlx_code_f). */
+template <int BITS, int ST, int NB, int TH>
+__global__ void __launch_bounds__(TH, NB == 1 ? 768 / TH : 1) gemv_mlx_kernel(const lms_cu_gemv a)
 {
     constexpr int EPC = 128 / BITS; /* elements in 16 bytes of codes */
     constexpr int NV = GEMV_R * NB + NB;
-    __shared__ float red[GEMV_WARPS][NV];
+    __shared__ float red[TH / 32][NV];
     griddep_launch();
     const int K = a.K, tid = threadIdx.x, nch = K / EPC, g = blockIdx.x, gs = a.group;
     const gemv_rows gr(a);
@@ -288,7 +312,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 3 : 1) gemv_mlx_kernel
     uint4 w[GEMV_R][GEMV_U];
 #pragma unroll
     for (int u = 0; u < GEMV_U; u++) {
-        int c = tid + u * GEMV_THREADS;
+        int c = tid + u * TH;
 #pragma unroll
         for (int r = 0; r < GEMV_R; r++)
             w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
@@ -303,10 +327,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 3 : 1) gemv_mlx_kernel
 #pragma unroll
         for (int r = 0; r < GEMV_R; r++) acc[r][b] = 0.f;
     }
-    for (int c0 = tid; c0 < nch; c0 += GEMV_U * GEMV_THREADS) {
+    for (int c0 = tid; c0 < nch; c0 += GEMV_U * TH) {
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
-            const int c = c0 + u * GEMV_THREADS;
+            const int c = c0 + u * TH;
             if (c >= nch)
                 break;
             const int k0 = c * EPC, grp = k0 / gs;
@@ -340,49 +364,71 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 3 : 1) gemv_mlx_kernel
                                                                      : w[r][u].w;
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            const int k = 4 * q + e; /* element within the 16 bytes */
-                            uint32_t code = (wd >> ((k % (32 / BITS)) * BITS)) & ((1u << BITS) - 1);
-                            dq[r] = fmaf((float)code, xf[e], dq[r]);
+                            const int k = (4 * q + e) % (32 / BITS); /* element within its word */
+                            dq[r] = fmaf(mlx_code_f<BITS>(wd, k), xf[e], dq[r]);
                         }
                     }
                 }
+                /* dq = sum (1 + q / 2^BITS) x = xs + sum q x / 2^BITS */
 #pragma unroll
-                for (int r = 0; r < GEMV_R; r++) acc[r][b] = fmaf(s[r], dq[r], fmaf(bb[r], xs, acc[r][b]));
+                for (int r = 0; r < GEMV_R; r++)
+                    acc[r][b] = fmaf(s[r] * (float)(1 << BITS), dq[r] - xs, fmaf(bb[r], xs, acc[r][b]));
             }
         }
-        const int cn = c0 + GEMV_U * GEMV_THREADS;
+        const int cn = c0 + GEMV_U * TH;
         if (cn < nch) {
 #pragma unroll
             for (int u = 0; u < GEMV_U; u++) {
-                int c = cn + u * GEMV_THREADS;
+                int c = cn + u * TH;
 #pragma unroll
                 for (int r = 0; r < GEMV_R; r++)
                     w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
             }
         }
     }
-    gemv_finish<NB>(a, gr, g, nb, acc, ss, red);
+    gemv_finish<NB, TH / 32>(a, gr, g, nb, acc, ss, red);
 }
 
-/* out[r][k] = s * q + b of rows [r0, r0 + n) of an MLX affine matrix, as bf16 (a GEMM's weights). */
+/* hi[r][k] + lo[r][k] = s * q + b of rows [r0, r0 + n) of an MLX affine matrix:
+ * the value rounded to bf16, and what that rounding lost, also bf16 (a GEMM
+ * over both carries about 16 bits of the weights, as the f32 CPU path does).
+ * One thread per 32-bit word of codes (32-bit index arithmetic: K * BITS / 32
+ * words a row, rows of a chunk fit in 32 bits). */
 template <int BITS, int ST>
-__global__ void mlx_dequant_kernel(__nv_bfloat16 *out, const uint8_t *w, const void *scales, const void *biases, int K,
-                                   int group, int r0, int n)
+__global__ void mlx_dequant_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const uint8_t *w, const void *scales,
+                                   const void *biases, int K, int group, int r0, int n)
 {
     griddep_launch();
     griddep_wait();
-    const size_t total = (size_t)n * K;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t row = r0 + i / K;
-        int k = (int)(i % K);
-        uint32_t word = ((const uint32_t *)(w + row * ((size_t)K * BITS / 8)))[k / (32 / BITS)];
-        uint32_t q = (word >> ((k % (32 / BITS)) * BITS)) & ((1u << BITS) - 1);
-        size_t gi = row * (size_t)(K / group) + k / group;
-        out[i] = __float2bfloat16_rn(elem<ST>::get(scales, gi) * (float)q + elem<ST>::get(biases, gi));
+    constexpr int EPW = 32 / BITS;
+    const int wpr = K / EPW; /* words a row */
+    const unsigned total = (unsigned)n * (unsigned)wpr;
+    const uint32_t *wr = (const uint32_t *)(w + (size_t)r0 * ((size_t)K * BITS / 8));
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const unsigned row = i / (unsigned)wpr, k0 = (i % (unsigned)wpr) * EPW;
+        const uint32_t wd = wr[i];
+        const size_t gi = (size_t)(r0 + row) * (size_t)(K / group) + k0 / group; /* EPW <= group */
+        const float sc = elem<ST>::get(scales, gi), bi = elem<ST>::get(biases, gi);
+        __nv_bfloat16 h[EPW], l[EPW];
+#pragma unroll
+        for (int e = 0; e < EPW; e++) {
+            float v = fmaf(sc, (float)((wd >> (e * BITS)) & ((1u << BITS) - 1)), bi);
+            h[e] = __float2bfloat16_rn(v);
+            l[e] = __float2bfloat16_rn(v - __bfloat162float(h[e]));
+        }
+        const size_t o = (size_t)row * K + k0;
+        if (EPW == 8) {
+            *(uint4 *)(hi + o) = *(const uint4 *)h;
+            *(uint4 *)(lo + o) = *(const uint4 *)l;
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPW; e++) hi[o + e] = h[e], lo[o + e] = l[e];
+        }
     }
 }
 
-/* x[b] = the dequantized embedding row tokens[b] of an MLX affine matrix, times scale. */
+/* x[b] = the dequantized embedding row tokens[b] of an MLX affine matrix (values in the
+ * scales' type, as MLX's), times scale. */
 template <int BITS, int ST>
 __global__ void embed_mlx_kernel(float *x, const uint8_t *w, const void *scales, const void *biases, int E, int group,
                                  float scale, const int32_t *step)
@@ -397,7 +443,9 @@ __global__ void embed_mlx_kernel(float *x, const uint8_t *w, const void *scales,
     for (int k = threadIdx.x; k < E; k += blockDim.x) {
         uint32_t q = (wr[k / (32 / BITS)] >> ((k % (32 / BITS)) * BITS)) & ((1u << BITS) - 1);
         size_t gi = row * (size_t)(E / group) + k / group;
-        x[(size_t)b * E + k] = (elem<ST>::get(scales, gi) * (float)q + elem<ST>::get(biases, gi)) * scale;
+        /* as mlx.core.dequantize (and the CPU backend): s * q and + b each rounded to the scales' type */
+        float v = round_to<ST>(round_to<ST>(elem<ST>::get(scales, gi) * (float)q) + elem<ST>::get(biases, gi));
+        x[(size_t)b * E + k] = v * scale;
     }
 }
 
@@ -1480,27 +1528,30 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
 {
     int total = 0;
     for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
-    dim3 grid(a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R), blk(GEMV_THREADS);
+    /* threads a block: one 16-byte chunk of codes each for a row of 4096 (32 x 4 bits,
+     * 16 x 8 bits): small blocks, many of them resident, keep the loads in flight */
+    constexpr int T4 = 128, T8 = 256;
+    dim3 grid(a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R);
     bool one = a->nb_max == 1;
 #define LMS_CU_MLX(B, S)                                                                                               \
     if (bits == B && stype == S)                                                                                       \
-        return one ? launch(gemv_mlx_kernel<B, S, 1>, grid, blk, 0, stream, *a)                                        \
-                   : launch(gemv_mlx_kernel<B, S, 8>, grid, blk, 0, stream, *a);
+        return one ? launch(gemv_mlx_kernel<B, S, 1, B == 4 ? T4 : T8>, grid, dim3(B == 4 ? T4 : T8), 0, stream, *a)   \
+                   : launch(gemv_mlx_kernel<B, S, 8, B == 4 ? T4 : T8>, grid, dim3(B == 4 ? T4 : T8), 0, stream, *a);
     LMS_CU_MLX(4, LMS_CU_BF16) LMS_CU_MLX(4, LMS_CU_F16) LMS_CU_MLX(4, LMS_CU_F32)
     LMS_CU_MLX(8, LMS_CU_BF16) LMS_CU_MLX(8, LMS_CU_F16) LMS_CU_MLX(8, LMS_CU_F32)
 #undef LMS_CU_MLX
     return (int)cudaErrorInvalidValue;
 }
 
-extern "C" int lms_cu_mlx_dequant_launch(void *out, const void *w, const void *scales, const void *biases, int bits,
-                                         int stype, int K, int group, int r0, int n, void *stream)
+extern "C" int lms_cu_mlx_dequant_launch(void *hi, void *lo, const void *w, const void *scales, const void *biases,
+                                         int bits, int stype, int K, int group, int r0, int n, void *stream)
 {
-    size_t total = (size_t)n * K, blocks = (total + 255) / 256;
+    size_t total = (size_t)n * K / (32 / bits), blocks = (total + 255) / 256;
     dim3 grid(blocks > 65535 ? 65535 : (unsigned)blocks), blk(256);
 #define LMS_CU_DQ(B, S)                                                                                                \
     if (bits == B && stype == S)                                                                                       \
-        return launch(mlx_dequant_kernel<B, S>, grid, blk, 0, stream, (__nv_bfloat16 *)out, (const uint8_t *)w,       \
-                      scales, biases, K, group, r0, n);
+        return launch(mlx_dequant_kernel<B, S>, grid, blk, 0, stream, (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo,       \
+                      (const uint8_t *)w, scales, biases, K, group, r0, n);
     LMS_CU_DQ(4, LMS_CU_BF16) LMS_CU_DQ(4, LMS_CU_F16) LMS_CU_DQ(4, LMS_CU_F32)
     LMS_CU_DQ(8, LMS_CU_BF16) LMS_CU_DQ(8, LMS_CU_F16) LMS_CU_DQ(8, LMS_CU_F32)
 #undef LMS_CU_DQ

@@ -79,9 +79,10 @@ int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream);
  * x = s * q + b per group), bits 4 or 8, scales/biases of stype (LMS_CU_*). The input
  * sum per group multiplies b: a product costs the codes, not a dequantized copy. */
 int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype, void *stream);
-/* Rows [r0, r0 + n) of an MLX affine matrix dequantized to bf16 (n x K): a GEMM's weights. */
-int lms_cu_mlx_dequant_launch(void *out, const void *w, const void *scales, const void *biases, int bits, int stype,
-                              int K, int group, int r0, int n, void *stream);
+/* Rows [r0, r0 + n) of an MLX affine matrix dequantized to bf16 pairs (n x K each): hi, the
+ * value rounded, and lo, the rounding error; hi + lo is a GEMM's weights to about 16 bits. */
+int lms_cu_mlx_dequant_launch(void *hi, void *lo, const void *w, const void *scales, const void *biases, int bits,
+                              int stype, int K, int group, int r0, int n, void *stream);
 /* x[b] = dequantized MLX affine embedding row tokens[b] times scale. */
 int lms_cu_embed_mlx_launch(float *x, const void *w, const void *scales, const void *biases, int bits, int stype,
                             int E, int group, float scale, const int32_t *step, int max_nb, void *stream);

@@ -5,7 +5,8 @@
  * tokens (the GEMV and the GEMM paths, the decoding and the tensor-core
  * attention), positions crossing pages, a scrambled block table, head sizes
  * 64/128/256, inputs whose width is not a multiple of 8 (the scalar GEMV),
- * F32/F16/BF16 weights and K/V, norms, gated activations, biases, residual
+ * F32/F16/BF16 and MLX affine (4- and 8-bit codes, groups of 32, 64
+ * and 128) weights, F32/F16/BF16 K/V, norms, gated activations, biases, residual
  * adds, sliding windows and soft-capping. Then whole steps (the forward
  * pass of a random 2-layer model) on both backends, decode steps replayed
  * from the CUDA graph at moving positions, and the device argmax; and a
@@ -51,9 +52,42 @@ static void put(void *p, size_t i, float v, lms_dtype dt)
         ((uint16_t *)p)[i] = lms__f32_to_bf16(v);
 }
 
+static void *dev_copy(const void *h, size_t n)
+{
+    void *d = NULL;
+    assert_int_equal(g_dev->ops->alloc(g_dev, n + 16, &d), 0);
+    assert_int_equal(g_dev->ops->copy_h2d(g_dev, d, h, n, NULL), 0);
+    return d;
+}
+
+/* MLX affine matrices of the model being made: codes of g_mlx_bits bits, groups of g_mlx_group. */
+static uint32_t g_mlx_bits, g_mlx_group;
+
+/* An MLX affine matrix whose values s * q + b spread over about [-scale, scale]:
+ * random codes, bf16 scales and biases per group. */
+static void make_mlx(lms__wt *w, uint32_t rows, uint32_t cols, float scale)
+{
+    uint32_t bits = g_mlx_bits, group = g_mlx_group, ng = cols / group;
+    size_t nbytes = (size_t)rows * cols * bits / 8, ns = (size_t)rows * ng;
+    uint8_t *codes = malloc(nbytes);
+    uint16_t *sc = malloc(ns * 2), *bi = malloc(ns * 2);
+    for (size_t i = 0; i < nbytes; i++) codes[i] = (uint8_t)(g_rng = g_rng * 6364136223846793005ull + 1, g_rng >> 56);
+    for (size_t i = 0; i < ns; i++) {
+        sc[i] = lms__f32_to_bf16(2.0f * scale / (float)((1u << bits) - 1) * (0.75f + 0.25f * frand()));
+        bi[i] = lms__f32_to_bf16(-scale * (1.0f + 0.1f * frand()));
+    }
+    lms__mlx_q *q = calloc(1, sizeof *q);
+    *q = (lms__mlx_q){sc, bi, dev_copy(sc, ns * 2), dev_copy(bi, ns * 2), LMS_DTYPE_BF16, bits, group};
+    *w = (lms__wt){codes, dev_copy(codes, nbytes), LMS_DTYPE_MLX_AFFINE, rows, cols, q};
+}
+
 /* A matrix on both sides: host bytes and a device copy. */
 static void make_wt(lms__wt *w, uint32_t rows, uint32_t cols, lms_dtype dt, float scale)
 {
+    if (dt == LMS_DTYPE_MLX_AFFINE) {
+        make_mlx(w, rows, cols, scale);
+        return;
+    }
     size_t n = (size_t)rows * cols;
     void *h = malloc(n * esz(dt) + 16);
     for (size_t i = 0; i < n; i++) put(h, i, frand() * scale, dt);
@@ -67,6 +101,13 @@ static void free_wt(lms__wt *w)
 {
     free((void *)w->p);
     g_dev->ops->free(g_dev, (void *)w->dp);
+    if (w->mlx) {
+        lms__mlx_q *q = (lms__mlx_q *)w->mlx;
+        free((void *)q->scales), free((void *)q->biases);
+        g_dev->ops->free(g_dev, (void *)q->dscales);
+        g_dev->ops->free(g_dev, (void *)q->dbiases);
+        free(q);
+    }
 }
 
 /* ---- a random model ------------------------------------------------------------------------------ */
@@ -75,6 +116,7 @@ typedef struct shape {
     uint32_t E, n_heads, n_kv, hd, F, V;
     lms_dtype wdt, kvdt;
     bool bias, qk_norm;
+    uint32_t mlx_bits, mlx_group; /* wdt MLX_AFFINE */
 } shape;
 
 typedef struct model {
@@ -94,6 +136,7 @@ static float *vec(model *m, size_t *used, uint32_t n, float base, float scale)
 static void model_make(model *m, const shape *s)
 {
     memset(m, 0, sizeof *m);
+    g_mlx_bits = s->mlx_bits, g_mlx_group = s->mlx_group;
     lms__hparams *hp = &m->hp;
     hp->n_vocab = s->V, hp->n_embd = s->E, hp->n_layers = 2, hp->n_heads = s->n_heads, hp->n_kv_heads = s->n_kv;
     hp->head_dim = s->hd, hp->n_ff = s->F, hp->max_pos = 4096, hp->eps = 1e-5f, hp->rope_theta = 10000;
@@ -251,7 +294,7 @@ static void check(const char *what, const shape *s, uint32_t nb, uint32_t pos0, 
  * steps round the activations to the weights' 16-bit type. */
 static double mm_tol(const shape *s, uint32_t nb)
 {
-    if (nb <= 64 || s->wdt == LMS_DTYPE_F32)
+    if (nb <= 64 || s->wdt == LMS_DTYPE_F32) /* MLX: the GEMV on the codes, or bf16 pairs in the GEMM */
         return 2e-4;
     return s->wdt == LMS_DTYPE_F16 ? 3e-3 : 2e-2;
 }
@@ -694,14 +737,19 @@ static void test_window_shape(const shape *s)
 
 static const shape SHAPES[] = {
     /* E, heads, kv, hd, F, V, weights, kv, bias, qk_norm */
-    {256, 4, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false},
-    {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_BF16, true, true},
-    {512, 4, 4, 128, 1000, 777, LMS_DTYPE_F16, LMS_DTYPE_F32, false, true},
-    {136, 2, 1, 64, 300, 500, LMS_DTYPE_F32, LMS_DTYPE_F32, true, false},
-    {260, 4, 1, 256, 515, 999, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false}, /* K % 8 != 0: scalar GEMV */
-    {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false}, /* SmolLM2's widths */
-    {64, 4, 2, 24, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, true, true},      /* the fixtures': head_dim 24, 16 */
-    {64, 4, 2, 16, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false},
+    {256, 4, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+    {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_BF16, true, true, 0, 0},
+    {512, 4, 4, 128, 1000, 777, LMS_DTYPE_F16, LMS_DTYPE_F32, false, true, 0, 0},
+    {136, 2, 1, 64, 300, 500, LMS_DTYPE_F32, LMS_DTYPE_F32, true, false, 0, 0},
+    {260, 4, 1, 256, 515, 999, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0}, /* K % 8 != 0: scalar GEMV */
+    {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0}, /* SmolLM2's widths */
+    {64, 4, 2, 24, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, true, true, 0, 0},      /* the fixtures': head_dim 24, 16 */
+    {64, 4, 2, 16, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+    /* MLX affine: bits, group */
+    {256, 4, 2, 64, 512, 1000, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64},
+    {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, true, true, 4, 128},
+    {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 8, 32},
+    {64, 4, 2, 16, 96, 384, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, true, true, 4, 32}, /* the fixture's */
 };
 
 static void ops_match_cpu(void **state)
@@ -725,9 +773,9 @@ static void window_group_forward_matches_cpu(void **state)
     int before = g_fail;
     /* head dims 64, 128, 256 (gemma-3's), 16-bit and f32 K/V (the decoding kernel for prefill too) */
     static const shape W[] = {
-        {256, 4, 1, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, true},
-        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true},
-        {64, 4, 2, 32, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, true},
+        {256, 4, 1, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, true, 0, 0},
+        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0},
+        {64, 4, 2, 32, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, true, 0, 0},
     };
     for (size_t i = 0; i < LMS_ARRAY_LEN(W); i++) test_window_shape(&W[i]);
     printf("window group forward: %d mismatches\n", g_fail - before);
