@@ -435,10 +435,16 @@ static int referenced(lms_store *s, hashset *hs)
         rc = lms__mdb_err(mrc, "%s: cursor", s->index_path);
         goto out;
     }
-    for (mrc = mdb_cursor_get(cur, &k, &d, MDB_FIRST); !mrc; mrc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+    int check;
+    for (mrc = lms__cursor_get(s, cur, LMS__DB_FILES, &k, &d, MDB_FIRST, &check); !mrc;
+         mrc = lms__cursor_get(s, cur, LMS__DB_FILES, &k, &d, MDB_NEXT, &check)) {
         const char *key = k.mv_data;
         if (k.mv_size < nl || key[k.mv_size - nl] != '\0' || memcmp(key + k.mv_size - nl + 1, LMS__TOKREF_NAME, nl - 1))
             continue;
+        if (check) { /* a damaged reference may name any image: remove none (verify names the record) */
+            rc = check;
+            goto out;
+        }
         lms__file_rec fr;
         char *raw = NULL;
         size_t rn;

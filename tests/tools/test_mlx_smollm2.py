@@ -85,8 +85,7 @@ def main():
     # 3. the CUDA engine on the same codes
     probe = tm.lms("logits", "smollm2-mlx4", "--prompt-ids", ",".join(map(str, ref["prompts"][0])), "--out",
                    os.path.join(base, "probe.f32"), "--device", "cuda", store=store, check=False)
-    if probe.returncode != 0 and ("no CUDA" in probe.stderr or "CUDA device" in probe.stderr
-                                  or "not built" in probe.stderr or "no such device" in probe.stderr):
+    if probe.returncode != 0 and ("cuda" in probe.stderr.lower()):  # no device, or a build without CUDA
         print("skipped: the CUDA part (" + probe.stderr.strip().splitlines()[-1] + ")")
     else:
         for i, p in enumerate(ref["prompts"]):
