@@ -148,7 +148,7 @@ gemma12b() {
     rm -rf "$HF" "$ST"
     [ -f "$g/config.json" ] || timeout 500 $PY tests/gen_model.py "$g" --arch gemma3 --hidden 3840 --intermediate 15360 \
         --layers 48 --heads 16 --kv-heads 8 --head-dim 256 --vocab 262144 --tied --window 1024 --max-pos 8192 \
-        --shard-size 4G 2>&1 | tail -1 | tee -a "$LOG"
+        --shard-size 4G --pooled 2>&1 | tail -1 | tee -a "$LOG"
     timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
     rm -rf "$g"
     for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 3"; do

@@ -125,6 +125,31 @@ def config_for(a):
     return c
 
 
+_POOL = {}
+
+
+def pooled_bytes(rng, shape, kind, dtype, std):
+    """Matrices cut from one pool of 64M random values at a random offset
+    (--pooled: a benchmark's model of tens of GB written at disk speed; the
+    values stay Gaussian, the matrices are not independent)."""
+    n = int(np.prod(shape)) if shape else 1
+    if kind != "w" or n < (1 << 20):
+        return random_bytes(rng, shape, kind, dtype, std)
+    key = (dtype, std)
+    if key not in _POOL:
+        _POOL[key] = np.frombuffer(random_bytes(rng, (1 << 26,), "w", dtype, std), dtype=np.uint8)
+    pool = _POOL[key]
+    es = DTYPE_SIZE[dtype]
+    out = np.empty(n * es, dtype=np.uint8)
+    pos, at = 0, int(rng.integers(0, 1 << 26)) * es
+    while pos < len(out):
+        take = min(len(out) - pos, len(pool) - at)
+        out[pos:pos + take] = pool[at:at + take]
+        pos += take
+        at = 0
+    return out.data
+
+
 def random_bytes(rng, shape, kind, dtype, std):
     n = int(np.prod(shape)) if shape else 1
     if kind == "n":  # norm weights near 1
@@ -160,6 +185,9 @@ def plan_shards(specs, dtype, shard_size, single):
     return shards
 
 
+POOLED = False
+
+
 def write_shard(path, tensors, dtype, rng, std, metadata):
     header, off = {}, 0
     if metadata is not None:
@@ -173,7 +201,7 @@ def write_shard(path, tensors, dtype, rng, std, metadata):
         f.write(struct.pack("<Q", len(hj)))
         f.write(hj)
         for name, shape, kind, nb in tensors:
-            data = random_bytes(rng, shape, kind, dtype, std)
+            data = (pooled_bytes if POOLED else random_bytes)(rng, shape, kind, dtype, std)
             assert len(data) == nb, name
             f.write(data)
     return off
@@ -208,6 +236,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=sorted(DTYPE_SIZE), default="BF16")
     ap.add_argument("--tied", action="store_true", help="tie lm_head to the embedding (no lm_head.weight)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pooled", action="store_true",
+                    help="cut large matrices from one pool of random values (fast; for benchmark-sized models)")
     ap.add_argument("--std", type=float, default=0.02, help="std of the random weight matrices")
     ap.add_argument("--shard-size", default="2M", help="max bytes per shard (e.g. 64K, 1G)")
     ap.add_argument("--single-file", action="store_true", help="one model.safetensors, no index")
@@ -237,6 +267,8 @@ def main(argv=None):
         shutil.rmtree(a.out)
     os.makedirs(a.out)
 
+    global POOLED
+    POOLED = a.pooled
     rng = np.random.default_rng(a.seed)
     specs = tensor_specs(a)
     shards = plan_shards(specs, a.dtype, shard_size, a.single_file)
