@@ -41,7 +41,7 @@
 #include "lmstore/loader.h"
 #include "lmstore/loader_experimental.h"
 #include "loader/device.h"
-#include "store/store_internal.h"
+#include "store/segmap.h"
 
 #define LMS__PAGE 4096u
 #define LMS__CHUNK_ALIGN (2ull << 20) /* registration blocks and chunks are multiples of this */

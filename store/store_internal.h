@@ -54,6 +54,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "store/segmap.h"   /* segment mappings, the store reference (the loader's view) */
 #include "lmstore/store.h"
 
 #ifdef __cplusplus
@@ -70,7 +71,6 @@ extern "C" {
 #define LMS__FORMAT_SUMS 2u      /* first format whose records carry checksums */
 #define LMS__SEG_VERSION 1u      /* segment header version: the segment layout has not changed */
 #define LMS__REC_SUM_SIZE 8u
-#define LMS__SEG_HEADER_SIZE 4096u
 #define LMS__SEG_MAGIC "\x89LMSSEG\n"   /* 8 bytes */
 #define LMS__SEG_BOM 0x0A0B0C0Du         /* stored little-endian: 0D 0C 0B 0A */
 #define LMS__DEFAULT_ALIGNMENT 4096u
@@ -126,10 +126,6 @@ struct lms_store {
  * assertions, as SQLite's btree.c opens with sqlite3BtreeHoldsMutex(). */
 static inline bool lms__append_locked(lms_store *s) { return atomic_load(&s->append_locks) > 0; }
 
-/* Children (models, kv caches) call these so that lms_store_close can refuse
- * to close under them. */
-void lms__store_ref(lms_store *s);
-void lms__store_unref(lms_store *s);
 
 /* ---- transactions -------------------------------------------------------------- */
 
@@ -341,25 +337,6 @@ int lms__segment_header_check(const void *hdr, size_t len, const uint8_t *uuid, 
 /* Segment ids present in STORE/segments, ascending; *ids allocated (lms__free). */
 int lms__segment_list(const lms_store *s, uint32_t **ids, size_t *n);
 
-/* A read-only mapping of a whole segment, with flock(LOCK_SH) held while mapped. */
-typedef struct lms__segmap {
-    uint32_t id;
-    int fd;
-    const uint8_t *base; /* PROT_READ, MAP_SHARED; valid until lms__segment_unmap */
-    uint64_t size;
-    char path[4096];
-} lms__segmap;
-int lms__segment_map(lms_store *s, uint32_t id, lms__segmap *m);
-void lms__segment_unmap(lms__segmap *m); /* safe on a zeroed struct or after a failed map */
-/* Bytes [offset, offset + len) of a mapping. The segment must be mapped (and
- * so share-locked) and the caller must have checked the range against
- * m->size: records are untrusted, this only asserts that it was done. */
-static inline const uint8_t *lms__segmap_at(const lms__segmap *m, uint64_t offset, uint64_t len)
-{
-    assert(m->base && m->fd >= 0);
-    assert(offset <= m->size && len <= m->size - offset);
-    return m->base + offset;
-}
 
 /*
  * The append lock (invariant 3; docs/FORMAT.md 5.1). flock(LOCK_EX) on

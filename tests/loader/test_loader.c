@@ -30,6 +30,7 @@
 #include "common/common.h"
 #include "loader/device.h"
 #include "loader/loader_internal.h"
+#include "store/store_internal.h" /* white-box: the store handle's user count */
 #include "testutil.h"
 
 #include "loader_smaps.h"

@@ -17,6 +17,7 @@
 
 #include "common/common.h"
 #include "loader/loader_internal.h"
+#include "store/store_internal.h" /* white-box: writes and reads store records directly */
 #include "testutil.h"
 
 #include "loader_smaps.h"
