@@ -424,8 +424,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         s->in_flight++;
         pthread_mutex_unlock(&s->mu);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > s->p.max_body)
+        if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
+            /* answer now rather than read it all; the connection closes after */
             q->too_big = true;
+            bool post = false;
+            find_route(url, &post, &q->endpoint);
+            lms__api_error e = {0};
+            lms__api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                          "the request body (%s bytes) is larger than the limit of %zu bytes", cl, s->p.max_body);
+            return respond_error(c, q, &e);
+        }
         return MHD_YES;
     }
     if (*upload_data_size) {
