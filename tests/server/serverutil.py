@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -134,6 +135,30 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         self.logf.close()
+
+
+def raw_post(port, path, body, headers=b"", length=None, timeout=60):
+    """Send a POST on a raw socket (body: bytes, str or a JSON value; length:
+    the Content-Length to announce, default the body's) and return the
+    socket: the caller reads what it wants, or hangs up."""
+    if not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+    data = body.encode() if isinstance(body, str) else body
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + headers +
+              b"Content-Length: " + str(len(data) if length is None else length).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def read_until(s, marker=None):
+    """Read from s until marker has come (None: until the peer closes); returns what came."""
+    data = b""
+    while marker is None or marker not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def run_json(store, model, *args):

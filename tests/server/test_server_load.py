@@ -11,10 +11,8 @@ after warm-up, and /metrics agrees with the clients' counts. Skipped (77)
 only when the build has no libmicrohttpd.
 """
 
-import json
 import os
 import random
-import socket
 import sys
 import threading
 import time
@@ -51,15 +49,8 @@ def main():
 
     def malformed():
         body = random.choice([b"{", b'{"prompt": 7}', b'{"prompt": "x", "max_tokens": -1}', b"\xff\xfe"])
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        data = b""
-        while True:
-            c = s.recv(65536)
-            if not c:
-                break
-            data += c
+        s = su.raw_post(srv.port, "/v1/completions", body, headers=b"Connection: close\r\n")
+        data = su.read_until(s)
         s.close()
         if data.startswith(b"HTTP/1.1 400"):
             add("malformed")
@@ -68,17 +59,9 @@ def main():
                 problems.append(f"malformed body answered {data[:60]!r}")
 
     def abandoned(prompt):
-        body = json.dumps({"model": "chat", "prompt": prompt, "max_tokens": 200, "stream": True,
-                           "temperature": 0}).encode()
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        data = b""
-        while b"data: " not in data:
-            c = s.recv(65536)
-            if not c:
-                break
-            data += c
+        s = su.raw_post(srv.port, "/v1/completions", {"model": "chat", "prompt": prompt, "max_tokens": 200,
+                                                      "stream": True, "temperature": 0})
+        su.read_until(s, b"data: ")
         s.close()
         add("abandoned")
 

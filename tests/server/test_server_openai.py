@@ -9,9 +9,7 @@ with what the client did. Greedy answers must equal `lmstore run` with the
 same settings. Skipped (77) only when the build has no libmicrohttpd.
 """
 
-import json
 import os
-import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -221,15 +219,8 @@ def test_errors_have_status_and_openai_body():
 
 
 def test_body_announced_too_large_is_refused():
-    s = socket.create_connection(("127.0.0.1", SRV.port), timeout=30)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 100000000\r\n\r\n" + b"x" * 65536)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
+    s = su.raw_post(SRV.port, "/v1/completions", b"x" * 65536, length=100000000, timeout=30)
+    data = su.read_until(s, b"\r\n\r\n")
     s.close()
     did("/v1/completions", 413)
     assert data.startswith(b"HTTP/1.1 413"), data[:200]

@@ -36,26 +36,6 @@ def wait_for(cond, timeout=30, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def raw_post(port, path, body):
-    """Send a POST on a raw socket and return the socket (the caller reads or drops it)."""
-    import json
-    data = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return s
-
-
-def read_until(s, marker):
-    data = b""
-    while marker not in data:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def running(srv):
     return srv.metrics()['lmstore_requests_running{model="slow"}']
 
@@ -64,13 +44,13 @@ def test_client_that_goes_away_frees_its_slot():
     srv = su.Server(STORE, "slow", args=["--parallel", "1", "--threads", "1", "--ctx", "4096"])
     try:
         # streamed: read the first event, then hang up
-        s = raw_post(srv.port, "/v1/completions", dict(LONG, stream=True))
-        assert b"data: " in read_until(s, b"data: ")
+        s = su.raw_post(srv.port, "/v1/completions", dict(LONG, stream=True))
+        assert b"data: " in su.read_until(s, b"data: ")
         assert running(srv) == 1
         s.close()
         wait_for(lambda: running(srv) == 0, what="the streamed request's slot to free")
         # not streamed: hang up while it computes
-        s = raw_post(srv.port, "/v1/completions", LONG)
+        s = su.raw_post(srv.port, "/v1/completions", LONG)
         wait_for(lambda: running(srv) == 1, what="the request to start")
         s.close()
         wait_for(lambda: running(srv) == 0, what="the waiting request's slot to free")
@@ -86,8 +66,8 @@ def test_client_that_goes_away_frees_its_slot():
 def test_more_clients_than_slots_queue_then_get_503():
     srv = su.Server(STORE, "slow", args=["--parallel", "1", "--max-queue", "1", "--threads", "1", "--ctx", "4096"])
     try:
-        busy = raw_post(srv.port, "/v1/completions", dict(LONG, stream=True))
-        assert b"data: " in read_until(busy, b"data: ")
+        busy = su.raw_post(srv.port, "/v1/completions", dict(LONG, stream=True))
+        assert b"data: " in su.read_until(busy, b"data: ")
         results = {}
 
         def queued():  # waits for the slot
@@ -147,8 +127,8 @@ def test_sigterm_drains_running_requests_then_exits_0():
 def test_kill_9_loses_no_stored_data():
     before = su.ok("verify", "--store", STORE).stdout
     srv = su.Server(STORE, "slow", args=["--threads", "1"])
-    s = raw_post(srv.port, "/v1/completions", dict(LONG, stream=True))
-    read_until(s, b"data: ")
+    s = su.raw_post(srv.port, "/v1/completions", dict(LONG, stream=True))
+    su.read_until(s, b"data: ")
     srv.kill()
     s.close()
     after = su.ok("verify", "--store", STORE).stdout
