@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 jobs=${LMS_JOBS:-$(nproc)}
 
 # Python tests compare against numpy, safetensors, HF tokenizers and gguf-py
-# (PyPI gguf: GGUF reading and the reference (de)quantizers). Use the
+# (PyPI gguf: GGUF reading and the reference (de)quantizers); the server's
+# tests talk to it with OpenAI's own client (PyPI openai). Use the
 # python3 on PATH when it has them, else a private virtual environment.
 py=python3
-if ! $py -c 'import numpy, safetensors, tokenizers, gguf' 2>/dev/null; then
-  if ! .venv-test/bin/python -c 'import numpy, safetensors, tokenizers, gguf' 2>/dev/null; then
+if ! $py -c 'import numpy, safetensors, tokenizers, gguf, openai' 2>/dev/null; then
+  if ! .venv-test/bin/python -c 'import numpy, safetensors, tokenizers, gguf, openai' 2>/dev/null; then
     python3 -m venv .venv-test
-    .venv-test/bin/python -m pip install -q numpy safetensors tokenizers gguf
+    .venv-test/bin/python -m pip install -q numpy safetensors tokenizers gguf openai
   fi
   py=$PWD/.venv-test/bin/python
 fi
