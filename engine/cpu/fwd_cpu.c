@@ -343,7 +343,7 @@ static const char *cpu_describe(const lms__bk *b) { return b->k->name; }
 
 static int cpu_begin(lms__bk *b, const lms__step *st, bool *replayed)
 {
-    assert(st->nb >= 1 && st->nb <= b->B && st->pos0 + st->nb <= b->n_ctx);
+    assert(st->nb >= 1 && st->nb <= b->B && (st->n_segs || st->pos0 + st->nb <= b->n_ctx));
     lms__seg one = {0, st->nb, st->pos0, st->kv};
     const lms__seg *sg = st->n_segs ? st->segs : &one;
     uint32_t ns = st->n_segs ? st->n_segs : 1, row = 0;
