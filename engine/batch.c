@@ -46,8 +46,11 @@
  *   (3) Prefix sessions in the store are named "prefix-<16 hex of the model
  *       id>-<32 hex of XXH3-128(model id, K/V dtype, page tokens, token
  *       ids)>" and hold whole pages only; the index (pfx) mirrors the
- *       store's such sessions of this model and layout, read at create and
- *       kept by this batch's saves, resumes and removals.
+ *       store's such sessions of this model and layout with their page
+ *       keys, read at create and kept by this batch's saves, resumes and
+ *       removals. A prompt matches a session on the leading pages whose
+ *       chained keys (lms__kv_page_key) are equal, so a stored system
+ *       prompt serves prompts that go on differently after it.
  *
  * Nothing on the token path allocates but the prefix store's saves and
  * resumes (I/O buffers).
@@ -61,6 +64,7 @@
 #include "engine/backend.h"
 #include "engine/engine_priv.h"
 #include "engine/sampler.h"
+#include "kvcache/kv_internal.h" /* lms__kv_page_key: the chained page keys a prompt would have */
 #include "lmstore/batch.h"
 #include "lmstore/loader.h"
 
@@ -83,6 +87,8 @@ typedef struct pfx {
     char hex[33];          /* the hash's hex digits, as in the name */
     uint32_t n_tokens;
     uint64_t bytes, last_used;
+    lms_hash128 *keys;     /* [n_tokens / P] its pages' content keys (chained: key i stands for
+                              tokens [0, (i + 1) P)), or NULL when they could not be read */
 } pfx;
 
 /* A prompt prefix to save: its tokens (owned). */
@@ -113,7 +119,7 @@ struct lms_batch {
     size_t n_pfx, cap_pfx;
     save_job saves[SAVE_QUEUE];
     uint32_t n_saves;
-    lms_hasher *hasher, *hasher2;
+    lms_hasher *hasher;
     lms_batch_stats st;
 };
 
@@ -165,10 +171,52 @@ static int pfx_add(lms_batch *b, const char *hex, uint32_t n_tokens, uint64_t by
     x->n_tokens = n_tokens;
     x->bytes = bytes;
     x->last_used = last_used;
+    x->keys = NULL;
     return 0;
 }
 
-static void pfx_remove(lms_batch *b, pfx *x) { *x = b->pfx[--b->n_pfx]; }
+static void pfx_remove(lms_batch *b, pfx *x)
+{
+    lms__free(x->keys);
+    *x = b->pfx[--b->n_pfx];
+}
+
+typedef struct keys_ctx {
+    pfx *x;
+    uint32_t n;
+} keys_ctx;
+
+/* The group-0 page keys of a prefix session (lms_kv_session page callback). */
+static int keys_cb(void *ctx, const lms_kv_page_info *pi)
+{
+    keys_ctx *k = ctx;
+    if (!pi->window && pi->index < k->n && pi->present)
+        k->x->keys[pi->index] = lms__hash128_get(pi->key);
+    return 0;
+}
+
+static int bytes_cb(void *ctx, const lms_kv_session_info *si)
+{
+    ((keys_ctx *)ctx)->x->bytes = si->stored_bytes;
+    return 0;
+}
+
+/* Read x's page keys (and stored bytes) from the store; without them the
+ * session is never matched (a failure is only logged). */
+static void pfx_read_keys(lms_batch *b, pfx *x)
+{
+    char name[128];
+    keys_ctx k = {x, x->n_tokens / b->P};
+    pfx_name(b, x->hex, name, sizeof name);
+    lms__free(x->keys);
+    if (!(x->keys = lms__calloc(k.n ? k.n : 1, sizeof *x->keys)) ||
+        lms_kv_session(b->p.prefix_store, name, bytes_cb, keys_cb, &k)) {
+        lms__debug("batch: prefix session '%s': page keys not read: %s", name, lms_last_error());
+        lms_clear_error();
+        lms__free(x->keys);
+        x->keys = NULL;
+    }
+}
 
 
 /* The store's prefix sessions of this model and K/V layout (lms_kv_sessions callback). */
@@ -245,13 +293,6 @@ static void queue_save(lms_batch *b, const bseq *s)
     memcpy(j->hex, hex, sizeof hex);
 }
 
-/* Session info of one saved prefix (lms_kv_session callback). */
-static int stored_bytes_cb(void *ctx, const lms_kv_session_info *si)
-{
-    *(uint64_t *)ctx = si->stored_bytes;
-    return 0;
-}
-
 /* Save the oldest queued prefix: its pages, still in the arena's prefix
  * cache, are attached to a temporary sequence that is saved and freed. A
  * failure is logged and the prefix dropped. */
@@ -279,13 +320,12 @@ static void save_one(lms_batch *b)
         lms__warn("batch: saving prefix session '%s' failed: %s", name, lms_last_error());
         goto out;
     }
-    uint64_t bytes = 0;
-    if (lms_kv_session(b->p.prefix_store, name, stored_bytes_cb, NULL, &bytes))
-        lms_clear_error();
-    if (pfx_add(b, j.hex, j.n, bytes, now_s()) == 0) {
+    if (pfx_add(b, j.hex, j.n, 0, now_s()) == 0) {
+        pfx *x = &b->pfx[b->n_pfx - 1];
+        pfx_read_keys(b, x);
         b->st.prefix_saves++;
         lms__debug("batch: prefix session '%s' (%u tokens, %llu bytes) saved in %.1f ms", name, j.n,
-                   (unsigned long long)bytes, (lms__now() - t0) * 1e3);
+                   (unsigned long long)x->bytes, (lms__now() - t0) * 1e3);
         pfx_enforce_budget(b, j.hex);
     }
 out:
@@ -293,50 +333,59 @@ out:
     lms__free(j.toks);
 }
 
-/* The longest prefix of toks[0, n) that the prefix store holds, as a new KV
- * sequence resumed from it (NULL, 0 when none or when resuming fails). */
-static lms_kv_seq *store_lookup(lms_batch *b, const int32_t *toks, uint32_t n, uint32_t *n_reused)
+/* The longest run of whole pages of toks[0, n) that a prefix session holds
+ * (its page keys match the prompt's chained keys: the prompt may go on
+ * differently after it), as a new KV sequence resumed from the store and cut
+ * to that run; NULL and *n_reused 0 when none beats `have` tokens or resuming
+ * fails. */
+static lms_kv_seq *store_lookup(lms_batch *b, const int32_t *toks, uint32_t n, uint32_t have, uint32_t *n_reused)
 {
+    lms_kv *kv = b->e->kv;
+    uint32_t np = n / b->P, best_m = 0;
     *n_reused = 0;
-    if (!b->p.prefix_store || !b->n_pfx)
+    if (!b->p.prefix_store || !b->n_pfx || np * b->P <= have)
         return NULL;
-    pfx *best = NULL;
-    char hex[33];
-    pfx_hash_begin(b, b->hasher2);
-    for (uint32_t k = b->P; k <= n; k += b->P) {
-        lms__hasher_update(b->hasher2, toks + k - b->P, (size_t)b->P * sizeof(int32_t));
-        lms__hash128_hex(lms__hasher_digest(b->hasher2), hex);
-        pfx *x = pfx_find(b, hex);
-        if (x && x->n_tokens == k)
-            best = x;
+    lms_hash128 *keys = lms__malloc((size_t)np * sizeof *keys), parent = {0, 0};
+    if (!keys) {
+        lms_clear_error();
+        return NULL;
     }
-    if (!best)
+    for (uint32_t i = 0; i < np; i++) keys[i] = parent = lms__kv_page_key(kv, parent, toks + (size_t)i * b->P, b->P);
+    pfx *best = NULL;
+    for (size_t j = 0; j < b->n_pfx; j++) {
+        pfx *x = &b->pfx[j];
+        uint32_t m = 0, xn = x->n_tokens / b->P;
+        while (x->keys && m < np && m < xn && lms__hash128_eq(x->keys[m], keys[m])) m++;
+        if (m > best_m || (m == best_m && m && x->n_tokens < best->n_tokens)) /* the least to read */
+            best = x, best_m = m;
+    }
+    lms__free(keys);
+    if (!best || best_m * b->P <= have || best_m * b->P < b->p.prefix_min_tokens)
         return NULL;
     char name[128];
     lms_kv_seq *s = NULL;
     pfx_name(b, best->hex, name, sizeof name);
     lms_kv_resume_params rp = lms_kv_default_resume_params();
     rp.threads = lms__pool_threads(b->e->pool);
-    int rc = lms_kv_resume_ex(b->e->kv, b->p.prefix_store, name, &rp, &s, NULL);
+    int rc = lms_kv_resume_ex(kv, b->p.prefix_store, name, &rp, &s, NULL);
     if (rc) {
         lms__debug("batch: prefix session '%s' not resumed: %s", name, lms_last_error());
-        if (rc == LMS_ENOENT || rc == LMS_ECORRUPT || rc == LMS_EMISMATCH || rc == LMS_EFORMAT)
+        if (rc == LMS_ENOENT || rc == LMS_ECORRUPT || rc == LMS_EMISMATCH || rc == LMS_EFORMAT || rc == LMS_EVERSION)
             pfx_remove(b, best); /* gone or unusable: not tried again */
         lms_clear_error();
         return NULL;
     }
-    /* the name is a hash: check the tokens themselves */
-    uint32_t len = lms_kv_seq_len(s);
-    bool same = len == best->n_tokens;
-    for (uint32_t i = 0; same && i < len; i++) same = lms_kv_seq_token(b->e->kv, s, i) == toks[i];
+    /* cut to the matching run (sliding-window pages permitting), and check the tokens themselves */
+    uint32_t m = lms_kv_seq_keepable(kv, s, best_m * b->P);
+    bool same = m > have && lms_kv_seq_truncate(kv, s, m) == 0;
+    for (uint32_t i = 0; same && i < m; i++) same = lms_kv_seq_token(kv, s, i) == toks[i];
     if (!same) {
-        lms__warn("batch: prefix session '%s' holds other tokens than its name says: not used", name);
-        lms_kv_seq_free(b->e->kv, s);
-        pfx_remove(b, best);
+        lms_kv_seq_free(kv, s);
+        lms_clear_error();
         return NULL;
     }
     best->last_used = now_s();
-    *n_reused = len;
+    *n_reused = m;
     return s;
 }
 
@@ -385,7 +434,7 @@ int lms_batch_create(lms_model *model, const lms_engine_params *ep_in, const lms
         !(b->segs = lms__calloc(S, sizeof *b->segs)) || !(b->seg_seq = lms__calloc(S, sizeof(uint32_t))) ||
         !(b->out_rows = lms__calloc(S, sizeof(uint32_t))) || !(b->out_seq = lms__calloc(S, sizeof(uint32_t))) ||
         !(b->logits = lms__aligned_alloc(64, (size_t)S * b->V * sizeof(float))) ||
-        !(b->hasher = lms__hasher_new()) || !(b->hasher2 = lms__hasher_new())) {
+        !(b->hasher = lms__hasher_new())) {
         rc = LMS_ENOMEM;
         goto fail;
     }
@@ -399,8 +448,11 @@ int lms_batch_create(lms_model *model, const lms_engine_params *ep_in, const lms
     }
     const uint8_t *mid = lms_kv_model_id(e->kv);
     for (int i = 0; i < 8; i++) snprintf(b->model_hex + 2 * i, 3, "%02x", mid[i]);
-    if (b->p.prefix_store && (rc = lms_kv_sessions(b->p.prefix_store, pfx_scan_cb, b)))
-        goto fail;
+    if (b->p.prefix_store) {
+        if ((rc = lms_kv_sessions(b->p.prefix_store, pfx_scan_cb, b)))
+            goto fail;
+        for (size_t i = 0; i < b->n_pfx; i++) pfx_read_keys(b, &b->pfx[i]);
+    }
     b->next_id = 1;
     b->st.kv_pages_total = lms_kv_n_pages(e->kv);
     lms__debug("batch: %u sequences, %u rows per step, %u KV pages of %u tokens, %zu stored prefixes%s", S,
@@ -442,9 +494,9 @@ void lms_batch_free(lms_batch *b)
     lms__free(b->out_rows);
     lms__free(b->out_seq);
     lms__free(b->logits);
+    for (size_t i = 0; i < b->n_pfx; i++) lms__free(b->pfx[i].keys);
     lms__free(b->pfx);
     lms__hasher_free(b->hasher);
-    lms__hasher_free(b->hasher2);
     lms__free(b);
 }
 
@@ -499,7 +551,7 @@ static int seq_attach(lms_batch *b, bseq *s, bool reuse, bool *from_store)
             return rc;
         if (nr + b->P <= n && n >= b->p.prefix_min_tokens) {
             uint32_t ns = 0;
-            lms_kv_seq *qs = store_lookup(b, s->toks, n, &ns);
+            lms_kv_seq *qs = store_lookup(b, s->toks, n, nr, &ns);
             if (qs && ns > nr) {
                 lms_kv_seq_free(kv, q);
                 q = qs;

@@ -17,7 +17,8 @@
  * a prefix_store, prompts' whole-page prefixes of at least
  * prefix_min_tokens are also saved into the store as KV sessions named
  * "prefix-<model id>-<hash of the token ids>" and resumed from there by a
- * later batch, also in another process. The store's disk budget for them is
+ * later batch, also in another process, for every prompt that starts with
+ * some of a stored prompt's pages. The store's disk budget for them is
  * kept by removing the least recently used ones (their pages are reclaimed
  * by `lmstore gc` like any removed session's).
  *

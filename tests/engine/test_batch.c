@@ -359,10 +359,11 @@ static void cancel_frees_pages_and_errors_name_their_cause(void **s)
 
 #define LONG 100 /* prompt tokens: 96 in whole pages of 16 are saved */
 
-static void long_prompt(int32_t *p, uint32_t vocab, int tail_seed)
+/* Prompts 1 and 2 share their first 96 tokens; prompt 3 only the first 64. */
+static void long_prompt(int32_t *p, uint32_t vocab, int which)
 {
     for (int i = 0; i < LONG; i++) p[i] = (int32_t)((i * 37 + 11) % vocab);
-    for (int i = 96; i < LONG; i++) p[i] = (int32_t)((i * 13 + tail_seed) % vocab);
+    for (int i = which == 3 ? 64 : 96; i < LONG; i++) p[i] = (int32_t)((i * 13 + which) % vocab);
 }
 
 static int count_prefix_sessions(void *ctx, const lms_kv_session_info *si)
@@ -396,7 +397,7 @@ static int run_one(lms_batch *b, const int32_t *p, int n, int G, int32_t *out, u
     }
 }
 
-/* Child: a new batch over the store; the two long prompts; prints cached tokens and ids. */
+/* Child: a new batch over the store; prompts 3, 1, 2; prints cached tokens and ids of each. */
 static int child_prefix(const char *store, int G)
 {
     lms_store *st = NULL;
@@ -414,10 +415,11 @@ static int child_prefix(const char *store, int G)
         goto out;
     lms_engine_info info;
     lms_batch_get_info(b, &info);
-    for (int t = 1; t <= 2; t++) {
+    static const int order[3] = {3, 1, 2};
+    for (int t = 0; t < 3; t++) {
         int32_t p[LONG], ids[MAXG];
         uint32_t cached = 0;
-        long_prompt(p, info.n_vocab, t);
+        long_prompt(p, info.n_vocab, order[t]);
         int n = run_one(b, p, LONG, G, ids, &cached);
         if (n < 0)
             goto out;
@@ -443,21 +445,22 @@ static void prefix_saved_to_store_is_resumed_by_a_new_process_with_cold_ids(void
     rig g;
     rig_open(&g, "qwen3");
     int G = 20;
-    int32_t p1[LONG], p2[LONG], cold[2][MAXG] = {{0}};
+    int32_t p1[LONG], p2[LONG], p3[LONG], cold[3][MAXG] = {{0}};
     long_prompt(p1, g.vocab, 1);
     long_prompt(p2, g.vocab, 2);
+    long_prompt(p3, g.vocab, 3);
     /* cold runs, alone */
     lms_engine_params ep = eparams();
     lms_engine *e;
     assert_int_equal(lms_engine_create(g.m, &ep, &e), 0);
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < 3; t++) {
         int32_t buf[1 + MAXG] = {0};
         lms_gen_params gp = lms_gen_default_params();
         gp.max_tokens = (uint32_t)G;
         gp.ignore_eos = true;
         gp.no_prefix_reuse = true;
         lms_engine_reset(e);
-        assert_int_equal(lms_generate(e, &gp, t ? p2 : p1, LONG, collect_cb, buf, NULL), 0);
+        assert_int_equal(lms_generate(e, &gp, t == 0 ? p1 : t == 1 ? p2 : p3, LONG, collect_cb, buf, NULL), 0);
         assert_int_equal(buf[0], G);
         memcpy(cold[t], buf + 1, (size_t)G * sizeof(int32_t));
     }
@@ -486,24 +489,27 @@ static void prefix_saved_to_store_is_resumed_by_a_new_process_with_cold_ids(void
     assert_int_equal(lms_kv_sessions(g.st, count_prefix_sessions, &np), 0);
     assert_int_equal(np, 1);
 
-    /* a new process: both prompts start with the stored 96 tokens */
+    /* a new process: prompt 3 shares the stored prefix's first 64 tokens (its
+     * first four pages come from the store), then prompts 1 and 2 its 96 (the
+     * rest of the resumed session's pages, still in the arena) */
     char *out = NULL;
     int rc = lms_test_sh(&out, "/proc/%d/exe prefix-child '%s' %d", (int)getpid(), g.sd, G);
     if (rc)
         fail_msg("child failed (%d): %s", rc, out ? out : "");
     const char *q = out;
-    for (int t = 0; t < 2; t++) {
+    static const int want_cached[3] = {64, 96, 96}, which[3] = {2, 0, 1};
+    for (int t = 0; t < 3; t++) {
         q = strstr(q, "CACHED ");
         assert_non_null(q);
         char *end;
         long c = strtol(q + 7, &end, 10);
-        assert_int_equal(c, 96);
+        assert_int_equal(c, want_cached[t]);
         q = strstr(end, "IDS") + 3;
         for (int i = 0; i < G; i++) {
             long v = strtol(q, &end, 10);
             assert_true(end != q);
-            if (v != cold[t][i])
-                fail_msg("prompt %d: id %d is %ld after resuming, %d cold", t + 1, i, v, cold[t][i]);
+            if (v != cold[which[t]][i])
+                fail_msg("prompt %d: id %d is %ld after resuming, %d cold", which[t] + 1, i, v, cold[which[t]][i]);
             q = end;
         }
     }
@@ -513,9 +519,9 @@ static void prefix_saved_to_store_is_resumed_by_a_new_process_with_cold_ids(void
     /* the disk budget: a budget of one byte keeps only the newest prefix */
     bp.prefix_disk_budget = 1;
     assert_int_equal(lms_batch_create(g.m, &ep, &bp, &b), 0);
-    int32_t p3[LONG];
-    for (int i = 0; i < LONG; i++) p3[i] = (int32_t)((i * 7 + 3) % g.vocab);
-    assert_int_equal(run_one(b, p3, LONG, 4, ids, &cached), 4);
+    int32_t p4[LONG];
+    for (int i = 0; i < LONG; i++) p4[i] = (int32_t)((i * 7 + 3) % g.vocab);
+    assert_int_equal(run_one(b, p4, LONG, 4, ids, &cached), 4);
     assert_int_equal(cached, 0);
     assert_int_equal(lms_batch_step(b, ev, 4, &n), 0);
     lms_batch_get_stats(b, &bs);
