@@ -36,8 +36,8 @@
  * backend takes one sequence per pass: there a step runs one pass per
  * sequence (results are the same, without the batching speed-up).
  *
- * Thread safety: one thread drives a batch (every call on it); the batch runs
- * its own worker threads inside calls. Lifetimes: the model must stay open
+ * Thread safety: one thread drives a batch (every call on it but the
+ * tokenizer's use); the batch runs its own worker threads inside calls. Lifetimes: the model must stay open
  * until lms_batch_free; the prefix store must stay open until lms_batch_free.
  *
  * Errors follow lmstore/error.h: 0 or a negative LMS_E* code, detail in
@@ -89,7 +89,9 @@ LMS_API int lms_batch_create(lms_model *model, const lms_engine_params *ep, cons
 /* Free the batch; running sequences are dropped. NULL ok. */
 LMS_API void lms_batch_free(lms_batch *b);
 
-/* The model's tokenizer (owned by the batch, valid while b lives), or NULL. */
+/* The model's tokenizer (owned by the batch, valid while b lives), or NULL.
+ * Immutable: other threads may encode and decode with it while the driving
+ * thread steps (lmstore/tokenizer.h). */
 LMS_API lms_tokenizer *lms_batch_tokenizer(lms_batch *b);
 /* The engine's settings in effect (n_ctx per sequence, EOS ids, device ...);
  * pointers in *out are valid while b lives. */
