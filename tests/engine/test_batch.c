@@ -23,6 +23,7 @@
 #include "lmstore/loader.h"
 #include "lmstore/store.h"
 #include "testutil.h"
+#include "engine/fixture_store.h"
 
 #define NP 16
 #define MAXG 64
@@ -31,27 +32,6 @@
 #else
 #define GEN 32
 #endif
-
-static char *fixture(const char *family)
-{
-    static char buf[1024];
-    snprintf(buf, sizeof buf, "%s/tests/fixtures/engine/%s", lms_test_src(), family);
-    return buf;
-}
-
-static char *store_with(const char *tag, const char *family)
-{
-    char *sd = lms_test_tmpdir(tag);
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    lms_import_params ip = lms_import_default_params();
-    ip.name = family;
-    ip.threads = 1;
-    if (lms_import(st, fixture(family), &ip, NULL))
-        fail_msg("import %s: %s", family, lms_last_error());
-    assert_int_equal(lms_store_close(st), 0);
-    return sd;
-}
 
 typedef struct prompts {
     int32_t ids[NP][256];
@@ -190,7 +170,7 @@ typedef struct rig {
 static void rig_open(rig *g, const char *family)
 {
     memset(g, 0, sizeof *g);
-    g->sd = store_with(family, family);
+    g->sd = lms_test_fixture_store(family, family);
     assert_int_equal(lms_store_open(g->sd, 0, NULL, &g->st), 0);
     assert_int_equal(lms_model_open(g->st, family, NULL, &g->m), 0);
     lms_engine_params ep = eparams();

@@ -15,6 +15,7 @@
 #include "lmstore/loader.h"
 #include "lmstore/store.h"
 #include "testutil.h"
+#include "engine/fixture_store.h"
 
 #define NR 8
 #define GEN 24
@@ -33,14 +34,10 @@ static int collect_cb(void *user, int32_t id, const char *piece, size_t len)
 
 static void family_on_cuda(const char *family)
 {
-    char *sd = lms_test_tmpdir(family), fx[1024];
+    char *sd = lms_test_fixture_store(family, family);
     lms_store *st;
     lms_model *m;
-    snprintf(fx, sizeof fx, "%s/tests/fixtures/engine/%s", lms_test_src(), family);
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    lms_import_params ip = lms_import_default_params();
-    ip.name = family;
-    assert_int_equal(lms_import(st, fx, &ip, NULL), 0);
+    assert_int_equal(lms_store_open(sd, 0, NULL, &st), 0);
     lms_model_params mp = lms_model_default_params();
     mp.device = g_dev;
     mp.placement = LMS_PLACE_RESIDENT;

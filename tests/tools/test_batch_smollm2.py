@@ -17,15 +17,6 @@ import tinymodel as tm  # noqa: E402
 MODEL_DIR = os.path.join(tm.SRC, "models", "smollm2-135m-instruct")
 
 
-def sanitized_build():
-    cache = os.path.join(os.environ.get("LMS_BUILD_DIR", ""), "CMakeCache.txt")
-    try:
-        with open(cache) as f:
-            return any(line.startswith("LMS_SANITIZE:") and line.split("=", 1)[1].strip() for line in f)
-    except OSError:
-        return False
-
-
 def main():
     if not os.path.exists(os.path.join(MODEL_DIR, "model.safetensors")):
         print(f"skipped: {MODEL_DIR} not found (tools/quickstart.sh fetches it)")
@@ -36,7 +27,7 @@ def main():
     store = os.path.join(base, "store")
     tm.lms("import", MODEL_DIR, "--name", "smollm2", store=store)
     # the sanitized build is ~20x slower: fewer tokens, same check
-    par, gen = ("4", "6") if sanitized_build() else ("16", "24")
+    par, gen = ("4", "6") if tm.sanitized_build() else ("16", "24")
     r = tm.lms("bench", "batch", "smollm2", "--parallel", par, "--prompt", "21", "--gen", gen, "--threads", "2",
                "--reps", "1", "--kv-dtype", "f32", "--check", "--json", store=store, check=False)
     print(r.stdout, r.stderr)
