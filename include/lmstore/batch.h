@@ -86,7 +86,8 @@ LMS_API lms_batch_params lms_batch_default_params(void);
  */
 LMS_API int lms_batch_create(lms_model *model, const lms_engine_params *ep, const lms_batch_params *bp,
                              lms_batch **out);
-/* Free the batch; running sequences are dropped. NULL ok. */
+/* Free the batch; running sequences are dropped, and so are prefixes queued
+ * for saving that no step has saved yet. NULL ok. */
 LMS_API void lms_batch_free(lms_batch *b);
 
 /* The model's tokenizer (owned by the batch, valid while b lives), or NULL.
