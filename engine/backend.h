@@ -13,7 +13,8 @@
  * ---- A step --------------------------------------------------------------
  *
  *   begin(step)  -> the backend takes the step's inputs (token ids, first
- *                   position, the sequence's block table). A backend that
+ *                   position, the sequence's block table; or, on a backend
+ *                   with `segments`, several sequences' rows). A backend that
  *                   recorded the same shape of step before (the CUDA decode
  *                   graph) may replay it now and set *replayed: the caller
  *                   then issues no operation until end.
@@ -82,7 +83,22 @@ typedef enum lms__out {
     LMS__OUT_LAST,     /* the last row's logits, into step.logits (head) */
     LMS__OUT_ALL,      /* every row's logits (head per chunk of rows; never replayed) */
     LMS__OUT_ARGMAX,   /* the last row's largest logit's id, into *step.argmax (head_argmax) */
+    LMS__OUT_ROWS,     /* the logits of rows out_rows[0, n_out) into step.logits (n_out x n_vocab):
+                          gather, then head over rows [0, n_out) (backends with segments) */
 } lms__out;
+
+/*
+ * A segment of a step: rows [row0, row0 + nb) are consecutive positions
+ * pos0.. of one sequence, whose block tables kv holds (the batched engine,
+ * engine/batch.c, runs many sequences' rows in one step). Every matrix
+ * product runs once over all the step's rows; qk_rope and attention use
+ * each row's own position and tables.
+ */
+typedef struct lms__seg {
+    uint32_t row0, nb;
+    uint32_t pos0;            /* pos0 + nb <= n_ctx */
+    const lms__kvview *kv;    /* same geometry as the step's; its own block tables */
+} lms__seg;
 
 /* The step's inputs (borrowed for the step). */
 typedef struct lms__step {
@@ -93,6 +109,13 @@ typedef struct lms__step {
     lms__out out;
     float *logits;            /* LMS__OUT_LAST: n_vocab floats, written by end() at the latest */
     int32_t *argmax;          /* LMS__OUT_ARGMAX: written by end() at the latest */
+    /* Several sequences (backends with `segments` only): n_segs > 0 segments in row
+     * order covering rows [0, nb); pos0 and kv are then segs[0]'s. n_segs 0: one
+     * sequence, rows at pos0.. of kv. */
+    const lms__seg *segs;
+    uint32_t n_segs;
+    const uint32_t *out_rows; /* LMS__OUT_ROWS: ascending rows whose logits are wanted */
+    uint32_t n_out;
 } lms__step;
 
 /* What create needs (borrowed for the backend's life). */
@@ -112,6 +135,9 @@ enum { LMS__ROPE_GLOBAL = 0, LMS__ROPE_LOCAL = 1 };
 
 typedef struct lms__fwd_ops {
     const char *name; /* "cpu", "cuda" */
+    /* begin takes steps of several segments and LMS__OUT_ROWS (with gather); a
+     * backend without steps one sequence at a time (engine/batch.c then splits). */
+    bool segments;
     /* LMS_ENOMEM / LMS_EDEVICE (detail names what); on failure *out is NULL. */
     int (*create)(const lms__fwd_cfg *cfg, lms__bk **out);
     void (*destroy)(lms__bk *bk); /* NULL ok */
@@ -147,6 +173,10 @@ typedef struct lms__fwd_ops {
     /* (optional) The id of the largest logit of the last row (first on ties), instead
      * of head(): *id is valid after end(). */
     void (*head_argmax)(lms__bk *bk, const lms__mm *job, float softcap, int32_t *id);
+
+    /* (optional, with segments) Move rows rows[i] of buffer b to row i, i in [0, n)
+     * (rows ascending), so that head() can read the wanted rows as a run. */
+    void (*gather)(lms__bk *bk, lms__buf b, const uint32_t *rows, uint32_t n);
 
     /* (optional) Read bandwidth of the device's memory in GB/s: the best of a few
      * passes that read `bytes` of a scratch buffer allocated for the call (the

@@ -210,6 +210,7 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
     }
     e->p.prefill_block = LMS_MIN(e->p.prefill_block, on_device ? 4096u : 512u);
     e->p.prefill_block = LMS_MIN(e->p.prefill_block, e->p.n_ctx);
+    e->max_block = LMS_MAX(e->max_block, e->p.prefill_block);
     return 0;
 }
 
@@ -229,14 +230,14 @@ static int create_kv(lms_engine *e, const lms__hparams *hp, const uint8_t *model
     if (e->p.kv_bytes)
         kp.budget_bytes = e->p.kv_bytes;
     else
-        kp.budget_pages = 2 * pages_ctx;
+        kp.budget_pages = e->kv_pages ? e->kv_pages : 2 * pages_ctx;
     if (hp->window) {
-        uint64_t per_seq = ((uint64_t)hp->window + e->p.prefill_block + P - 1) / P + 2;
+        uint64_t per_seq = ((uint64_t)hp->window + e->max_block + P - 1) / P + 2;
         lay.window = hp->window;
         lay.sliding = hp->sliding;
-        kp.window_pages = LMS_MIN(4 * per_seq, 2 * pages_ctx);
+        kp.window_pages = LMS_MIN((4 + (uint64_t)e->kv_seqs) * per_seq, (2 + (uint64_t)e->kv_seqs) * pages_ctx);
     }
-    kp.max_seqs = 4;
+    kp.max_seqs = 4 + e->kv_seqs;
     kp.max_seq_tokens = e->p.n_ctx;
     memcpy(kp.model_id, model_id, LMS_MODEL_ID_LEN);
     if ((rc = lms_kv_create(e->dev, &lay, &kp, &e->kv)) || (rc = lms_kv_seq_new(e->kv, &e->seq)))
@@ -312,6 +313,12 @@ static int choose_backend(lms_engine *e, const lms__wsrc *src, const lms__fwd_op
 int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_device *dev,
                            const lms_engine_params *params, lms_engine **out)
 {
+    return lms__engine_create_ex(src, model_id, dev, params, NULL, out);
+}
+
+int lms__engine_create_ex(const lms__wsrc *src, const uint8_t *model_id, lms_device *dev,
+                          const lms_engine_params *params, const lms__engine_opts *opts, lms_engine **out)
+{
     int rc;
     double t0 = lms__now(), t;
     char *cfg = NULL, *gen = NULL;
@@ -326,6 +333,11 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     e->p = params ? *params : lms_engine_default_params();
     e->src = *src;
     e->pending = -1;
+    if (opts) {
+        e->kv_seqs = opts->kv_seqs;
+        e->kv_pages = opts->kv_pages;
+        e->max_block = opts->max_block;
+    }
     tok_job_start(&tj);
     if ((rc = src->file(src->ctx, "config.json", &cfg, &len))) {
         if (rc == LMS_ENOENT)
@@ -355,7 +367,7 @@ int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_de
     if ((rc = create_kv(e, hp, model_id)))
         goto fail;
     double t_kv = lms__now();
-    if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->p.prefill_block, e->p.n_ctx, &e->kvv,
+    if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->max_block, e->p.n_ctx, &e->kvv,
                               &e->fwd)))
         goto fail;
     lms_device_info di;
@@ -400,6 +412,12 @@ fail:
 
 int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_engine **out)
 {
+    return lms__engine_create_model(model, params, NULL, out);
+}
+
+int lms__engine_create_model(lms_model *model, const lms_engine_params *params, const lms__engine_opts *opts,
+                             lms_engine **out)
+{
     if (!out)
         return lms__err(LMS_EINVAL, "lms_engine_create: out is NULL");
     *out = NULL;
@@ -419,7 +437,7 @@ int lms_engine_create(lms_model *model, const lms_engine_params *params, lms_eng
     }
     lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model), model_tokenizer,
                      model_prefetch};
-    return lms__engine_create_src(&src, lms_model_id(model), dev, params, out);
+    return lms__engine_create_ex(&src, lms_model_id(model), dev, params, opts, out);
 }
 
 void lms_engine_free(lms_engine *e)

@@ -35,13 +35,28 @@ struct lms_engine {
     uint32_t *kv_index;   /* [n_layers] ... and its index in that group (kvv.index) */
     float *logits;        /* [n_vocab]: generate */
     double load_ms;
+    uint32_t kv_seqs;     /* sequences the KV cache holds besides the engine's own (lms__engine_opts) */
+    uint64_t kv_pages;    /* KV pages asked for (0 = from the params) */
+    uint32_t max_block;   /* rows per forward pass (>= prefill_block) */
 };
+
+/* Settings of an engine that runs other sequences than its own (engine/batch.c). */
+typedef struct lms__engine_opts {
+    uint32_t kv_seqs;     /* more sequences in the KV cache at once (0 = none) */
+    uint64_t kv_pages;    /* KV arena pages when params->kv_bytes is 0 (0 = the engine's default) */
+    uint32_t max_block;   /* rows per forward pass, beyond prefill_block (0 = prefill_block) */
+} lms__engine_opts;
 
 /* Create over any weight source (the loader's model, or a folder for tools).
  * model_id: LMS_MODEL_ID_LEN bytes for the KV cache's page keys and sessions.
  * dev: the device the weights are on (borrowed), NULL for the CPU. */
 int lms__engine_create_src(const lms__wsrc *src, const uint8_t *model_id, lms_device *dev,
                            const lms_engine_params *params, lms_engine **out);
+/* lms_engine_create with opts (NULL = none). */
+int lms__engine_create_model(lms_model *model, const lms_engine_params *params, const lms__engine_opts *opts,
+                             lms_engine **out);
+int lms__engine_create_ex(const lms__wsrc *src, const uint8_t *model_id, lms_device *dev,
+                          const lms_engine_params *params, const lms__engine_opts *opts, lms_engine **out);
 /* Length including the pending token. */
 size_t lms__engine_len(const lms_engine *e);
 int lms__engine_flush_pending(lms_engine *e);

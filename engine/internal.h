@@ -314,6 +314,20 @@ int lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos
 int lms__fwd_block_argmax(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
                           int32_t *id);
 bool lms__fwd_has_argmax(const lms__fwd *f);
+
+/*
+ * Several sequences in one pass (the batched engine): tokens[0..nb) are the
+ * rows of segments segs[0..n_segs) (struct lms__seg, engine/backend.h: rows,
+ * first position and KV view of each sequence, in row order). Every
+ * segment's K/V are written into its own pages; logits of the rows
+ * out_rows[0..n_out) (ascending) into logits (n_out x n_vocab, f32).
+ * Only on backends with segments (lms__fwd_has_segments). Errors as
+ * lms__fwd_block.
+ */
+struct lms__seg;
+bool lms__fwd_has_segments(const lms__fwd *f);
+int lms__fwd_segments(lms__fwd *f, const int32_t *tokens, uint32_t nb, const struct lms__seg *segs, uint32_t n_segs,
+                      const uint32_t *out_rows, uint32_t n_out, float *logits);
 /* Read bandwidth of the backend's memory, GB/s (0: unknown); see lms__fwd_ops.membw. */
 double lms__fwd_membw(lms__fwd *f, size_t bytes);
 

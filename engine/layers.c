@@ -165,7 +165,7 @@ static int block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0,
         assert(tokens[i] >= 0 && (uint32_t)tokens[i] < hp->n_vocab);
     assert((pos0 + nb + kv->page_tokens - 1) / kv->page_tokens <= kv->n_pages);
 
-    lms__step st = {tokens, nb, pos0, kv, ok, logits, id};
+    lms__step st = {.tokens = tokens, .nb = nb, .pos0 = pos0, .kv = kv, .out = ok, .logits = logits, .argmax = id};
     bool replayed = false;
     int rc = o->begin(b, &st, &replayed);
     if (rc)
@@ -190,6 +190,37 @@ int lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos
                    float *logits, bool all)
 {
     return block(f, tokens, nb, pos0, kv, !logits ? LMS__OUT_NONE : all ? LMS__OUT_ALL : LMS__OUT_LAST, logits, NULL);
+}
+
+bool lms__fwd_has_segments(const lms__fwd *f) { return f->ops->segments; }
+
+int lms__fwd_segments(lms__fwd *f, const int32_t *tokens, uint32_t nb, const lms__seg *segs, uint32_t n_segs,
+                      const uint32_t *out_rows, uint32_t n_out, float *logits)
+{
+    const lms__fwd_ops *o = f->ops;
+    const lms__hparams *hp = f->hp;
+    lms__bk *b = f->bk;
+    assert(o->segments && o->gather && n_segs >= 1 && nb >= 1 && nb <= f->B);
+    for (uint32_t i = 0; i < nb; i++)
+        assert(tokens[i] >= 0 && (uint32_t)tokens[i] < hp->n_vocab);
+    for (uint32_t i = 0; i < n_segs; i++)
+        assert((segs[i].pos0 + segs[i].nb + segs[i].kv->page_tokens - 1) / segs[i].kv->page_tokens <=
+               segs[i].kv->n_pages);
+    lms__step st = {tokens, nb, segs[0].pos0, segs[0].kv, n_out ? LMS__OUT_ROWS : LMS__OUT_NONE, logits, NULL,
+                    segs, n_segs, out_rows, n_out};
+    bool replayed = false;
+    int rc = o->begin(b, &st, &replayed);
+    if (rc)
+        return rc;
+    assert(!replayed);
+    o->embed(b, hp->embed_scale);
+    for (uint32_t l = 0; l < hp->n_layers; l++) layer(f, l);
+    if (n_out) {
+        lms__mm head = {&f->w->lm_head, LMS__B_X, f->w->final_norm, LMS__ACT_NONE, 0, 0, NULL, false};
+        o->gather(b, LMS__B_X, out_rows, n_out);
+        o->head(b, &head, 0, n_out, hp->final_softcap, logits);
+    }
+    return o->end(b);
 }
 
 int lms__fwd_block_argmax(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,

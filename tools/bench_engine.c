@@ -49,7 +49,7 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+double lms_bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -195,7 +195,7 @@ int lms_bench_engine(int argc, char **argv)
         }
         dec[r] = gm.gen_tps;
     }
-    double pf_med = median(pf, (int)reps), dec_med = median(dec, (int)reps);
+    double pf_med = lms_bench_median(pf, (int)reps), dec_med = lms_bench_median(dec, (int)reps);
     size_t probe = membw_mib ? (size_t)membw_mib << 20 : info.device && strncmp(info.device, "cpu", 3) ? 4ull << 30
                                                                                                     : 1ull << 30;
     double bw = lms__fwd_membw(e->fwd, probe);

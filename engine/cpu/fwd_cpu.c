@@ -13,6 +13,11 @@
  * for the K types) before that dispatch, and every thread reads the same
  * quantized rows, as llama.cpp does. All scratch is allocated at create:
  * nothing is allocated per token.
+ *
+ * Segments (the batched engine): a step's rows may belong to several
+ * sequences; begin() resolves each row's position and KV view (rpos, rkv),
+ * which qk_rope and attention read, so matrix products stay one pass over
+ * all rows.
  */
 #include <assert.h>
 #include <math.h>
@@ -40,6 +45,8 @@ struct lms__bk {
     float *inv_freq[2];        /* [hd/2] global, local */
     float *cs;                 /* [B][hd] cos | sin per token (table of the current qk_rope) */
     float *scores;             /* [threads][G][n_ctx] */
+    uint32_t *rpos;            /* [B] each row's position in its sequence (this step) */
+    const lms__kvview **rkv;   /* [B] each row's KV view (this step) */
     const lms__step *st;       /* the step in progress */
 };
 
@@ -214,9 +221,9 @@ static void att_task(void *arg, size_t item, int worker)
     att_run *a = arg;
     lms__bk *bk = a->b;
     const lms__hparams *hp = bk->hp;
-    const lms__kvview *kv = bk->st->kv;
     uint32_t h = (uint32_t)(item % hp->n_kv_heads), t = (uint32_t)(item / hp->n_kv_heads);
-    uint32_t hd = hp->head_dim, G = bk->G, P = bk->st->pos0 + t + 1, pt = kv->page_tokens;
+    const lms__kvview *kv = bk->rkv[t];
+    uint32_t hd = hp->head_dim, G = bk->G, P = bk->rpos[t] + 1, pt = kv->page_tokens;
     uint32_t lo = a->window && P > a->window ? P - a->window : 0;
     float *sc = bk->scores + (size_t)worker * G * bk->n_ctx;
     const float *q = bk->buf[LMS__B_Q] + (size_t)t * bk->width[LMS__B_Q] + (size_t)h * G * hd;
@@ -274,6 +281,8 @@ static void cpu_destroy(lms__bk *b)
     lms__free(b->inv_freq[1]);
     lms__free(b->cs);
     lms__free(b->scores);
+    lms__free(b->rpos);
+    lms__free(b->rkv);
     lms__free(b->xq[0]);
     lms__free(b->xq[1]);
     lms__free(b);
@@ -307,7 +316,8 @@ static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
     size_t hd = hp->head_dim, ssz = (size_t)b->nthreads * b->G * cfg->n_ctx * 4;
     if (!(b->xin = lms__aligned_alloc(64, B * maxw * 4)) || !(b->inv_freq[0] = lms__malloc(hd / 2 * 4 + 4)) ||
         !(b->inv_freq[1] = lms__malloc(hd / 2 * 4 + 4)) || !(b->cs = lms__malloc(B * hd * 4)) ||
-        !(b->scores = lms__aligned_alloc(64, ssz)))
+        !(b->scores = lms__aligned_alloc(64, ssz)) || !(b->rpos = lms__calloc(B, sizeof *b->rpos)) ||
+        !(b->rkv = lms__calloc(B, sizeof *b->rkv)))
         goto nomem;
     memset(b->xin, 0, B * maxw * 4);
     if (lms__weights_quantized(cfg->w, hp, NULL, 0)) {
@@ -333,7 +343,18 @@ static const char *cpu_describe(const lms__bk *b) { return b->k->name; }
 
 static int cpu_begin(lms__bk *b, const lms__step *st, bool *replayed)
 {
-    assert(st->nb >= 1 && st->nb <= b->B && st->pos0 + st->nb <= b->n_ctx);
+    assert(st->nb >= 1 && st->nb <= b->B && (st->n_segs || st->pos0 + st->nb <= b->n_ctx));
+    lms__seg one = {0, st->nb, st->pos0, st->kv};
+    const lms__seg *sg = st->n_segs ? st->segs : &one;
+    uint32_t ns = st->n_segs ? st->n_segs : 1, row = 0;
+    for (uint32_t i = 0; i < ns; i++) {
+        assert(sg[i].row0 == row && sg[i].nb >= 1 && sg[i].pos0 + sg[i].nb <= b->n_ctx);
+        for (uint32_t t = 0; t < sg[i].nb; t++, row++) {
+            b->rpos[row] = sg[i].pos0 + t;
+            b->rkv[row] = sg[i].kv;
+        }
+    }
+    assert(row == st->nb);
     b->st = st;
     *replayed = false;
     return 0;
@@ -428,14 +449,14 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
 {
     const lms__hparams *hp = b->hp;
     const lms__step *st = b->st;
-    const lms__kvview *kv = st->kv;
     uint32_t hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
     const float *inv_freq = b->inv_freq[which == LMS__ROPE_LOCAL];
-    lms__kvloc L = lms__kv_layer(kv, layer);
     for (uint32_t t = 0; t < st->nb; t++) {
+        const lms__kvview *kv = b->rkv[t];
+        lms__kvloc L = lms__kv_layer(kv, layer);
         float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
         const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
-        float p = (float)(st->pos0 + t), *cs = b->cs;
+        float p = (float)b->rpos[t], *cs = b->cs;
         for (uint32_t i = 0; i < hd / 2; i++) {
             float fr = p * inv_freq[i];
             cs[i] = cosf(fr);
@@ -446,7 +467,7 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
                 rmsnorm(q + h * hd, q + h * hd, q_norm, hd, hp->eps);
             rope(q + h * hd, cs, hd);
         }
-        uint32_t pos = st->pos0 + t, page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
+        uint32_t pos = b->rpos[t], page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
         assert(!L.group || pos / kv->page_tokens >= kv->wfirst);
         uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
         for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
@@ -483,6 +504,16 @@ static void cpu_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, fl
     mm_multi(b, &mj, 1, n);
     if (softcap > 0)
         for (size_t i = 0; i < (size_t)n * j->w->rows; i++) host_out[i] = softcap * tanhf(host_out[i] / softcap);
+}
+
+static void cpu_gather(lms__bk *b, lms__buf id, const uint32_t *rows, uint32_t n)
+{
+    size_t W = b->width[id];
+    for (uint32_t i = 0; i < n; i++) {
+        assert(rows[i] >= i && rows[i] < b->st->nb && (i == 0 || rows[i] > rows[i - 1]));
+        if (rows[i] != i)
+            memcpy(b->buf[id] + i * W, b->buf[id] + rows[i] * W, W * sizeof(float));
+    }
 }
 
 typedef struct bw_run {
@@ -536,6 +567,7 @@ static int cpu_write(lms__bk *b, lms__buf id, uint32_t n, const float *host)
 
 const lms__fwd_ops lms__fwd_cpu = {
     .name = "cpu",
+    .segments = true,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .describe = cpu_describe,
@@ -548,6 +580,7 @@ const lms__fwd_ops lms__fwd_cpu = {
     .norm_add = cpu_norm_add,
     .head = cpu_head,
     .head_argmax = NULL,
+    .gather = cpu_gather,
     .membw = cpu_membw,
     .read = cpu_read,
     .write = cpu_write,

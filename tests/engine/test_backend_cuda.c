@@ -316,7 +316,7 @@ typedef struct stepset {
 static void steps(pair *p, stepset *ss, uint32_t nb, uint32_t pos0)
 {
     for (uint32_t i = 0; i < nb; i++) ss->tokens[i] = (int32_t)((i * 7 + pos0) % p->m->hp.n_vocab);
-    ss->cpu = (lms__step){ss->tokens, nb, pos0, &p->kv_cpu, LMS__OUT_NONE, NULL, NULL};
+    ss->cpu = (lms__step){.tokens = ss->tokens, .nb = nb, .pos0 = pos0, .kv = &p->kv_cpu, .out = LMS__OUT_NONE};
     ss->gpu = ss->cpu;
     ss->gpu.kv = &p->kv_gpu;
 }

@@ -27,6 +27,7 @@
 #include "lmstore/store.h"
 #include "loader/device.h"
 #include "testutil.h"
+#include "engine/fixture_store.h"
 
 static lms_device *g_dev;
 
@@ -77,19 +78,7 @@ static void load_ref(const char *family, ref *r)
     cJSON_Delete(root);
 }
 
-static char *store_with(const char *family)
-{
-    char *sd = lms_test_tmpdir("store");
-    lms_store *st;
-    assert_int_equal(lms_store_open(sd, LMS_STORE_CREATE, NULL, &st), 0);
-    lms_import_params ip = lms_import_default_params();
-    ip.name = family;
-    ip.threads = 1;
-    if (lms_import(st, fixture(family), &ip, NULL))
-        fail_msg("import: %s", lms_last_error());
-    assert_int_equal(lms_store_close(st), 0);
-    return sd;
-}
+static char *store_with(const char *family) { return lms_test_fixture_store("store", family); }
 
 typedef struct rig {
     lms_store *st;

@@ -37,7 +37,7 @@ import gguf
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tinymodel as tm  # noqa: E402
-from test_smollm2 import MODEL_DIR, sanitized_build  # noqa: E402
+from test_smollm2 import MODEL_DIR  # noqa: E402
 
 FIXTURE = os.path.join(tm.SRC, "tests", "fixtures", "llamacpp", "smollm2.json")
 MARGIN = 2.0
@@ -55,7 +55,7 @@ def main():
     os.makedirs(base)
     store = os.path.join(base, "store")
     tm.lms("import", MODEL_DIR, "--name", "smollm2", store=store)
-    quick = sanitized_build()
+    quick = tm.sanitized_build()
     failures = 0
 
     def check(cond, what):

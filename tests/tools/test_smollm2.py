@@ -25,16 +25,6 @@ MODEL_DIR = os.path.join(tm.SRC, "models", "smollm2-135m-instruct")
 REF_PATH = os.path.join(tm.SRC, "tests", "fixtures", "smollm2", "reference.json")
 
 
-def sanitized_build():
-    cache = os.path.join(os.environ.get("LMS_BUILD_DIR", ""), "CMakeCache.txt")
-    try:
-        with open(cache) as f:
-            return any(line.startswith("LMS_SANITIZE:") and line.split("=", 1)[1].strip()
-                       for line in f)
-    except OSError:
-        return False
-
-
 def main():
     if not os.path.exists(os.path.join(MODEL_DIR, "model.safetensors")):
         print(f"skipped: {MODEL_DIR} not found (tools/quickstart.sh fetches it)")
@@ -54,7 +44,7 @@ def main():
         print(("ok   " if cond else "FAIL ") + what)
         failures += 0 if cond else 1
 
-    quick = sanitized_build()
+    quick = tm.sanitized_build()
     cases = [ref["cases"][3]] if quick else ref["cases"]
     for c in cases:
         want = c["greedy_ids"][:4] if quick else c["greedy_ids"]

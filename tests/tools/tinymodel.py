@@ -40,6 +40,17 @@ def reference():
         return json.load(f)
 
 
+def sanitized_build():
+    """True when the build under test has sanitizers (LMS_SANITIZE set): ~20x slower."""
+    cache = os.path.join(os.environ.get("LMS_BUILD_DIR", ""), "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            return any(line.startswith("LMS_SANITIZE:") and line.split("=", 1)[1].strip()
+                       for line in f)
+    except OSError:
+        return False
+
+
 def build_tokenizer(vocab_size):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
