@@ -80,6 +80,9 @@ typedef struct bseq {
     uint32_t n_prompt, n_toks, n_done, n_gen, cached;
     lms_gen_params gp;     /* stop strings dropped */
     lms__sampler *smp;
+    int32_t *stop_ids;     /* [n_stop_ids] ids that end it as EOS does (owned) */
+    size_t n_stop_ids;
+    uint32_t n_top;        /* alternatives reported per token */
 } bseq;
 
 /* A prefix session of the store (invariant 3). */
@@ -471,6 +474,9 @@ static void seq_release(lms_batch *b, bseq *s)
     s->kv = NULL;
     lms__sampler_free(s->smp);
     s->smp = NULL;
+    lms__free(s->stop_ids);
+    s->stop_ids = NULL;
+    s->n_stop_ids = 0;
     s->state = SLOT_FREE;
 }
 
@@ -581,9 +587,20 @@ static int check_gen_params(const lms_gen_params *gp)
     return 0;
 }
 
-int lms_batch_add(lms_batch *b, const int32_t *prompt, size_t n, const lms_gen_params *gp_in, uint64_t *id)
+int lms_batch_add(lms_batch *b, const int32_t *prompt, size_t n, const lms_gen_params *gp, uint64_t *id)
+{
+    lms_batch_req rq = {gp, NULL, 0, 0};
+    return lms_batch_add_ex(b, prompt, n, &rq, id);
+}
+
+int lms_batch_add_ex(lms_batch *b, const int32_t *prompt, size_t n, const lms_batch_req *rq, uint64_t *id)
 {
     int rc;
+    const lms_gen_params *gp_in = rq ? rq->gp : NULL;
+    if (rq && rq->top_logprobs > LMS_BATCH_MAX_TOP)
+        return lms__err(LMS_EINVAL, "batch: top_logprobs %u is more than %d", rq->top_logprobs, LMS_BATCH_MAX_TOP);
+    if (rq && rq->n_stop_ids && !rq->stop_ids)
+        return lms__err(LMS_EINVAL, "lms_batch_add_ex: n_stop_ids without stop_ids");
     if (!b || !id || (!prompt && n))
         return lms__err(LMS_EINVAL, "lms_batch_add: bad arguments");
     if (n == 0)
@@ -614,14 +631,26 @@ int lms_batch_add(lms_batch *b, const int32_t *prompt, size_t n, const lms_gen_p
     lms__sampler *smp = NULL;
     if ((rc = lms__sampler_create(&gp, b->V, &smp)))
         return rc;
+    int32_t *stop_ids = NULL;
+    size_t n_stop = rq ? rq->n_stop_ids : 0;
+    if (n_stop && !(stop_ids = lms__malloc(n_stop * sizeof *stop_ids))) {
+        lms__sampler_free(smp);
+        return LMS_ENOMEM;
+    }
+    if (n_stop)
+        memcpy(stop_ids, rq->stop_ids, n_stop * sizeof *stop_ids);
     memcpy(s->toks, prompt, n * sizeof *prompt);
     s->n_prompt = s->n_toks = (uint32_t)n;
     s->n_gen = 0;
     bool from_store = false;
     if ((rc = seq_attach(b, s, !gp.no_prefix_reuse, &from_store))) {
         lms__sampler_free(smp);
+        lms__free(stop_ids);
         return rc;
     }
+    s->stop_ids = stop_ids;
+    s->n_stop_ids = n_stop;
+    s->n_top = rq ? rq->top_logprobs : 0;
     uint32_t win = gp.repeat_window ? gp.repeat_window : 64;
     for (size_t i = n > win ? n - win : 0; i < n; i++) lms__sampler_accept(smp, prompt[i]);
     s->smp = smp;
@@ -699,7 +728,7 @@ static void readmit(lms_batch *b, lms_batch_event *ev, size_t *n_ev)
             lms_clear_error();
             if (n_running(b, SLOT_RUN))
                 return;
-            ev[(*n_ev)++] = (lms_batch_event){w->id, -1, 0, LMS_STOP_CTX, w->n_prompt, w->cached};
+            ev[(*n_ev)++] = (lms_batch_event){.id = w->id, .token = -1, .stop_reason = LMS_STOP_CTX, .prompt_tokens = w->n_prompt, .cached_tokens = w->cached};
             seq_release(b, w);
             continue;
         }
@@ -707,21 +736,45 @@ static void readmit(lms_batch *b, lms_batch_event *ev, size_t *n_ev)
     }
 }
 
-static bool is_eos(const lms_batch *b, int32_t id)
+static bool is_eos(const lms_batch *b, const bseq *s, int32_t id)
 {
     for (int i = 0; i < b->e->hp.n_eos; i++)
         if (b->e->hp.eos_ids[i] == id)
             return true;
+    for (size_t i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == id)
+            return true;
     return false;
 }
 
-static float logprob_of(const float *lg, uint32_t V, int32_t id)
+/* The log-probability of ev->token under logits lg, and the n_top most
+ * probable ids with theirs (insertion into a short sorted list). */
+static void logprobs(const float *lg, uint32_t V, uint32_t n_top, lms_batch_event *ev)
 {
     float mx = -INFINITY;
     for (uint32_t i = 0; i < V; i++) mx = lg[i] > mx ? lg[i] : mx;
     double sum = 0;
     for (uint32_t i = 0; i < V; i++) sum += exp((double)lg[i] - mx);
-    return (float)((double)lg[id] - mx - log(sum));
+    double lse = mx + log(sum);
+    ev->logprob = (float)((double)lg[ev->token] - lse);
+    ev->n_top = 0;
+    for (uint32_t i = 0; i < V && n_top; i++) {
+        float v = lg[i];
+        uint32_t k = ev->n_top;
+        if (k == n_top && !(v > ev->top_logprobs[k - 1]))
+            continue;
+        if (k < n_top)
+            ev->n_top++;
+        else
+            k--;
+        for (; k > 0 && v > ev->top_logprobs[k - 1]; k--) {
+            ev->top_logprobs[k] = ev->top_logprobs[k - 1];
+            ev->top_ids[k] = ev->top_ids[k - 1];
+        }
+        ev->top_logprobs[k] = v;
+        ev->top_ids[k] = (int32_t)i;
+    }
+    for (uint32_t k = 0; k < ev->n_top; k++) ev->top_logprobs[k] = (float)(ev->top_logprobs[k] - lse);
 }
 
 /* Run the plan's segments: one pass over all rows, or one per segment. */
@@ -757,16 +810,20 @@ static bool sample(lms_batch *b, bseq *s, const float *lg, lms_batch_event *ev)
 {
     int32_t id = lms__sampler_sample(s->smp, lg);
     lms__sampler_accept(s->smp, id);
-    *ev = (lms_batch_event){s->id, id, logprob_of(lg, b->V, id), LMS_STOP_NONE, s->n_prompt, s->cached};
+    memset(ev, 0, sizeof *ev);
+    ev->id = s->id, ev->token = id, ev->stop_reason = LMS_STOP_NONE;
+    ev->prompt_tokens = s->n_prompt, ev->cached_tokens = s->cached;
+    logprobs(lg, b->V, s->n_top, ev);
     /* the order of lms_generate's checks, so that the ids and stops are the same */
     bool room = s->n_done < b->n_ctx;
-    if (!s->gp.ignore_eos && is_eos(b, id)) {
+    if (!s->gp.ignore_eos && is_eos(b, s, id)) {
         ev->stop_reason = LMS_STOP_EOS;
         return true;
     }
     if (!room) {
         ev->token = -1;
         ev->logprob = 0;
+        ev->n_top = 0;
         ev->stop_reason = LMS_STOP_CTX;
         return true;
     }
@@ -837,7 +894,7 @@ int lms_batch_step(lms_batch *b, lms_batch_event *ev, size_t cap, size_t *n_ev)
                 }
             if (v == s && n_running(b, SLOT_RUN) == 1 && nseg == 0) {
                 /* alone and still no room: the arena cannot hold this request */
-                ev[*n_ev] = (lms_batch_event){s->id, -1, 0, LMS_STOP_CTX, s->n_prompt, s->cached};
+                ev[*n_ev] = (lms_batch_event){.id = s->id, .token = -1, .stop_reason = LMS_STOP_CTX, .prompt_tokens = s->n_prompt, .cached_tokens = s->cached};
                 (*n_ev)++;
                 seq_release(b, s);
                 lms_clear_error();

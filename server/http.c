@@ -252,15 +252,20 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_req *q, bo
     /* not streamed: wait here for the whole output */
     enum MHD_Result ret = MHD_NO;
     bool complete = false;
+    double checked = lms__now();
     while (!complete) {
         lms__sched_event ev;
-        if (!lms__sched_next(st->r, &ev, POLL_MS)) {
+        /* the client is looked at every POLL_MS, also while tokens keep coming */
+        bool got = lms__sched_next(st->r, &ev, POLL_MS);
+        if (!got || lms__now() - checked >= POLL_MS * 1e-3) {
+            checked = lms__now();
             if (s->stopping || peer_gone(st->fd)) {
                 lms__metrics_disconnect(s->metrics);
                 goto out; /* MHD_NO closes the connection */
             }
-            continue;
         }
+        if (!got)
+            continue;
         bool cancel = false;
         complete = lms__gen_out_event(&st->out, &ev, NULL, &cancel);
         if (cancel)

@@ -1,39 +1,37 @@
 /*
- * server/sched.c - the scheduler of `lmstore serve` (see sched.h): N slots,
- * each an lms_engine over the one mapped model (the weights are shared; each
- * engine has its own paged KV cache), driven by one thread.
+ * server/sched.c - the scheduler of `lmstore serve` (see sched.h) over the
+ * batched engine (lmstore/batch.h): one thread drives one lms_batch of the
+ * model; every step is one forward pass over all running requests (decode
+ * tokens and prompt chunks together; on the CPU one pass, on CUDA one per
+ * sequence, as batch.h says).
  *
  * Design notes.
  *
- * The thread takes the running slots in turn and does one unit of work for
- * the slot it is at: one prefill chunk (prefill_chunk prompt tokens) or one
- * decode token. Units are short (a token, or a chunk of a few hundred tokens),
- * so a long prompt delays the others by a chunk at a time, and a cancel is
- * seen within one unit (sched.h invariant 4). The lock is not held while an
- * engine computes: submit, cancel, next and stats never wait for a forward
- * pass.
+ * The thread loops: end the running requests that were cancelled
+ * (lms_batch_cancel frees their pages at once), admit queued requests in
+ * order while the batch takes them (a slot and KV pages free: lms_batch_add
+ * says LMS_ENOSPACE otherwise, and the queue waits for a later step), then
+ * run one step without the lock and deliver its events. A step is short (one
+ * token per running request and a prompt chunk), so a cancel is seen within
+ * one step (sched.h invariant 4), and submit, cancel, next and stats never
+ * wait for a forward pass.
  *
- * A request admitted to a slot goes to the free slot whose engine's sequence
- * shares the longest prefix with its prompt (a conversation's next turn lands
- * where its earlier turns are), and then reuses, as lms_generate does, the
- * common prefix of the sequence and the prompt, or a longer one from the
- * slot's prefix cache (its KV pages of earlier requests, LRU): those prompt
- * tokens are reported as cached_tokens.
+ * Prefix reuse is the batch's: whole KV pages of earlier prompts in RAM
+ * (the prefix cache of its one arena) and, with a prefix store, prompts'
+ * prefixes saved into the store and resumed from there, also after a
+ * restart. The prompt tokens so reused are the requests' cached_tokens.
  *
- * Decoding follows lms_generate (engine/generate.c) step for step, with the
- * engine's own sampler, so that a request computes the ids `lmstore run`
- * computes for the same prompt and settings: sample, check EOS, report, run
- * the token for the next logits. The last token reported is never run (as
- * lms_generate leaves it pending): the slot's sequence is the prompt plus
- * all generated tokens but the last.
+ * Decoding and sampling are the batch's, which follows lms_generate step for
+ * step: a greedy request computes the ids `lmstore run` computes.
  *
  * Invariants (beyond sched.h's):
- *  1. slot->r != NULL exactly when a request is RUNNING in it; such a request
- *     holds one reference for the scheduler (dropped by end_locked).
+ *  1. run[k] != NULL exactly when a request is RUNNING in the batch under
+ *     id run[k]->id; such a request holds one reference for the scheduler
+ *     (dropped by end_running_locked).
  *  2. Events are appended only by the scheduler thread, under s->mu; the END
  *     event is r->end, set once (r->ended), after which nothing is appended.
- *  3. Stats of a slot's KV cache are read only by the scheduler thread,
- *     after a unit of that slot, and published under s->mu.
+ *  3. The batch is called only by the scheduler thread; its stats are read
+ *     after a step and published under s->mu.
  */
 #include "server/sched.h"
 
@@ -46,8 +44,8 @@
 #include <time.h>
 
 #include "common/common.h"
-#include "engine/engine_priv.h"
 #include "engine/sampler.h"
+#include "lmstore/batch.h"
 
 enum { RQ_QUEUED, RQ_RUNNING, RQ_ENDED };
 
@@ -58,12 +56,7 @@ struct lms__sreq {
     lms__sreq_params p;
     int32_t *stop_ids;      /* [p.n_stop_ids], copied */
     lms__sreq *next;        /* queue link */
-    /* the scheduler thread's, while RUNNING */
-    lms__sampler *smp;
-    size_t done;            /* prompt tokens with K/V */
-    bool set_up, prefilled, hit_counted;
-    uint32_t n_gen;         /* tokens reported */
-    int32_t last;           /* the last token reported (not yet run) */
+    uint64_t id;            /* the batch's id, while RUNNING */
     uint32_t cached;
     /* under s->mu */
     int state;
@@ -77,26 +70,21 @@ struct lms__sreq {
     pthread_cond_t cv;
 };
 
-typedef struct slot {
-    lms_engine *e;
-    float *logits;          /* [n_vocab] */
-    lms__sreq *r;           /* RUNNING here, or NULL */
-    uint32_t kv_used, kv_total; /* published stats (invariant 3) */
-} slot;
-
 struct lms__sched {
     lms__sched_params p;
-    slot *slots;            /* [p.n_slots] */
-    lms_tokenizer *tok;     /* slot 0's */
-    lms_engine_info info;   /* slot 0's */
+    lms_batch *b;
+    lms_batch_event *evs;   /* [p.n_slots] a step's events */
+    lms__sreq **run;        /* [p.n_slots] RUNNING requests (invariant 1) */
+    lms_tokenizer *tok;
+    lms_engine_info info;
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
     pthread_cond_t work;    /* a request was queued or cancelled, or stop */
     bool stopping;
     lms__sreq *qhead, *qtail;
-    uint32_t n_queued, n_running, rr;
-    uint64_t prefix_hits;
+    uint32_t n_queued, n_running;
+    lms_batch_stats bs;     /* published after each step (invariant 3) */
 };
 
 /* ---- requests ------------------------------------------------------------------ */
@@ -107,7 +95,6 @@ static void req_unref_locked(lms__sreq *r)
     if (--r->refs)
         return;
     pthread_cond_destroy(&r->cv);
-    lms__sampler_free(r->smp);
     lms__free(r->prompt);
     lms__free(r->stop_ids);
     lms__free(r->ev);
@@ -131,12 +118,12 @@ static void post_end_locked(lms__sreq *r, int stop, int error)
     pthread_cond_broadcast(&r->cv);
 }
 
-/* End the request running in slot k (invariant 1). */
-static void end_slot_locked(lms__sched *s, uint32_t k, int stop, int error)
+/* End the request running at run[k] (invariant 1). */
+static void end_running_locked(lms__sched *s, uint32_t k, int stop, int error)
 {
-    lms__sreq *r = s->slots[k].r;
+    lms__sreq *r = s->run[k];
     post_end_locked(r, stop, error);
-    s->slots[k].r = NULL;
+    s->run[k] = NULL;
     s->n_running--;
     req_unref_locked(r);
 }
@@ -158,176 +145,76 @@ static int push_event_locked(lms__sreq *r, const lms__sched_event *ev)
     return 0;
 }
 
-/* ---- the work of one slot --------------------------------------------------------- */
-
-static bool is_end_id(const lms__sched *s, const lms__sreq *r, int32_t id)
-{
-    for (size_t i = 0; i < s->info.n_eos; i++)
-        if (s->info.eos_ids[i] == id)
-            return true;
-    for (size_t i = 0; i < r->p.n_stop_ids; i++)
-        if (r->stop_ids[i] == id)
-            return true;
-    return false;
-}
-
-/* Log probabilities from raw logits: the sampled id's and the top n. */
-static void fill_logprobs(const float *logits, uint32_t n_vocab, lms__sched_event *ev, uint32_t n_top)
-{
-    float mx = -INFINITY;
-    for (uint32_t i = 0; i < n_vocab; i++)
-        if (logits[i] > mx)
-            mx = logits[i];
-    double sum = 0;
-    for (uint32_t i = 0; i < n_vocab; i++)
-        sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
-    ev->logprob = (float)(logits[ev->token] - lse);
-    /* the n_top largest, by insertion into a short sorted list (n_top <= 20) */
-    ev->n_top = 0;
-    for (uint32_t i = 0; i < n_vocab && n_top; i++) {
-        float v = logits[i];
-        uint32_t k = ev->n_top;
-        if (k == n_top && !(v > ev->top_lp[k - 1]))
-            continue;
-        if (k < n_top)
-            ev->n_top++;
-        else
-            k--;
-        while (k > 0 && v > ev->top_lp[k - 1]) {
-            ev->top_lp[k] = ev->top_lp[k - 1];
-            ev->top_ids[k] = ev->top_ids[k - 1];
-            k--;
-        }
-        ev->top_lp[k] = v;
-        ev->top_ids[k] = (int32_t)i;
-    }
-    for (uint32_t k = 0; k < ev->n_top; k++)
-        ev->top_lp[k] = (float)(ev->top_lp[k] - lse);
-}
-
-/* Reuse what the slot holds of the prompt (see the design notes). */
-static int set_up(lms__sched *s, slot *sl, lms__sreq *r)
-{
-    size_t ncur;
-    const int32_t *cur = lms_engine_tokens(sl->e, &ncur);
-    size_t c = 0;
-    if (!r->p.gp.no_prefix_reuse)
-        while (c < ncur && c < r->n_prompt && cur[c] == r->prompt[c]) c++;
-    if (c >= r->n_prompt)
-        c = r->n_prompt - 1; /* the last prompt token is always run, for its logits */
-    c = lms__engine_keepable(sl->e, c);
-    int rc = lms_engine_truncate(sl->e, c);
-    if (rc)
-        return rc;
-    if (!r->p.gp.no_prefix_reuse && c + 1 < r->n_prompt)
-        c = lms__engine_lookup(sl->e, r->prompt, (uint32_t)(r->n_prompt - 1), (uint32_t)c);
-    r->done = c;
-    r->cached = (uint32_t)c;
-    r->set_up = true;
-    if ((rc = lms__sampler_create(&r->p.gp, s->info.n_vocab, &r->smp)))
-        return rc;
-    uint32_t win = r->p.gp.repeat_window ? r->p.gp.repeat_window : 64;
-    for (size_t i = r->n_prompt > win ? r->n_prompt - win : 0; i < r->n_prompt; i++)
-        lms__sampler_accept(r->smp, r->prompt[i]);
-    return 0;
-}
-
-/*
- * One unit of work for the request in slot sl (the lock not held). Sets
- * *have_ev when *ev is a token to report, *stop when the request ends.
- */
-static int unit(lms__sched *s, slot *sl, lms__sreq *r, lms__sched_event *ev, bool *have_ev, int *stop)
-{
-    int rc;
-    *have_ev = false;
-    *stop = 0;
-    if (!r->prefilled) {
-        if (!r->set_up && (rc = set_up(s, sl, r)))
-            return rc;
-        size_t chunk = s->p.prefill_chunk ? s->p.prefill_chunk : 256;
-        size_t k = LMS_MIN(r->n_prompt - r->done, chunk);
-        bool last = r->done + k == r->n_prompt;
-        if ((rc = lms_engine_eval(sl->e, r->prompt + r->done, k, last ? sl->logits : NULL, LMS_EVAL_LAST)))
-            return rc;
-        r->done += k;
-        if (!last)
-            return 0;
-        r->prefilled = true;
-    } else {
-        if ((rc = lms_engine_eval(sl->e, &r->last, 1, sl->logits, LMS_EVAL_LAST)))
-            return rc;
-    }
-    int32_t id = lms__sampler_sample(r->smp, sl->logits);
-    lms__sampler_accept(r->smp, id);
-    if (!r->p.gp.ignore_eos && is_end_id(s, r, id)) {
-        *stop = LMS__SCHED_STOP_EOS;
-        return 0;
-    }
-    memset(ev, 0, sizeof *ev);
-    ev->kind = LMS__SEV_TOKEN;
-    ev->token = id;
-    if (r->p.logprobs || r->p.top_logprobs)
-        fill_logprobs(sl->logits, s->info.n_vocab, ev, LMS_MIN(r->p.top_logprobs, LMS__SCHED_MAX_TOP));
-    ev->prompt_tokens = (uint32_t)r->n_prompt;
-    ev->cached_tokens = r->cached;
-    ev->t = lms__now();
-    *have_ev = true;
-    r->last = id;
-    r->n_gen++;
-    if (r->p.gp.max_tokens && r->n_gen >= r->p.gp.max_tokens)
-        *stop = LMS__SCHED_STOP_LENGTH;
-    else if (r->n_prompt + r->n_gen >= s->info.n_ctx)
-        *stop = LMS__SCHED_STOP_CTX;
-    return 0;
-}
-
 /* ---- the thread --------------------------------------------------------------------- */
 
-static size_t common_prefix(lms_engine *e, const lms__sreq *r)
-{
-    size_t n;
-    const int32_t *cur = lms_engine_tokens(e, &n);
-    size_t c = 0;
-    while (c < n && c < r->n_prompt && cur[c] == r->prompt[c]) c++;
-    return c;
-}
-
-/* Move queued requests into free slots (the best-matching free slot first). */
+/* Admit queued requests in order while the batch takes them. */
 static void admit_locked(lms__sched *s)
 {
     while (s->qhead && s->n_running < s->p.n_slots) {
         lms__sreq *r = s->qhead;
+        lms_batch_req rq = {&r->p.gp, r->stop_ids, r->p.n_stop_ids, r->p.top_logprobs};
+        uint64_t id = 0;
+        int rc = lms_batch_add_ex(s->b, r->prompt, r->n_prompt, &rq, &id);
+        if (rc == LMS_ENOSPACE) { /* not now: a later step frees slots or pages */
+            lms_clear_error();
+            return;
+        }
         s->qhead = r->next;
         if (!s->qhead)
             s->qtail = NULL;
         s->n_queued--;
         r->next = NULL;
-        uint32_t best = UINT32_MAX;
-        size_t best_c = 0;
-        for (uint32_t k = 0; k < s->p.n_slots; k++) {
-            if (s->slots[k].r)
-                continue;
-            /* reading a free slot's tokens: only this thread touches engines */
-            size_t c = common_prefix(s->slots[k].e, r);
-            if (best == UINT32_MAX || c > best_c) {
-                best = k;
-                best_c = c;
-            }
+        if (rc) {
+            snprintf(r->errmsg, sizeof r->errmsg, "%s", lms_last_error());
+            post_end_locked(r, LMS__SCHED_STOP_ERROR, rc);
+            req_unref_locked(r);
+            continue;
         }
-        assert(best != UINT32_MAX);
-        s->slots[best].r = r;
+        uint32_t k = 0;
+        while (s->run[k]) k++; /* n_running < n_slots: a free place exists */
+        r->id = id;
         r->state = RQ_RUNNING;
+        s->run[k] = r;
         s->n_running++;
     }
 }
 
-static void publish_kv_locked(slot *sl)
+/* Deliver one event of the step to its request. */
+static void deliver_locked(lms__sched *s, const lms_batch_event *be)
 {
-    lms_kv_stats ks;
-    lms_kv_get_stats(sl->e->kv, &ks);
-    sl->kv_used = ks.used_pages + ks.window_used_pages;
-    sl->kv_total = ks.n_pages + ks.window_pages;
+    uint32_t k = 0;
+    while (k < s->p.n_slots && !(s->run[k] && s->run[k]->id == be->id)) k++;
+    if (k == s->p.n_slots)
+        return; /* cannot happen: only running requests are stepped */
+    lms__sreq *r = s->run[k];
+    r->cached = be->cached_tokens;
+    if (be->stop_reason == LMS_STOP_EOS) { /* an EOS or stop id: not shown */
+        end_running_locked(s, k, LMS__SCHED_STOP_EOS, 0);
+        return;
+    }
+    if (be->token >= 0) {
+        lms__sched_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = LMS__SEV_TOKEN;
+        ev.token = be->token;
+        ev.logprob = be->logprob;
+        ev.n_top = LMS_MIN(be->n_top, (uint32_t)LMS__SCHED_MAX_TOP);
+        memcpy(ev.top_ids, be->top_ids, ev.n_top * sizeof *ev.top_ids);
+        memcpy(ev.top_lp, be->top_logprobs, ev.n_top * sizeof *ev.top_lp);
+        ev.prompt_tokens = (uint32_t)r->n_prompt;
+        ev.cached_tokens = r->cached;
+        ev.t = lms__now();
+        int rc = push_event_locked(r, &ev);
+        if (rc) {
+            lms_batch_cancel(s->b, r->id);
+            end_running_locked(s, k, LMS__SCHED_STOP_ERROR, rc);
+            return;
+        }
+    }
+    if (be->stop_reason == LMS_STOP_MAX_TOKENS)
+        end_running_locked(s, k, LMS__SCHED_STOP_LENGTH, 0);
+    else if (be->stop_reason == LMS_STOP_CTX)
+        end_running_locked(s, k, LMS__SCHED_STOP_CTX, 0);
 }
 
 static void *sched_main(void *arg)
@@ -335,51 +222,37 @@ static void *sched_main(void *arg)
     lms__sched *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
+        for (uint32_t k = 0; k < s->p.n_slots; k++)
+            if (s->run[k] && (s->run[k]->cancel || s->stopping)) {
+                lms_batch_cancel(s->b, s->run[k]->id);
+                end_running_locked(s, k, LMS__SCHED_STOP_CANCELLED, 0);
+            }
         if (!s->stopping)
             admit_locked(s);
-        uint32_t k = UINT32_MAX;
-        for (uint32_t i = 0; i < s->p.n_slots; i++) {
-            uint32_t j = (s->rr + i) % s->p.n_slots;
-            if (s->slots[j].r) {
-                k = j;
-                break;
-            }
-        }
-        if (k == UINT32_MAX) {
+        if (!s->n_running) {
             if (s->stopping)
                 break;
             pthread_cond_wait(&s->work, &s->mu);
             continue;
         }
-        s->rr = k + 1;
-        slot *sl = &s->slots[k];
-        lms__sreq *r = sl->r;
-        if (r->cancel || s->stopping) {
-            end_slot_locked(s, k, LMS__SCHED_STOP_CANCELLED, 0);
+        pthread_mutex_unlock(&s->mu);
+        size_t n = 0;
+        int rc = lms_batch_step(s->b, s->evs, s->p.n_slots, &n);
+        lms_batch_stats bs;
+        lms_batch_get_stats(s->b, &bs);
+        pthread_mutex_lock(&s->mu);
+        s->bs = bs;
+        if (rc) { /* no event delivered; every running request ends with the error */
+            lms__warn("serve: a batch step failed: %s", lms_last_error());
+            for (uint32_t k = 0; k < s->p.n_slots; k++)
+                if (s->run[k]) {
+                    snprintf(s->run[k]->errmsg, sizeof s->run[k]->errmsg, "%s", lms_last_error());
+                    lms_batch_cancel(s->b, s->run[k]->id);
+                    end_running_locked(s, k, LMS__SCHED_STOP_ERROR, rc);
+                }
             continue;
         }
-        pthread_mutex_unlock(&s->mu);
-        lms__sched_event ev;
-        bool have_ev = false;
-        int stop = 0;
-        int rc = unit(s, sl, r, &ev, &have_ev, &stop);
-        pthread_mutex_lock(&s->mu);
-        if (rc) {
-            snprintf(r->errmsg, sizeof r->errmsg, "%s", lms_last_error());
-            lms__warn("serve: a request failed in slot %u: %s", k, r->errmsg);
-        }
-        publish_kv_locked(sl);
-        if (!rc && have_ev)
-            rc = push_event_locked(r, &ev);
-        if (r->set_up && !r->hit_counted) {
-            r->hit_counted = true;
-            if (r->cached)
-                s->prefix_hits++;
-        }
-        if (rc)
-            end_slot_locked(s, k, LMS__SCHED_STOP_ERROR, rc); /* r may be freed here */
-        else if (stop)
-            end_slot_locked(s, k, stop, 0);
+        for (size_t i = 0; i < n; i++) deliver_locked(s, &s->evs[i]);
     }
     /* shutting down: whatever is queued ends too */
     while (s->qhead) {
@@ -408,25 +281,23 @@ int lms__sched_create(lms_model *model, const lms__sched_params *p, lms__sched *
         s->p.n_slots = 1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
-    if (!(s->slots = lms__calloc(s->p.n_slots, sizeof *s->slots))) {
+    if (!(s->run = lms__calloc(s->p.n_slots, sizeof *s->run)) ||
+        !(s->evs = lms__calloc(s->p.n_slots, sizeof *s->evs))) {
         rc = LMS_ENOMEM;
         goto out_free;
     }
-    for (uint32_t k = 0; k < s->p.n_slots; k++) {
-        lms_engine_params ep = s->p.ep;
-        ep.no_tokenizer = k > 0 || ep.no_tokenizer; /* one tokenizer serves all: it is immutable */
-        if ((rc = lms_engine_create(model, &ep, &s->slots[k].e)))
-            goto out_free;
-        if (k == 0) {
-            lms_engine_get_info(s->slots[0].e, &s->info);
-            s->tok = lms_engine_tokenizer(s->slots[0].e);
-        }
-        if (!(s->slots[k].logits = lms__malloc((size_t)s->info.n_vocab * sizeof(float)))) {
-            rc = LMS_ENOMEM;
-            goto out_free;
-        }
-        publish_kv_locked(&s->slots[k]);
-    }
+    lms_batch_params bp = lms_batch_default_params();
+    bp.max_seqs = s->p.n_slots;
+    bp.step_tokens = s->p.prefill_chunk ? LMS_MAX(s->p.prefill_chunk, s->p.n_slots) : 0;
+    bp.prefix_store = s->p.prefix_store;
+    bp.prefix_disk_budget = s->p.prefix_disk_budget;
+    if (s->p.prefix_min_tokens)
+        bp.prefix_min_tokens = s->p.prefix_min_tokens;
+    if ((rc = lms_batch_create(model, &s->p.ep, &bp, &s->b)))
+        goto out_free;
+    lms_batch_get_info(s->b, &s->info);
+    s->tok = lms_batch_tokenizer(s->b);
+    lms_batch_get_stats(s->b, &s->bs);
     if ((rc = pthread_create(&s->thread, NULL, sched_main, s))) {
         rc = lms__err_errno(LMS_EIO, rc, "serve: starting the scheduler thread");
         goto out_free;
@@ -450,11 +321,9 @@ void lms__sched_free(lms__sched *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
-    for (uint32_t k = 0; s->slots && k < s->p.n_slots; k++) {
-        lms_engine_free(s->slots[k].e);
-        lms__free(s->slots[k].logits);
-    }
-    lms__free(s->slots);
+    lms_batch_free(s->b);
+    lms__free(s->run);
+    lms__free(s->evs);
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
     lms__free(s);
@@ -466,7 +335,7 @@ const lms_engine_info *lms__sched_info(const lms__sched *s) { return &s->info; }
 
 int lms__sched_default_gen_params(const lms__sched *s, lms_gen_params *out)
 {
-    return lms_engine_default_gen_params(s->slots[0].e, out);
+    return lms_batch_default_gen_params(s->b, out);
 }
 
 void lms__sched_get_stats(lms__sched *s, lms__sched_stats *o)
@@ -476,11 +345,10 @@ void lms__sched_get_stats(lms__sched *s, lms__sched_stats *o)
     o->n_slots = s->p.n_slots;
     o->running = s->n_running;
     o->queued = s->n_queued;
-    for (uint32_t k = 0; k < s->p.n_slots; k++) {
-        o->kv_pages_used += s->slots[k].kv_used;
-        o->kv_pages_total += s->slots[k].kv_total;
-    }
-    o->prefix_hits_ram = s->prefix_hits;
+    o->kv_pages_used = s->bs.kv_pages_used;
+    o->kv_pages_total = s->bs.kv_pages_total;
+    o->prefix_hits_ram = s->bs.prefix_hits_ram;
+    o->prefix_hits_store = s->bs.prefix_hits_store;
     o->n_ctx = s->info.n_ctx;
     pthread_mutex_unlock(&s->mu);
 }
@@ -517,7 +385,6 @@ int lms__sched_submit(lms__sched *s, const int32_t *prompt, size_t n, const lms_
     r->p.gp.stop = NULL;
     r->p.gp.n_stop = 0;
     r->refs = 2; /* the caller's and the scheduler's */
-    r->last = -1;
     pthread_cond_init(&r->cv, NULL);
     if (!(r->prompt = lms__malloc(n * sizeof *prompt)) ||
         (p->n_stop_ids && !(r->stop_ids = lms__malloc(p->n_stop_ids * sizeof *r->stop_ids)))) {

@@ -7,10 +7,9 @@
  * ids with sampling settings, waits for events (one per generated token,
  * then one END), and cancels when its client goes away or a stop string
  * appears in the text. Everything about how sequences are computed is inside
- * sched.c, so that the engine under it can change (today: N engines over the
- * one mapped model, one decode step per running slot in turn; later: one
- * batched forward pass over all running sequences) without the HTTP side
- * noticing.
+ * sched.c (the batched engine, lmstore/batch.h: one forward pass over all
+ * running requests), so that the engine under it can change without the
+ * HTTP side noticing.
  *
  * Request life (each arrow names the function that makes it):
  *
@@ -21,13 +20,13 @@
  *   request is freed when the scheduler has let go too.
  *
  * Invariants:
- *  1. Only the scheduler thread calls into an engine; an engine runs at most
- *     one request at a time.
+ *  1. Only the scheduler thread calls into the batch.
  *  2. At most n_slots requests are RUNNING and at most max_queue QUEUED;
  *     submit beyond that fails at once with LMS_EBUSY (nothing queued).
  *  3. Every submitted request gets exactly one END event, last.
- *  4. A cancelled request stops within one scheduler step of one slot (one
- *     decode token or one prefill chunk), and its slot is free for the next.
+ *  4. A cancelled request stops within one scheduler step (one decode token
+ *     or one prompt chunk of every running request), and its slot and KV
+ *     pages are free for the next.
  *
  * Thread safety: every function may be called from any thread, except that
  * one request handle is used by one thread at a time.
@@ -51,8 +50,12 @@ typedef struct lms__sreq lms__sreq;
 typedef struct lms__sched_params {
     uint32_t n_slots;       /* requests computed at once; 0 = 1 */
     uint32_t max_queue;     /* requests waiting for a slot beyond those; 0 = none wait */
-    uint32_t prefill_chunk; /* prompt tokens of one request computed per step; 0 = 256 */
-    lms_engine_params ep;   /* each slot's engine; ep.n_ctx is one request's context */
+    uint32_t prefill_chunk; /* rows of one forward step (decode tokens and prompt chunks); 0 = the
+                               batch's default */
+    lms_engine_params ep;   /* the engine's settings; ep.n_ctx is one request's context */
+    lms_store *prefix_store;     /* NULL: no persistent prefix cache (lms_batch_params) */
+    uint32_t prefix_min_tokens;  /* 0 = the batch's default */
+    uint64_t prefix_disk_budget; /* 0 = unlimited */
 } lms__sched_params;
 
 typedef struct lms__sreq_params {
@@ -91,9 +94,9 @@ typedef struct lms__sched_event {
 
 typedef struct lms__sched_stats {
     uint32_t n_slots, running, queued;
-    uint32_t kv_pages_used, kv_pages_total; /* summed over the slots' caches */
+    uint32_t kv_pages_used, kv_pages_total; /* the batch's one arena */
     uint64_t prefix_hits_ram;               /* requests that reused cached prompt K/V */
-    uint64_t prefix_hits_store;             /* ... read from the store (0: no persistent prefix cache yet) */
+    uint64_t prefix_hits_store;             /* ... resumed from the prefix store */
     uint32_t n_ctx;                         /* one request's context */
 } lms__sched_stats;
 

@@ -50,8 +50,11 @@ static void usage(FILE *f)
             "  --timeout S            close a connection idle for S seconds (default 300)\n"
             "  --drain-timeout S      on SIGTERM, wait at most S seconds for running requests\n"
             "                         (default 60)\n"
-            "  --kv-disk-budget BYTES disk budget of the persistent prefix cache; this build\n"
-            "                         keeps prefixes in memory only and accepts it for later\n");
+            "  --kv-disk-budget BYTES disk budget of the persistent prefix cache: prompts' prefixes\n"
+            "                         of 256 tokens or more are saved into the store as KV sessions\n"
+            "                         (prefix-*) and resumed by later requests, also after a restart;\n"
+            "                         the least recently used go first (default: unlimited; 0 too)\n"
+            "  --no-prefix-store      keep prefixes in memory only (the store is opened read-only)\n");
 }
 
 typedef struct serve_opts {
@@ -60,7 +63,7 @@ typedef struct serve_opts {
     const char *store, *host, *api_key, *device, *chat_format;
     uint16_t port;
     uint32_t parallel, max_queue, ctx;
-    bool max_queue_set;
+    bool max_queue_set, no_prefix_store;
     int threads;
     uint64_t max_body, kv_disk_budget;
     unsigned timeout_s;
@@ -121,6 +124,9 @@ static int parse(int argc, char **argv, serve_opts *o)
         } else if (lms_cli_opt(argc, argv, &i, "--max-body", &v)) {
             if (!lms_cli_parse_size(v, &o->max_body) || o->max_body == 0)
                 return bad("--max-body", v);
+        } else if (lms_cli_flag(argv, i, "--no-prefix-store")) {
+            o->no_prefix_store = true;
+            i++;
         } else if (lms_cli_opt(argc, argv, &i, "--kv-disk-budget", &v)) {
             if (!lms_cli_parse_size(v, &o->kv_disk_budget))
                 return bad("--kv-disk-budget", v);
@@ -214,9 +220,19 @@ int lms_cmd_serve(int argc, char **argv)
     memset(sm, 0, sizeof sm);
     char only[512];
     const char *path = lms_cli_store_path(o.store);
-    if ((rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, &st))) {
-        lms_cli_fail(cmd, rc, path);
-        goto out;
+    /* writable for the persistent prefix cache where the user may write the store;
+     * else read-only, prefixes in memory only */
+    bool prefix_store = !o.no_prefix_store;
+    if (!prefix_store || (rc = lms_store_open(path, 0, NULL, &st))) {
+        if (prefix_store) {
+            fprintf(stderr, "lmstore serve: %s: opened read-only, prefixes are kept in memory only (%s)\n", path,
+                    lms_last_error());
+            prefix_store = false;
+        }
+        if ((rc = lms_store_open(path, LMS_STORE_RDONLY, NULL, &st))) {
+            lms_cli_fail(cmd, rc, path);
+            goto out;
+        }
     }
     if (!o.n_models) {
         if ((status = only_model(st, &o.models[0], only, sizeof only)) != LMS_EXIT_OK)
@@ -248,6 +264,8 @@ int lms_cmd_serve(int argc, char **argv)
         sp.ep.threads = o.threads;
         sp.ep.n_ctx = o.ctx;
         sp.ep.device = dev;
+        sp.prefix_store = prefix_store ? st : NULL;
+        sp.prefix_disk_budget = o.kv_disk_budget;
         if ((rc = lms__sched_create(s->m, &sp, &s->sched))) {
             lms_cli_fail(cmd, rc, o.models[i]);
             goto out;

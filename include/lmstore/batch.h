@@ -116,6 +116,20 @@ LMS_API int lms_batch_default_gen_params(const lms_batch *b, lms_gen_params *out
  */
 LMS_API int lms_batch_add(lms_batch *b, const int32_t *prompt, size_t n, const lms_gen_params *gp, uint64_t *id);
 
+/* More of a request than its sampling settings (lms_batch_add_ex). */
+#define LMS_BATCH_MAX_TOP 20
+typedef struct lms_batch_req {
+    const lms_gen_params *gp;   /* sampling settings (copied; NULL = greedy defaults), as lms_batch_add */
+    const int32_t *stop_ids;    /* more ids that end the request as EOS does (a chat template's end of
+                                   turn); copied. NULL when n_stop_ids is 0 */
+    size_t n_stop_ids;
+    uint32_t top_logprobs;      /* alternatives reported with each token, 0 .. LMS_BATCH_MAX_TOP */
+} lms_batch_req;
+
+/* lms_batch_add with stop ids and top log-probabilities (errors as there;
+ * LMS_EINVAL for top_logprobs over LMS_BATCH_MAX_TOP). */
+LMS_API int lms_batch_add_ex(lms_batch *b, const int32_t *prompt, size_t n, const lms_batch_req *rq, uint64_t *id);
+
 typedef struct lms_batch_event {
     uint64_t id;                /* the request */
     int32_t token;              /* the sampled token (with LMS_STOP_EOS: the EOS id, not to be shown;
@@ -126,6 +140,10 @@ typedef struct lms_batch_event {
                                    request's last event and its id is gone after the step */
     uint32_t prompt_tokens;     /* prompt length */
     uint32_t cached_tokens;     /* prompt tokens reused from the prefix cache (RAM or store) */
+    uint32_t n_top;             /* the request's top_logprobs (0 for lms_batch_add): the most probable
+                                   ids and their log-probabilities, most probable first */
+    int32_t top_ids[LMS_BATCH_MAX_TOP];
+    float top_logprobs[LMS_BATCH_MAX_TOP];
 } lms_batch_event;
 
 /*
