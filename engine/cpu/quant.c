@@ -72,8 +72,8 @@ void lms__qx_quantize(lms_dtype t, const float *x, size_t ldx, int nb, int cols,
 /* ---- the thread-local activation buffer --------------------------------------------------------- */
 
 typedef struct scratch {
-    void *p;
-    size_t cap;
+    void *p[2];
+    size_t cap[2];
 } scratch;
 
 static pthread_key_t scratch_key;
@@ -83,14 +83,17 @@ static void scratch_free(void *v)
 {
     scratch *s = v;
     if (s) {
-        lms__free(s->p);
+        for (int i = 0; i < 2; i++)
+            lms__free(s->p[i]);
         lms__free(s);
     }
 }
 
 static void scratch_init(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
 
-void *lms__qscratch(size_t n)
+void *lms__qscratch(size_t n) { return lms__qscratch_slot(0, n); }
+
+void *lms__qscratch_slot(int slot, size_t n)
 {
     pthread_once(&scratch_once, scratch_init);
     scratch *s = pthread_getspecific(scratch_key);
@@ -102,15 +105,15 @@ void *lms__qscratch(size_t n)
             return NULL;
         }
     }
-    if (s->cap < n) {
+    if (s->cap[slot] < n) {
         void *p = lms__aligned_alloc(64, (n + 63) & ~(size_t)63);
         if (!p)
             return NULL;
-        lms__free(s->p);
-        s->p = p;
-        s->cap = n;
+        lms__free(s->p[slot]);
+        s->p[slot] = p;
+        s->cap[slot] = n;
     }
-    return s->p;
+    return s->p[slot];
 }
 
 /* ---- unpacking blocks into integers ---------------------------------------------------------------- */

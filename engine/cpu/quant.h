@@ -107,8 +107,11 @@ const lms__qkernels *lms__qkernels_by_name(const char *name);
 
 /* ---- shared by the kernel files (quant.c, quant_avx2.c, quant_avx512.c) ---- */
 
-/* n bytes of this thread's activation buffer (grown, kept); NULL on ENOMEM. */
+/* n bytes of this thread's activation buffer (grown, kept, 64-byte
+ * aligned); NULL on ENOMEM. lms__qscratch is slot 0 (the lms__gemm_fn
+ * entries' quantized x); slot 1 is a kernel's own working memory. */
 void *lms__qscratch(size_t n);
+void *lms__qscratch_slot(int slot, size_t n);
 /* Scale or bias i of an MLX matrix's row data, as float. */
 float lms__mlx_scale(const void *p, size_t i, lms_dtype t);
 
