@@ -428,6 +428,100 @@ static INLINE T bool zmm32(lms_dtype t, const void *W, size_t ldw, const uint8_t
 }
 #endif
 
+
+/* ---- activation quantization (quant.c's, bit for bit: ggml's q8_1 and q8_K) -------------------------- */
+
+/* 32 int32 lanes (four registers) to 32 int8 in element order. */
+static INLINE T __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* quant.c's q8a_row: 127 / amax, x * that rounded to nearest even (the
+ * default rounding of vcvtps2dq, as nearbyintf), d and d * sum as f16. */
+static T void qx32_row(const float *x, lms__q8a *out, int cols)
+{
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int b = 0; b < cols / 32; b++) {
+        const float *v = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+               v3 = _mm256_loadu_ps(v + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
+        __m256 s = _mm256_set1_ps(id);
+        __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s)),
+                q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
+        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+        _mm256_storeu_si256((__m256i *)out[b].q, pack32(q0, q1, q2, q3));
+        out[b].d = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+        out[b].s = _cvtsh_ss(_cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
+/* quant/quantize.c's q8_k: the first value of largest magnitude (with its
+ * sign) as max, -127 / max, codes rounded to nearest even, sums of 16. */
+static T void qxk_row(const float *x, lms__q8k *out, int cols)
+{
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int b = 0; b < cols / 256; b++) {
+        const float *v = x + 256 * b;
+        lms__q8k *o = out + b;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 256; i += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        /* zeros, NaN, infinities, and subnormal maxima whose -127 / max is
+         * infinite: the portable code's bytes (ggml's rounding trick) */
+        if (!(amax > 0 && amax <= 3.4028235e38f && 127.f / amax <= 3.4028235e38f)) {
+            lms__qx_quantize_ref(LMS_DTYPE_Q8_K, v, o);
+            continue;
+        }
+        float max = 0;
+        __m256 am = _mm256_set1_ps(amax);
+        for (int i = 0; i < 256; i += 8) {
+            int k = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), am, _CMP_EQ_OQ));
+            if (k) {
+                max = v[i + __builtin_ctz((unsigned)k)];
+                break;
+            }
+        }
+        float iscale = -127.f / max;
+        __m256 s = _mm256_set1_ps(iscale);
+        const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+        for (int i = 0; i < 256; i += 32) {
+            __m256i q = pack32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), s)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), s)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 16), s)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 24), s)));
+            _mm256_storeu_si256((__m256i *)(o->q + i), q);
+            /* sums of 4, then lanes 0 and 4 the sums of 16 */
+            __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, q), one16);
+            s4 = _mm256_hadd_epi32(s4, s4);
+            s4 = _mm256_hadd_epi32(s4, s4);
+            o->bsums[i / 16] = (int16_t)_mm256_extract_epi32(s4, 0);
+            o->bsums[i / 16 + 1] = (int16_t)_mm256_extract_epi32(s4, 4);
+        }
+        o->d = 1 / iscale;
+    }
+}
+
+static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
+{
+    if (t == LMS_DTYPE_Q8_K)
+        qxk_row(x, out, cols);
+    else
+        qx32_row(x, out, cols);
+}
+
 /* ---- products ------------------------------------------------------------------------------------------ */
 
 #ifdef QX_ZMM
@@ -590,4 +684,5 @@ const lms__qkernels QSET = {
                [LMS_DTYPE_Q5_1] = k_q5_1_q, [LMS_DTYPE_Q8_0] = k_q8_0_q, [LMS_DTYPE_Q4_K] = k_q4_k_q,
                [LMS_DTYPE_Q5_K] = k_q5_k_q, [LMS_DTYPE_Q6_K] = k_q6_k_q},
     .mlx = k_mlx,
+    .qx = k_qx,
 };
