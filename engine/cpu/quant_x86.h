@@ -426,6 +426,64 @@ static INLINE T bool zmm32(lms_dtype t, const void *W, size_t ldw, const uint8_t
     zgemm(t, W, ldw, P, y, ldy, rows, nb, nblk, acc);
     return true;
 }
+
+/* One vector (decode) on 256-bit registers, the codes made unsigned as
+ * above (no sign juggling), each block's correction -off * sum(x) from a
+ * small panel of int32 (the accumulation's start, in lane 0); one row at
+ * a time, four blocks in flight, as dot32_1. */
+static T void zpanel1(lms_dtype t, const lms__q8a *x, int nblk, int32_t *corr)
+{
+    const int off = t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16;
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int b = 0; b < nblk; b++)
+        corr[b] = -off * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                        _mm256_loadu_si256((const __m256i *)x[b].q)));
+}
+
+static INLINE T __m256i ucodes(lms_dtype t, const uint8_t *p)
+{
+    if (t == LMS_DTYPE_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80));
+    return codes32(t, p);
+}
+
+static INLINE T void uacc(lms_dtype t, const uint8_t *p, const lms__q8a *xb, const int32_t *corr, __m256 *a)
+{
+    __m256i i = _mm256_dpbusd_epi32(_mm256_castsi128_si256(_mm_cvtsi32_si128(*corr)), ucodes(t, p),
+                                    _mm256_loadu_si256((const __m256i *)xb->q));
+    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(h2f(p) * xb->d), *a);
+}
+
+static INLINE T float udot_1(lms_dtype t, const uint8_t *w, const lms__q8a *x, const int32_t *z, int nblk)
+{
+    const size_t bb = block_bytes32(t);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nblk; b += 4) {
+        const uint8_t *p = w + (size_t)b * bb;
+        uacc(t, p, x + b, z + b, &a0);
+        uacc(t, p + bb, x + b + 1, z + b + 1, &a1);
+        uacc(t, p + 2 * bb, x + b + 2, z + b + 2, &a2);
+        uacc(t, p + 3 * bb, x + b + 3, z + b + 3, &a3);
+    }
+    for (; b < nblk; b++)
+        uacc(t, w + (size_t)b * bb, x + b, z + b, &a0);
+    return hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+/* Q8_0 / Q4_0 / Q5_0 against one vector; false when the panel's memory is not to be had. */
+static INLINE T bool zmm32_1(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, float *y, int rows, int cols,
+                             bool acc)
+{
+    const int nblk = cols / 32;
+    int32_t *P = lms__qscratch_slot(1, (size_t)nblk * sizeof(int32_t));
+    if (!P)
+        return false;
+    zpanel1(t, (const lms__q8a *)X, nblk, P);
+    for (int r = 0; r < rows; r++)
+        store_y(y + r, udot_1(t, (const uint8_t *)W + (size_t)r * ldw, (const lms__q8a *)X, P, nblk), acc);
+    return true;
+}
 #endif
 
 
@@ -525,9 +583,9 @@ static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
 /* ---- products ------------------------------------------------------------------------------------------ */
 
 #ifdef QX_ZMM
-/* several vectors only: for one, dot32_1's four blocks in flight stream the weights faster */
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                \
-    (zmm_type(DT) && (nb) >= 2 && zmm32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))
+    (zmm_type(DT) && ((nb) == 1 ? zmm32_1(DT, W, ldw, X, y, rows, cols, acc)                                 \
+                                : zmm32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
 #else
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
 #endif
