@@ -8,15 +8,28 @@
  *              for a <= 64, which is all that is passed, and for |Q8_0|)
  *   QSET       the name of the lms__qkernels table to define
  *   QSET_NAME  its "name"
+ *   QX_ZMM     (quant_avx512.c) also compile the 512-bit section below
  *
- * Each weight row is a run of blocks; one block's integer sums land in 8
+ * Each weight row is a run of blocks; one block's integer sums land in
  * int32 lanes, are converted to float and scaled by the block's factors
  * into a float accumulator (one rounding per block, as the portable set).
- * Rows are taken one at a time, so that each thread reads its weights as
- * one sequential stream (the hardware prefetchers' best case: two rows in
- * step measured half the bandwidth); with several activation vectors
- * (prefill) each weight block is unpacked once for four of them. Layouts:
- * quant/quant.h; contract: engine/cpu/quant.h.
+ * For one activation vector (decode) rows are taken one at a time, so that
+ * each thread reads its weights as one sequential stream (the hardware
+ * prefetchers' best case: two rows in step, or a per-row activation record
+ * larger than the weights, measured half the bandwidth on the 2-core
+ * Zen 5 VM); with several (prefill) each weight block is unpacked once for
+ * four of them, or, in the 512-bit section, once for eight, two rows at a
+ * time. The activations of every set are quantized here too (->qx), to the
+ * portable quantizer's bytes. Layouts: quant/quant.h; contract:
+ * engine/cpu/quant.h.
+ *
+ * Invariants:
+ *   1. every block's integer sum is exact (no saturation: unsigned codes
+ *      <= 64 against vpmaddubsw, any byte against vpdpbusd), so all sets
+ *      differ only in the order of float additions;
+ *   2. a kernel's own memory (activation panels) comes from
+ *      lms__qscratch_slot(1, ...) and, when that fails, the kernel falls
+ *      back to a path that needs none: no product fails for memory.
  */
 #include <immintrin.h>
 #include <string.h>
