@@ -35,8 +35,10 @@
 # llama.cpp for speeds (above 1: lmstore faster) and of llama.cpp / lmstore
 # for time to first token (above 1: lmstore faster), and both peak RSS.
 #
+# --short measures decode and prefill 128 only (no prefill 512, no whole-process run): a quarter of
+# the time, for a machine shared with other work.
 # usage: bench/bench_vs_llamacpp.sh [--llama DIR] [--work DIR] [--build DIR] [--threads T] [--pairs N]
-#            [--models "llama-3.2-1b qwen3-0.6b"] [--types "Q8_0 Q4_0 Q4_K_M"] [--decode N]
+#            [--models "llama-3.2-1b qwen3-0.6b"] [--types "Q8_0 Q4_0 Q4_K_M"] [--decode N] [--short]
 # Environment: LLAMACPP_DIR (the peer's folder, default ${TMPDIR:-/tmp}/lmstore-llamacpp),
 #   LLAMACPP_PY_VERSION (the llama-cpp-python sdist, default 0.3.36), PYTHON (with numpy and
 #   tokenizers; default: the tests' .venv-test, else python3), LMS_BENCH_DIR (work folder).
@@ -52,6 +54,7 @@ pairs=5
 models="llama-3.2-1b qwen3-0.6b"
 types="Q8_0 Q4_0 Q4_K_M"
 decode=64
+short=0
 while [ $# -gt 0 ]; do
   case $1 in
     --llama) llama=$2; shift 2 ;;
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
     --models) models=$2; shift 2 ;;
     --types) types=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
+    --short) short=1; shift ;;
     *) sed -n '/^# usage/,/^# Needs/p' "$0" >&2; exit 2 ;;
   esac
 done
@@ -143,6 +147,7 @@ py_json() { "$PYTHON" -c "import json,sys; d=json.loads(sys.stdin.read()); print
 lms_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   local name=$1-$2 j1 j2 dec pp128 pp512 tt
   j1=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 128 --gen "$decode" --reps 1 --membw-mib 16 --json)
+  if [ "$short" = 1 ]; then echo "$(echo "$j1" | py_json 'd["decode_tps"]') $(echo "$j1" | py_json 'd["prefill_tps"]') 0 0 0"; return; fi
   j2=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 512 --gen 1 --reps 1 --membw-mib 16 --json)
   dec=$(echo "$j1" | py_json 'd["decode_tps"]')
   pp128=$(echo "$j1" | py_json 'd["prefill_tps"]')
@@ -156,6 +161,10 @@ lms_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
 llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   local f=$work/$1-$2.gguf j1 j2 dec pp128 pp512 tt
   j1=$("$bin/llama-bench" -m "$f" -t "$threads" -r 1 -p 0 -n "$decode" -d 128 -o json 2>/dev/null)
+  if [ "$short" = 1 ]; then
+    j2=$("$bin/llama-bench" -m "$f" -t "$threads" -r 1 -p 128 -n 0 -o json 2>/dev/null)
+    echo "$(echo "$j1" | py_json 'd[0]["avg_ts"]') $(echo "$j2" | py_json 'd[0]["avg_ts"]') 0 0 0"; return
+  fi
   j2=$("$bin/llama-bench" -m "$f" -t "$threads" -r 1 -p 128,512 -n 0 -o json 2>/dev/null)
   dec=$(echo "$j1" | py_json 'd[0]["avg_ts"]')
   pp128=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 128][0]')
@@ -169,7 +178,7 @@ llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "# bench_vs_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n), $cpu, $(nproc) CPUs, threads $threads"
 echo "# peer: llama.cpp vendored by llama-cpp-python $pyver ($llama/build, GGML_NATIVE); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode"
+echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode$([ "$short" = 1 ] && echo ' --short')"
 for m in $models; do
   gen "$m"
   for t in $types; do
@@ -195,9 +204,10 @@ print(f"{m} {t}: {len(R)} pairs, membw {st.median(bw):.1f} GB/s ({min(bw):.1f}-{
       f"load average {st.median(ld):.1f} ({min(ld):.1f}-{max(ld):.1f})")
 print(f"  decode {st.median([x[0] for x in a]):.2f} vs {st.median([x[0] for x in b]):.2f} tok/s: lmstore/llama.cpp " + s([x[0] / y[0] for x, y in zip(a, b)]))
 print(f"  prefill 128 {st.median([x[1] for x in a]):.1f} vs {st.median([x[1] for x in b]):.1f} tok/s: " + s([x[1] / y[1] for x, y in zip(a, b)]))
-print(f"  prefill 512 {st.median([x[2] for x in a]):.1f} vs {st.median([x[2] for x in b]):.1f} tok/s: " + s([x[2] / y[2] for x, y in zip(a, b)]))
-print(f"  process to first token {st.median([x[3] for x in a]):.2f} vs {st.median([x[3] for x in b]):.2f} s: llama.cpp/lmstore " + s([y[3] / x[3] for x, y in zip(a, b)]))
-print(f"  peak RSS {st.median([x[4] for x in a]) / 1024:.0f} vs {st.median([x[4] for x in b]) / 1024:.0f} MiB")
+if all(x[2] > 0 for x in a + b):  # not --short
+    print(f"  prefill 512 {st.median([x[2] for x in a]):.1f} vs {st.median([x[2] for x in b]):.1f} tok/s: " + s([x[2] / y[2] for x, y in zip(a, b)]))
+    print(f"  process to first token {st.median([x[3] for x in a]):.2f} vs {st.median([x[3] for x in b]):.2f} s: llama.cpp/lmstore " + s([y[3] / x[3] for x, y in zip(a, b)]))
+    print(f"  peak RSS {st.median([x[4] for x in a]) / 1024:.0f} vs {st.median([x[4] for x in b]) / 1024:.0f} MiB")
 ' "$m" "$t"
   done
 done

@@ -5,6 +5,7 @@
  * as it was, and a store this command created for it is removed again.
  */
 #define _XOPEN_SOURCE 700
+#include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,6 +61,29 @@ static void remove_new_store(lms_store *st, const char *path, bool folder_existe
         (void)rmdir(path);
 }
 
+/* A GGUF source (a file with the GGUF magic, or a folder of *.gguf
+ * files): its metadata is the config. */
+static bool gguf_source(const char *src, bool dir)
+{
+    if (!dir) {
+        char magic[4] = {0};
+        FILE *f = fopen(src, "rb");
+        bool yes = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+        if (f)
+            fclose(f);
+        return yes;
+    }
+    DIR *d = opendir(src);
+    bool yes = false;
+    for (struct dirent *e; d && !yes && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        yes = n > 5 && !strcmp(e->d_name + n - 5, ".gguf");
+    }
+    if (d)
+        closedir(d);
+    return yes;
+}
+
 /* The warning for a source without config.json: stored, but not runnable. */
 static void warn_no_config(const char *src)
 {
@@ -67,7 +91,7 @@ static void warn_no_config(const char *src)
     char cfg[4096];
     bool dir = stat(src, &sb) == 0 && S_ISDIR(sb.st_mode);
     snprintf(cfg, sizeof cfg, "%s/config.json", src);
-    if (dir && access(cfg, F_OK) == 0)
+    if ((dir && access(cfg, F_OK) == 0) || gguf_source(src, dir))
         return;
     fprintf(stderr,
             "lmstore import: warning: %s has no config.json: the tensors are stored, but `lmstore run` cannot "

@@ -9,6 +9,7 @@
  * over blocks.
  */
 #include <math.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +36,18 @@ size_t lms__qx_row_bytes(lms_dtype t, int cols)
     return is_k(t) ? (size_t)cols / 256 * sizeof(lms__q8k) : (size_t)cols / 32 * sizeof(lms__q8a);
 }
 
+/* vcvtps2dq: round to nearest even; NaN and values out of int32's range
+ * give INT32_MIN (what ggml's packing then saturates to -128: a block of
+ * subnormals, whose 127 / amax is infinite). */
+static inline int32_t cvt_i32(float f)
+{
+    float r = nearbyintf(f);
+    return r == r && fabsf(r) < 2147483648.f ? (int32_t)r : INT32_MIN;
+}
+
 /* ggml's x86 quantize_row_q8_1 (also its q8_0, whose d and q are the same):
- * the scale's reciprocal as 127 / amax, rounding to nearest even, d and
- * d * sum(q) stored as f16. */
+ * the scale's reciprocal as 127 / amax, rounding to nearest even, codes
+ * saturated to int8, d and d * sum(q) stored as f16. */
 static void q8a_row(const float *x, lms__q8a *out, int cols)
 {
     for (int b = 0; b < cols / 32; b++) {
@@ -46,34 +56,48 @@ static void q8a_row(const float *x, lms__q8a *out, int cols)
         for (int j = 0; j < 32; j++)
             amax = fmaxf(amax, fabsf(v[j]));
         float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
-        int sum = 0;
+        uint32_t sum = 0; /* wrapping, as ggml's 32-bit lanes */
         for (int j = 0; j < 32; j++) {
-            int q = (int)nearbyintf(v[j] * id);
-            out[b].q[j] = (int8_t)q;
-            sum += q;
+            int32_t q = cvt_i32(v[j] * id);
+            out[b].q[j] = (int8_t)LMS_MAX(-128, LMS_MIN(127, q));
+            sum += (uint32_t)q;
         }
         out[b].d = lms__f16_to_f32(lms__f32_to_f16(d));
-        out[b].s = lms__f16_to_f32(lms__f32_to_f16(d * (float)sum));
+        out[b].s = lms__f16_to_f32(lms__f32_to_f16(d * (float)(int32_t)sum));
     }
 }
 
+static void g_qx(lms_dtype form, const float *x, int cols, void *out)
+{
+    if (form == LMS_DTYPE_Q8_K)
+        lms__quant_row(LMS_DTYPE_Q8_K, x, out, (size_t)cols);
+    else
+        q8a_row(x, out, cols);
+}
+
+void lms__qx_quantize_ref(lms_dtype form, const float *x, void *out)
+{
+    g_qx(form, x, form == LMS_DTYPE_Q8_K ? LMS__QK_K : 32, out);
+}
+
+static const lms__qkernels *qx_set;
+static pthread_once_t qx_once = PTHREAD_ONCE_INIT;
+static void qx_choose(void) { qx_set = lms__qkernels_best(); }
+
 void lms__qx_quantize(lms_dtype t, const float *x, size_t ldx, int nb, int cols, void *xq)
 {
+    pthread_once(&qx_once, qx_choose);
     size_t rb = lms__qx_row_bytes(t, cols);
-    for (int b = 0; b < nb; b++) {
-        uint8_t *o = (uint8_t *)xq + (size_t)b * rb;
-        if (is_k(t))
-            lms__quant_row(LMS_DTYPE_Q8_K, x + (size_t)b * ldx, o, (size_t)cols);
-        else
-            q8a_row(x + (size_t)b * ldx, (lms__q8a *)o, cols);
-    }
+    lms_dtype form = is_k(t) ? LMS_DTYPE_Q8_K : LMS_DTYPE_Q8_0;
+    for (int b = 0; b < nb; b++)
+        qx_set->qx(form, x + (size_t)b * ldx, cols, (uint8_t *)xq + (size_t)b * rb);
 }
 
 /* ---- the thread-local activation buffer --------------------------------------------------------- */
 
 typedef struct scratch {
-    void *p;
-    size_t cap;
+    void *p[2];
+    size_t cap[2];
 } scratch;
 
 static pthread_key_t scratch_key;
@@ -83,14 +107,17 @@ static void scratch_free(void *v)
 {
     scratch *s = v;
     if (s) {
-        lms__free(s->p);
+        for (int i = 0; i < 2; i++)
+            lms__free(s->p[i]);
         lms__free(s);
     }
 }
 
 static void scratch_init(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
 
-void *lms__qscratch(size_t n)
+void *lms__qscratch(size_t n) { return lms__qscratch_slot(0, n); }
+
+void *lms__qscratch_slot(int slot, size_t n)
 {
     pthread_once(&scratch_once, scratch_init);
     scratch *s = pthread_getspecific(scratch_key);
@@ -102,15 +129,15 @@ void *lms__qscratch(size_t n)
             return NULL;
         }
     }
-    if (s->cap < n) {
+    if (s->cap[slot] < n) {
         void *p = lms__aligned_alloc(64, (n + 63) & ~(size_t)63);
         if (!p)
             return NULL;
-        lms__free(s->p);
-        s->p = p;
-        s->cap = n;
+        lms__free(s->p[slot]);
+        s->p[slot] = p;
+        s->cap[slot] = n;
     }
-    return s->p;
+    return s->p[slot];
 }
 
 /* ---- unpacking blocks into integers ---------------------------------------------------------------- */
@@ -379,6 +406,7 @@ static const lms__qkernels generic = {
                [LMS_DTYPE_Q3_K] = g_q3_k_q, [LMS_DTYPE_Q4_K] = g_q4_k_q, [LMS_DTYPE_Q5_K] = g_q5_k_q,
                [LMS_DTYPE_Q6_K] = g_q6_k_q},
     .mlx = g_mlx,
+    .qx = g_qx,
 };
 
 /* ---- dispatch ------------------------------------------------------------------------------------------ */
@@ -414,6 +442,8 @@ static void merge(lms__qkernels *out, const lms__qkernels *base, const lms__qker
     }
     if (own->mlx)
         out->mlx = own->mlx;
+    if (own->qx)
+        out->qx = own->qx;
 }
 
 static void merge_all(void)

@@ -89,6 +89,9 @@ typedef struct lms__qkernels {
     lms__qgemm_fn gemm[LMS_DTYPE_COUNT_];     /* by weight dtype; NULL for dtypes without kernels */
     lms__qgemm_q_fn gemm_q[LMS_DTYPE_COUNT_];
     lms__mlx_gemm_fn mlx;                    /* bits 4 and 8 vectorized, the others portable */
+    /* one activation row: form LMS_DTYPE_Q8_K (lms__q8k blocks) or, for any
+     * other t, lms__q8a blocks; every set writes the same bytes */
+    void (*qx)(lms_dtype form, const float *x, int cols, void *out);
 } lms__qkernels;
 
 /* True for the weight dtypes these kernels take: Q4_0, Q4_1, Q5_0, Q5_1,
@@ -97,8 +100,11 @@ bool lms__qkernel_supported(lms_dtype t);
 
 /* Bytes of one quantized activation vector of `cols` for weights of dtype t. */
 size_t lms__qx_row_bytes(lms_dtype t, int cols);
-/* Quantize nb vectors (ldx apart) for weights of dtype t into xq. */
+/* Quantize nb vectors (ldx apart) for weights of dtype t into xq (with the
+ * best set's quantizer: all write the same bytes). */
 void lms__qx_quantize(lms_dtype t, const float *x, size_t ldx, int nb, int cols, void *xq);
+/* The portable quantizer of one activation block of `form` (as ->qx). */
+void lms__qx_quantize_ref(lms_dtype form, const float *x, void *out);
 
 /* The best set for this CPU (LMSTORE_KERNELS forces one); by name, NULL if
  * this CPU lacks it. */
@@ -107,8 +113,11 @@ const lms__qkernels *lms__qkernels_by_name(const char *name);
 
 /* ---- shared by the kernel files (quant.c, quant_avx2.c, quant_avx512.c) ---- */
 
-/* n bytes of this thread's activation buffer (grown, kept); NULL on ENOMEM. */
+/* n bytes of this thread's activation buffer (grown, kept, 64-byte
+ * aligned); NULL on ENOMEM. lms__qscratch is slot 0 (the lms__gemm_fn
+ * entries' quantized x); slot 1 is a kernel's own working memory. */
 void *lms__qscratch(size_t n);
+void *lms__qscratch_slot(int slot, size_t n);
 /* Scale or bias i of an MLX matrix's row data, as float. */
 float lms__mlx_scale(const void *p, size_t i, lms_dtype t);
 

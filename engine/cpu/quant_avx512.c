@@ -9,5 +9,6 @@
 #define DOT(a, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (x))
 #define QSET lms__qkernels_avx512_partial
 #define QSET_NAME "avx512"
+#define QX_ZMM 1 /* the 512-bit products for several vectors */
 #include "engine/cpu/quant_x86.h"
 #endif

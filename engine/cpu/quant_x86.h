@@ -8,15 +8,28 @@
  *              for a <= 64, which is all that is passed, and for |Q8_0|)
  *   QSET       the name of the lms__qkernels table to define
  *   QSET_NAME  its "name"
+ *   QX_ZMM     (quant_avx512.c) also compile the 512-bit section below
  *
- * Each weight row is a run of blocks; one block's integer sums land in 8
+ * Each weight row is a run of blocks; one block's integer sums land in
  * int32 lanes, are converted to float and scaled by the block's factors
  * into a float accumulator (one rounding per block, as the portable set).
- * Rows are taken one at a time, so that each thread reads its weights as
- * one sequential stream (the hardware prefetchers' best case: two rows in
- * step measured half the bandwidth); with several activation vectors
- * (prefill) each weight block is unpacked once for four of them. Layouts:
- * quant/quant.h; contract: engine/cpu/quant.h.
+ * For one activation vector (decode) rows are taken one at a time, so that
+ * each thread reads its weights as one sequential stream (the hardware
+ * prefetchers' best case: two rows in step, or a per-row activation record
+ * larger than the weights, measured half the bandwidth on the 2-core
+ * Zen 5 VM); with several (prefill) each weight block is unpacked once for
+ * four of them, or, in the 512-bit section, once for eight, two rows at a
+ * time. The activations of every set are quantized here too (->qx), to the
+ * portable quantizer's bytes. Layouts: quant/quant.h; contract:
+ * engine/cpu/quant.h.
+ *
+ * Invariants:
+ *   1. every block's integer sum is exact (no saturation: unsigned codes
+ *      <= 64 against vpmaddubsw, any byte against vpdpbusd), so all sets
+ *      differ only in the order of float additions;
+ *   2. a kernel's own memory (activation panels) comes from
+ *      lms__qscratch_slot(1, ...) and, when that fails, the kernel falls
+ *      back to a path that needs none: no product fails for memory.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -277,7 +290,413 @@ static INLINE T void dotk_n(lms_dtype t, const uint8_t *w, const lms__q8k *const
         out[i] = hsum_ps(a[i]) - hsum_ps(m[i]);
 }
 
+
+#ifdef QX_ZMM
+/* ---- AVX-512: several activation vectors (prefill) on 512-bit registers ---------------------------------
+ *
+ * Two weight blocks per register (64 codes), made unsigned for vpdpbusd:
+ * Q8_0 by q ^ 0x80 (= q + 128), Q4_0 / Q5_0 as their stored codes 0..15 /
+ * 0..31, so that a block's integer sum is dpbusd(u, x) - off * sum(x) with
+ * off = 128, 8, 16 (the exact dot of q - off with x). The activations are
+ * first laid out per call as a panel, each pair of blocks of each vector
+ * as one 192-byte record {its 64 codes; the correction -off * sum(x) of
+ * each block in lanes 0 and 8; d_x of each block in lanes 0-7 and 8-15},
+ * where the accumulation starts from the correction. Tiles of two weight
+ * rows x up to eight vectors: each row's block pair is loaded and its
+ * scales widened once for eight vectors, each vector's record once for
+ * two rows. Per block the float work is the portable set's: isum (exact)
+ * x (d_w x d_x) added into float lanes.
+ */
+typedef struct zrec {
+    int8_t q[64];
+    int32_t corr[16];
+    float dx[16];
+} zrec;
+
+static INLINE T bool zmm_type(lms_dtype t)
+{
+    return t == LMS_DTYPE_Q8_0 || t == LMS_DTYPE_Q4_0 || t == LMS_DTYPE_Q5_0;
+}
+
+/* The panel of nb vectors (q8a rows xr bytes apart): npair x nb records. */
+static T void zpanel(lms_dtype t, const uint8_t *X, size_t xr, int nb, int nblk, zrec *P)
+{
+    const int off = t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16, npair = (nblk + 1) / 2;
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int c = 0; c < nb; c++) {
+        const lms__q8a *x = (const lms__q8a *)(X + (size_t)c * xr);
+        for (int p = 0; p < npair; p++) {
+            zrec *z = P + (size_t)p * nb + c;
+            memset(z->corr, 0, sizeof z->corr);
+            for (int h = 0; h < 2; h++) {
+                int b = 2 * p + h;
+                __m256i q = b < nblk ? _mm256_loadu_si256((const __m256i *)x[b].q) : _mm256_setzero_si256();
+                _mm256_storeu_si256((__m256i *)(z->q + 32 * h), q);
+                z->corr[8 * h] = -off * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q));
+                _mm256_storeu_ps(z->dx + 8 * h, _mm256_set1_ps(b < nblk ? x[b].d : 0.f));
+            }
+        }
+    }
+}
+
+/* One row's block pair p as vpdpbusd's unsigned operand, and its two
+ * scales widened to lanes 0-7 / 8-15 (the second 0 past an odd row's end). */
+static INLINE T void zweights(lms_dtype t, const uint8_t *w, int p, int nblk, __m512i *u, __m512 *dw)
+{
+    const size_t bb = block_bytes32(t);
+    const uint8_t *b0 = w + (size_t)(2 * p) * bb, *b1 = b0 + bb;
+    const bool two = 2 * p + 1 < nblk;
+    __m256i lo, hi;
+    if (t == LMS_DTYPE_Q8_0) {
+        lo = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        hi = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_set1_epi8((char)0x80);
+        *u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
+    } else {
+        lo = codes32(t, b0);
+        hi = two ? codes32(t, b1) : _mm256_setzero_si256();
+        *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, b0, 2);
+    if (two)
+        memcpy(&h1, b1, 2);
+    *dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
+                                                  _mm_set1_epi16((short)h1), 1));
+}
+
+/* Rows w0 (and w1 when NR == 2) against NC records of each pair. */
+static INLINE T void ztile(lms_dtype t, const uint8_t *w0, const uint8_t *w1, const zrec *P, int nb, int nblk,
+                           const int NR, const int NC, float out[2][8])
+{
+    __m512 acc[2][8];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    const int npair = (nblk + 1) / 2;
+    for (int p = 0; p < npair; p++) {
+        __m512i u[2];
+        __m512 dw[2];
+        zweights(t, w0, p, nblk, &u[0], &dw[0]);
+        if (NR == 2)
+            zweights(t, w1, p, nblk, &u[1], &dw[1]);
+        const zrec *z = P + (size_t)p * nb;
+        for (int c = 0; c < NC; c++) {
+            __m512i xq = _mm512_load_si512(z[c].q), corr = _mm512_load_si512(z[c].corr);
+            __m512 dx = _mm512_load_ps(z[c].dx);
+            for (int r = 0; r < NR; r++) {
+                __m512i i = _mm512_dpbusd_epi32(corr, u[r], xq);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw[r], dx), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define ZTILE_CASE(NR_, NC_)                                                                                 \
+    case NC_: ztile(t, w0, w1, Pc, nb, nblk, NR_, NC_, out); break;
+
+/* The product over the panel: rows two at a time, vectors eight at a time. */
+static INLINE T void zgemm(lms_dtype t, const void *W, size_t ldw, const zrec *P, float *y, size_t ldy, int rows,
+                           int nb, int nblk, bool acc)
+{
+    for (int r = 0; r < rows; r += 2) {
+        const uint8_t *w0 = (const uint8_t *)W + (size_t)r * ldw, *w1 = w0 + ldw;
+        const int nr = r + 1 < rows ? 2 : 1;
+        for (int c0 = 0; c0 < nb; c0 += 8) {
+            const int nc = LMS_MIN(8, nb - c0);
+            const zrec *Pc = P + c0;
+            float out[2][8];
+            if (nr == 2) {
+                switch (nc) {
+                    ZTILE_CASE(2, 1) ZTILE_CASE(2, 2) ZTILE_CASE(2, 3) ZTILE_CASE(2, 4)
+                    ZTILE_CASE(2, 5) ZTILE_CASE(2, 6) ZTILE_CASE(2, 7) default: ztile(t, w0, w1, Pc, nb, nblk, 2, 8, out);
+                }
+            } else {
+                switch (nc) {
+                    ZTILE_CASE(1, 1) ZTILE_CASE(1, 2) ZTILE_CASE(1, 3) ZTILE_CASE(1, 4)
+                    ZTILE_CASE(1, 5) ZTILE_CASE(1, 6) ZTILE_CASE(1, 7) default: ztile(t, w0, w1, Pc, nb, nblk, 1, 8, out);
+                }
+            }
+            for (int i = 0; i < nr; i++)
+                for (int c = 0; c < nc; c++)
+                    store_y(y + (size_t)(c0 + c) * ldy + r + i, out[i][c], acc);
+        }
+    }
+}
+
+/* Q8_0 / Q4_0 / Q5_0 against nb >= 2 vectors; false (nothing done) when
+ * the panel's memory is not to be had. */
+static INLINE T bool zmm32(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, size_t xr, float *y, size_t ldy,
+                           int rows, int nb, int cols, bool acc)
+{
+    const int nblk = cols / 32;
+    zrec *P = lms__qscratch_slot(1, (size_t)((nblk + 1) / 2) * (size_t)nb * sizeof(zrec));
+    if (!P)
+        return false;
+    zpanel(t, X, xr, nb, nblk, P);
+    zgemm(t, W, ldw, P, y, ldy, rows, nb, nblk, acc);
+    return true;
+}
+
+/* One vector (decode) on 256-bit registers, the codes made unsigned as
+ * above (no sign juggling), each block's correction -off * sum(x) from a
+ * small panel of int32 (the accumulation's start, in lane 0); one row at
+ * a time, four blocks in flight, as dot32_1. */
+static T void zpanel1(lms_dtype t, const lms__q8a *x, int nblk, int32_t *corr)
+{
+    const int off = t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16;
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int b = 0; b < nblk; b++)
+        corr[b] = -off * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                        _mm256_loadu_si256((const __m256i *)x[b].q)));
+}
+
+static INLINE T __m256i ucodes(lms_dtype t, const uint8_t *p)
+{
+    if (t == LMS_DTYPE_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80));
+    return codes32(t, p);
+}
+
+static INLINE T void uacc(lms_dtype t, const uint8_t *p, const lms__q8a *xb, const int32_t *corr, __m256 *a)
+{
+    __m256i i = _mm256_dpbusd_epi32(_mm256_castsi128_si256(_mm_cvtsi32_si128(*corr)), ucodes(t, p),
+                                    _mm256_loadu_si256((const __m256i *)xb->q));
+    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(h2f(p) * xb->d), *a);
+}
+
+static INLINE T float udot_1(lms_dtype t, const uint8_t *w, const lms__q8a *x, const int32_t *z, int nblk)
+{
+    const size_t bb = block_bytes32(t);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nblk; b += 4) {
+        const uint8_t *p = w + (size_t)b * bb;
+        uacc(t, p, x + b, z + b, &a0);
+        uacc(t, p + bb, x + b + 1, z + b + 1, &a1);
+        uacc(t, p + 2 * bb, x + b + 2, z + b + 2, &a2);
+        uacc(t, p + 3 * bb, x + b + 3, z + b + 3, &a3);
+    }
+    for (; b < nblk; b++)
+        uacc(t, w + (size_t)b * bb, x + b, z + b, &a0);
+    return hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+
+/*
+ * Q4_0 against one vector, two blocks a 512-bit register from one row (one
+ * sequential stream): the 16 nibble bytes of blocks b0 and b1 side by side,
+ * their low nibbles then their high ones, so that the 128-bit lanes hold
+ * b0's codes 0-15, b1's 0-15, b0's 16-31, b1's 16-31. The activation panel
+ * has each pair's codes in that order, the corrections -8 * sum(x) of b0
+ * and b1 in int32 lanes 0 and 4 (a 32-byte record, zero-extended), and
+ * d_x of both. An odd last block goes through uacc.
+ */
+typedef struct zq4rec {
+    int8_t q[64];
+    int32_t corr[8];
+    float dx[2], pad[6];
+} zq4rec;
+
+static T void zq4panel(const lms__q8a *x, int nblk, zq4rec *P)
+{
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int p = 0; p < nblk / 2; p++) {
+        const lms__q8a *x0 = x + 2 * p, *x1 = x0 + 1;
+        zq4rec *z = P + p;
+        memcpy(z->q, x0->q, 16);
+        memcpy(z->q + 16, x1->q, 16);
+        memcpy(z->q + 32, x0->q + 16, 16);
+        memcpy(z->q + 48, x1->q + 16, 16);
+        memset(z->corr, 0, sizeof z->corr);
+        z->corr[0] = -8 * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                         _mm256_loadu_si256((const __m256i *)x0->q)));
+        z->corr[4] = -8 * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                         _mm256_loadu_si256((const __m256i *)x1->q)));
+        z->dx[0] = x0->d;
+        z->dx[1] = x1->d;
+    }
+}
+
+static INLINE T void zq4acc(const uint8_t *p0, const zq4rec *z, __m512 *a)
+{
+    const uint8_t *p1 = p0 + 18;
+    __m256i n = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 2))),
+                                        _mm_loadu_si128((const __m128i *)(p1 + 2)), 1);
+    __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n), _mm256_srli_epi16(n, 4), 1),
+                                 _mm512_set1_epi8(15));
+    __m512i i = _mm512_dpbusd_epi32(_mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)z->corr)), u,
+                                    _mm512_load_si512(z->q));
+    uint16_t h0, h1;
+    memcpy(&h0, p0, 2);
+    memcpy(&h1, p1, 2);
+    __m128 f = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16))),
+                          _mm_castpd_ps(_mm_load_sd((const double *)z->dx)));
+    __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1),
+                                      _mm512_castps128_ps512(f));
+    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sc, *a);
+}
+
+static INLINE T float zq4dot_1(const uint8_t *w, const lms__q8a *x, const zq4rec *z, int nblk)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const int np = nblk / 2;
+    int p = 0;
+    for (; p + 4 <= np; p += 4) {
+        const uint8_t *q = w + (size_t)p * 36;
+        zq4acc(q, z + p, &a0);
+        zq4acc(q + 36, z + p + 1, &a1);
+        zq4acc(q + 72, z + p + 2, &a2);
+        zq4acc(q + 108, z + p + 3, &a3);
+    }
+    for (; p < np; p++)
+        zq4acc(w + (size_t)p * 36, z + p, &a0);
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    if (nblk % 2) { /* the odd last block */
+        const lms__q8a *xb = x + nblk - 1;
+        int32_t corr = -8 * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
+                                                           _mm256_loadu_si256((const __m256i *)xb->q)));
+        __m256 a = _mm256_setzero_ps();
+        uacc(LMS_DTYPE_Q4_0, w + (size_t)(nblk - 1) * 18, xb, &corr, &a);
+        r += hsum_ps(a);
+    }
+    return r;
+}
+
+static INLINE T bool zq4_1(const void *W, size_t ldw, const uint8_t *X, float *y, int rows, int cols, bool acc)
+{
+    const int nblk = cols / 32;
+    zq4rec *P = lms__qscratch_slot(1, (size_t)(nblk / 2 + 1) * sizeof(zq4rec));
+    if (!P)
+        return false;
+    zq4panel((const lms__q8a *)X, nblk, P);
+    for (int r = 0; r < rows; r++)
+        store_y(y + r, zq4dot_1((const uint8_t *)W + (size_t)r * ldw, (const lms__q8a *)X, P, nblk), acc);
+    return true;
+}
+
+/* Q8_0 / Q4_0 / Q5_0 against one vector; false when the panel's memory is not to be had. */
+static INLINE T bool zmm32_1(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, float *y, int rows, int cols,
+                             bool acc)
+{
+    if (t == LMS_DTYPE_Q4_0)
+        return zq4_1(W, ldw, X, y, rows, cols, acc);
+    const int nblk = cols / 32;
+    int32_t *P = lms__qscratch_slot(1, (size_t)nblk * sizeof(int32_t));
+    if (!P)
+        return false;
+    zpanel1(t, (const lms__q8a *)X, nblk, P);
+    for (int r = 0; r < rows; r++)
+        store_y(y + r, udot_1(t, (const uint8_t *)W + (size_t)r * ldw, (const lms__q8a *)X, P, nblk), acc);
+    return true;
+}
+#endif
+
+
+/* ---- activation quantization (quant.c's, bit for bit: ggml's q8_1 and q8_K) -------------------------- */
+
+/* 32 int32 lanes (four registers) to 32 int8 in element order. */
+static INLINE T __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* quant.c's q8a_row: 127 / amax, x * that rounded to nearest even (the
+ * default rounding of vcvtps2dq, as nearbyintf), d and d * sum as f16. */
+static T void qx32_row(const float *x, lms__q8a *out, int cols)
+{
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int b = 0; b < cols / 32; b++) {
+        const float *v = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+               v3 = _mm256_loadu_ps(v + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
+        __m256 s = _mm256_set1_ps(id);
+        __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s)),
+                q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
+        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+        _mm256_storeu_si256((__m256i *)out[b].q, pack32(q0, q1, q2, q3));
+        out[b].d = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+        out[b].s = _cvtsh_ss(_cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
+/* quant/quantize.c's q8_k: the first value of largest magnitude (with its
+ * sign) as max, -127 / max, codes rounded to nearest even, sums of 16. */
+static T void qxk_row(const float *x, lms__q8k *out, int cols)
+{
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int b = 0; b < cols / 256; b++) {
+        const float *v = x + 256 * b;
+        lms__q8k *o = out + b;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 256; i += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        /* zeros, NaN, infinities, and subnormal maxima whose -127 / max is
+         * infinite: the portable code's bytes (ggml's rounding trick) */
+        if (!(amax > 0 && amax <= 3.4028235e38f && 127.f / amax <= 3.4028235e38f)) {
+            lms__qx_quantize_ref(LMS_DTYPE_Q8_K, v, o);
+            continue;
+        }
+        float max = 0;
+        __m256 am = _mm256_set1_ps(amax);
+        for (int i = 0; i < 256; i += 8) {
+            int k = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), am, _CMP_EQ_OQ));
+            if (k) {
+                max = v[i + __builtin_ctz((unsigned)k)];
+                break;
+            }
+        }
+        float iscale = -127.f / max;
+        __m256 s = _mm256_set1_ps(iscale);
+        const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+        for (int i = 0; i < 256; i += 32) {
+            __m256i q = pack32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), s)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), s)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 16), s)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 24), s)));
+            _mm256_storeu_si256((__m256i *)(o->q + i), q);
+            /* sums of 4, then lanes 0 and 4 the sums of 16 */
+            __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, q), one16);
+            s4 = _mm256_hadd_epi32(s4, s4);
+            s4 = _mm256_hadd_epi32(s4, s4);
+            o->bsums[i / 16] = (int16_t)_mm256_extract_epi32(s4, 0);
+            o->bsums[i / 16 + 1] = (int16_t)_mm256_extract_epi32(s4, 4);
+        }
+        o->d = 1 / iscale;
+    }
+}
+
+static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
+{
+    if (t == LMS_DTYPE_Q8_K)
+        qxk_row(x, out, cols);
+    else
+        qx32_row(x, out, cols);
+}
+
 /* ---- products ------------------------------------------------------------------------------------------ */
+
+#ifdef QX_ZMM
+#define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                \
+    (zmm_type(DT) && ((nb) == 1 ? zmm32_1(DT, W, ldw, X, y, rows, cols, acc)                                 \
+                                : zmm32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
+#else
+#define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
+#endif
 
 #define Q32(NAME, DT)                                                                                        \
     static T void NAME##_q(const void *W, size_t ldw, const void *xq, float *y, size_t ldy, int rows, int nb, \
@@ -285,6 +704,8 @@ static INLINE T void dotk_n(lms_dtype t, const uint8_t *w, const lms__q8k *const
     {                                                                                                        \
         size_t xr = lms__qx_row_bytes(DT, cols);                                                             \
         const uint8_t *X = xq;                                                                               \
+        if (ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))                                           \
+            return;                                                                                          \
         for (int r = 0; r < rows; r++) {                                                                     \
             const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw;                                         \
             int b = 0;                                                                                       \
@@ -429,4 +850,5 @@ const lms__qkernels QSET = {
                [LMS_DTYPE_Q5_1] = k_q5_1_q, [LMS_DTYPE_Q8_0] = k_q8_0_q, [LMS_DTYPE_Q4_K] = k_q4_k_q,
                [LMS_DTYPE_Q5_K] = k_q5_k_q, [LMS_DTYPE_Q6_K] = k_q6_k_q},
     .mlx = k_mlx,
+    .qx = k_qx,
 };

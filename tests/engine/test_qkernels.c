@@ -11,7 +11,10 @@
  *   - the SIMD sets equal the portable one up to float summation order;
  *   - acc adds to y; the pre-quantized entry (gemm_q) gives the same bits;
  *   - MLX affine (bits 2-8, groups 32/64/128, F32/F16/BF16 scales) equals
- *     the float dot of lms__mlx_dequant_row's values within float slack.
+ *     the float dot of lms__mlx_dequant_row's values within float slack;
+ *   - every set's activation quantizer (->qx) writes the portable one's
+ *     bytes, on random rows and edge blocks (zeros, -0, one large value, a
+ *     tie of +amax and -amax, subnormals, values at .5 steps after scaling).
  */
 #include <math.h>
 #include <stdio.h>
@@ -223,10 +226,56 @@ static void every_set_matches_the_dequantized_dot(void **state)
     assert_false(lms__qkernel_supported(LMS_DTYPE_BF16));
 }
 
+/* A row of 1024 of edge blocks for block size be (32 or 256), then random values. */
+static void edge_row(float *x, int n, int be, int seed_case)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = frand() * (i % 11 == 0 ? 30.f : 1.f);
+    switch (seed_case) {
+    case 0: memset(x, 0, (size_t)be * 4); break;                             /* a zero block */
+    case 1: for (int i = 0; i < be; i++) x[i] = -0.f; break;                 /* -0 */
+    case 2: for (int i = 0; i < be; i++) x[i] = i == be / 2 ? -1e6f : 1e-3f; break; /* one large value */
+    case 3: x[3] = 50.f; x[7] = -50.f; x[be - 1] = 50.f; break;             /* a tie of +amax and -amax: the first wins */
+    case 4: for (int i = 0; i < be; i++) x[i] = (float)(i % 5) * 1e-40f; break; /* subnormals */
+    default: for (int i = 0; i < be; i++) x[i] = (float)(i - be / 2) * 0.5f; break; /* halves after scaling */
+    }
+}
+
+static void activation_quantizers_write_the_portable_bytes(void **state)
+{
+    (void)state;
+    const lms__qkernels *gen = lms__qkernels_by_name("generic");
+    static const char *const names[] = {"avx2", "avx512"};
+    enum { N = 1024 };
+    float x[N];
+    for (size_t i = 0; i < 2; i++) {
+        const lms__qkernels *ks = lms__qkernels_by_name(names[i]);
+        if (!ks)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            lms_dtype form = k ? LMS_DTYPE_Q8_K : LMS_DTYPE_Q8_0;
+            size_t bytes = k ? N / 256 * sizeof(lms__q8k) : N / 32 * sizeof(lms__q8a);
+            for (int c = 0; c < 6; c++) {
+                edge_row(x, N, k ? 256 : 32, c);
+                uint8_t *a = calloc(1, bytes), *b = calloc(1, bytes);
+                gen->qx(form, x, N, a);
+                ks->qx(form, x, N, b);
+                if (memcmp(a, b, bytes))
+                    fail_msg("%s: %s activations (case %d) differ from the portable quantizer's", ks->name,
+                             k ? "Q8_K" : "32-element", c);
+                free(a);
+                free(b);
+            }
+        }
+        printf("kernel set %s: activation quantizer equals the portable one\n", ks->name);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_set_matches_the_dequantized_dot),
+        cmocka_unit_test(activation_quantizers_write_the_portable_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -175,9 +175,11 @@ def test_split_files_are_one_model(base):
     check(len(files) > 2 and files[0].endswith("-00001-of-%05d.gguf" % len(files)),
           f"GGUFWriter wrote {len(files)} split files")
     store = os.path.join(base, "store-split")
-    su.lms("import", os.path.join(one, "m.gguf"), "--name", "single", "--store", store, check=0)
-    _, out, _ = su.lms("import", split, "--name", "folder", "--store", store, check=0)
+    _, _, err1 = su.lms("import", os.path.join(one, "m.gguf"), "--name", "single", "--store", store, check=0)
+    _, out, err2 = su.lms("import", split, "--name", "folder", "--store", store, check=0)
     check(" 0 B written" in out, "the split set's tensors are all deduplicated against the single file")
+    check("config.json" not in err1 + err2, "a GGUF file or folder (its metadata is the config) is not said to "
+          "lack config.json" + ("" if "config.json" not in err1 + err2 else "\n  " + err1 + err2))
     su.lms("import", files[0], "--store", store, check=0)  # default name from the first file: "m"
     ids = {n: info(store, n)["id"] for n in ("single", "folder", "m")}
     check(len(set(ids.values())) == 1, "single file, split folder and first split file: one model id")
