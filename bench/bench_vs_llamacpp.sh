@@ -29,17 +29,18 @@
 #   ttft      the whole process, from exec to exit, of a run that reads a
 #             ~128-token text prompt and generates one token: `lmstore run
 #             -p TEXT --max-tokens 1` / `llama-completion -p TEXT -n 1
-#             -no-cnv`, page cache warm; its peak RSS (/usr/bin/time)
+#             -no-cnv`, page cache warm, both with a context of CTX tokens
+#             (default 4096); its peak RSS (/usr/bin/time)
 # Every tool runs with its defaults otherwise (llama-bench: batch 2048,
 # ubatch 512, flash attention auto, its own warm-up run; lmstore: prefill
-# blocks of 32 tokens on the CPU, its own warm-up). Prints each round and,
+# blocks of 128 tokens on the CPU, its own warm-up). Prints each round and,
 # per model and type, the median and min-max over rounds of lmstore /
 # llama.cpp for speeds (above 1: lmstore faster) and of llama.cpp / lmstore
 # for time to first token (above 1: lmstore faster), and both peak RSS.
 #
 # usage: bench/bench_vs_llamacpp.sh [--llama DIR] [--work DIR] [--build DIR] [--threads T] [--pairs N]
 #            [--models "llama-3.2-1b qwen3-0.6b smollm2-135m"] [--types "Q8_0 Q4_0 Q4_K_M BF16 F16"] [--decode N]
-#            [--busy]
+#            [--ctx N] [--busy]
 #   --busy   also run lmstore's decode with a busy loop pinned on CPU 0 (another process holding a
 #            core), alternating with quiet rounds, and print the ratio to the quiet rate
 # Environment: LLAMACPP_DIR (the peer's folder, default ${TMPDIR:-/tmp}/lmstore-llamacpp),
@@ -57,6 +58,7 @@ pairs=5
 models="llama-3.2-1b qwen3-0.6b"
 types="Q8_0 Q4_0 Q4_K_M"
 decode=64
+ctx=4096
 busy=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -69,6 +71,7 @@ while [ $# -gt 0 ]; do
     --types) types=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
     --busy) busy=1; shift ;;
+    --ctx) ctx=$2; shift 2 ;;
     *) sed -n '/^# usage/,/^# Needs/p' "$0" >&2; exit 2 ;;
   esac
 done
@@ -163,7 +166,7 @@ lms_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   pp128=$(echo "$j1" | py_json 'd["prefill_tps"]')
   pp512=$(echo "$j2" | py_json 'd["prefill_tps"]')
   /usr/bin/time -o "$work/time.txt" -f "%e %M" "$lms" run "$name" --store "$store" --threads "$threads" \
-    -p "$prompt" --max-tokens 1 --ignore-eos >/dev/null 2>&1
+    --ctx "$ctx" -p "$prompt" --max-tokens 1 --ignore-eos >/dev/null 2>&1
   tt=$(tail -1 "$work/time.txt")
   echo "$dec $pp128 $pp512 $tt"
 }
@@ -175,7 +178,7 @@ llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   dec=$(echo "$j1" | py_json 'd[0]["avg_ts"]')
   pp128=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 128][0]')
   pp512=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 512][0]')
-  /usr/bin/time -o "$work/time.txt" -f "%e %M" "$bin/llama-completion" -m "$f" -t "$threads" -p "$prompt" \
+  /usr/bin/time -o "$work/time.txt" -f "%e %M" "$bin/llama-completion" -m "$f" -t "$threads" -c "$ctx" -p "$prompt" \
     -n 1 -no-cnv --no-display-prompt >/dev/null 2>&1 </dev/null
   tt=$(tail -1 "$work/time.txt")
   echo "$dec $pp128 $pp512 $tt"
@@ -184,7 +187,7 @@ llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "# bench_vs_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n), $cpu, $(nproc) CPUs, threads $threads"
 echo "# peer: llama.cpp vendored by llama-cpp-python $pyver ($llama/build, GGML_NATIVE); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode$([ $busy = 1 ] && echo ' --busy')"
+echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode --ctx $ctx$([ $busy = 1 ] && echo ' --busy')"
 for m in $models; do
   gen "$m"
   for t in $types; do

@@ -151,12 +151,14 @@ static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
 {
     mm_quantize_input(b, jobs, n, nb);
     size_t items = 0;
+    /* chunks of whole row blocks of the prefill kernels (48 rows), 16 rows in decode */
+    uint32_t unit = nb >= 4 ? 48 : 16;
     for (int j = 0; j < n; j++) {
         uint32_t rows = jobs[j].w->rows;
         uint32_t c = rows / (uint32_t)(b->nthreads * 4);
-        c = (c + 15) & ~15u;
-        c = LMS_MAX(c, 16u);
-        c = LMS_MIN(c, 512u);
+        c = (c + unit - 1) / unit * unit;
+        c = LMS_MAX(c, unit);
+        c = LMS_MIN(c, 512u / unit * unit);
         jobs[j].chunk = c;
         jobs[j].items = (rows + c - 1) / c;
         items += jobs[j].items;

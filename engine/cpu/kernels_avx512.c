@@ -16,9 +16,13 @@
 
 #define T __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-/* software prefetch distance (elements) in the one-token path: decode streams
- * four weight rows at once, a pattern the hardware prefetcher follows late */
+/* software prefetch distance (elements) in the 4-row path (4 to 7 tokens),
+ * which streams four weight rows at once, a pattern the hardware prefetcher
+ * follows late */
 #define PF 512
+/* decode (fewer than 4 tokens): rows in memory order, one weight stream,
+ * prefetched this many bytes ahead */
+#define PFB 4096
 
 /* ---- loads of 16 weights widened to f32 (masked for the tail) -------------------- */
 
@@ -143,9 +147,49 @@ static inline void store_out(float *y, float v, bool acc) { *y = acc ? *y + v : 
         }                                                                                             \
     }
 
-GEMM_IMPL(gemm_f32_rows, ld_f32, ldm_f32, 4)
-GEMM_IMPL(gemm_f16_rows, ld_f16, ldm_f16, 2)
-GEMM_IMPL(gemm_bf16_rows, ld_bf16, ldm_bf16, 2)
+GEMM_IMPL(gemm_f32_rows4, ld_f32, ldm_f32, 4)
+GEMM_IMPL(gemm_f16_rows4, ld_f16, ldm_f16, 2)
+GEMM_IMPL(gemm_bf16_rows4, ld_bf16, ldm_bf16, 2)
+
+/*
+ * Fewer than 4 tokens (decode, and attention's scores): one row at a time in
+ * memory order, prefetched PFB bytes ahead, each row against every token
+ * (the row stays in L1); 4 to 7 tokens take the 4-row path above.
+ */
+#define GEMM_LINEAR(NAME, ROWS4, LD, LDM, ESZ)                                                       \
+    static T void NAME(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,   \
+                       int rows, int nb, int cols, bool acc)                                          \
+    {                                                                                                 \
+        if (nb >= 4) {                                                                                \
+            ROWS4(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                       \
+            return;                                                                                   \
+        }                                                                                             \
+        int kf = cols & ~15;                                                                          \
+        __mmask16 mt = (__mmask16)((1u << (cols - kf)) - 1);                                         \
+        for (int r = 0; r < rows; r++) {                                                              \
+            const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw * ESZ;                            \
+            for (int b = 0; b < nb; b++) {                                                            \
+                const float *xb = x + (size_t)b * ldx;                                                \
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                             \
+                int k = 0;                                                                            \
+                for (; k + 32 <= kf; k += 32) {                                                       \
+                    for (int c = 0; c < 32 * ESZ; c += 64)                                            \
+                        _mm_prefetch((const char *)w + (size_t)k * ESZ + PFB + c, _MM_HINT_T0);       \
+                    a0 = _mm512_fmadd_ps(LD(w, k), _mm512_loadu_ps(xb + k), a0);                      \
+                    a1 = _mm512_fmadd_ps(LD(w, k + 16), _mm512_loadu_ps(xb + k + 16), a1);            \
+                }                                                                                     \
+                if (k < kf)                                                                           \
+                    a0 = _mm512_fmadd_ps(LD(w, k), _mm512_loadu_ps(xb + k), a0);                      \
+                if (mt)                                                                               \
+                    a1 = _mm512_fmadd_ps(LDM(w, kf, mt), _mm512_maskz_loadu_ps(mt, xb + kf), a1);     \
+                store_out(y + (size_t)b * ldy + r, _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)), acc); \
+            }                                                                                         \
+        }                                                                                             \
+    }
+
+GEMM_LINEAR(gemm_f32_rows, gemm_f32_rows4, ld_f32, ldm_f32, 4)
+GEMM_LINEAR(gemm_f16_rows, gemm_f16_rows4, ld_f16, ldm_f16, 2)
+GEMM_LINEAR(gemm_bf16_rows, gemm_bf16_rows4, ld_bf16, ldm_bf16, 2)
 
 /* ---- prefill: a packed, cache-blocked GEMM ------------------------------------------ */
 
@@ -324,8 +368,6 @@ const lms__kernels lms__kernels_avx512 = {
 
 #define TB __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")))
 
-/* decode: prefetch distance in bytes ahead of the one weight stream */
-#define PFB 4096
 
 static inline TB __m512 dp(__m512 c, __m512i a, __m512i b) { return _mm512_dpbf16_ps(c, (__m512bh)a, (__m512bh)b); }
 
