@@ -151,11 +151,12 @@ static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
 {
     mm_quantize_input(b, jobs, n, nb);
     size_t items = 0;
-    /* chunks of whole row blocks of the prefill kernels (48 rows), 16 rows in decode */
-    uint32_t unit = nb >= 4 ? 48 : 16;
+    /* chunks of whole row blocks of the prefill kernels (48 rows; 8 chunks a
+     * thread or more, the threads finish together), 16 rows (4 a thread) in decode */
+    uint32_t unit = nb >= 4 ? 48 : 16, per = nb >= 4 ? 8 : 4;
     for (int j = 0; j < n; j++) {
         uint32_t rows = jobs[j].w->rows;
-        uint32_t c = rows / (uint32_t)(b->nthreads * 4);
+        uint32_t c = rows / (uint32_t)(b->nthreads * per);
         c = (c + unit - 1) / unit * unit;
         c = LMS_MAX(c, unit);
         c = LMS_MIN(c, 512u / unit * unit);
