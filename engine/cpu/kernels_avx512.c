@@ -254,44 +254,57 @@ static inline T __attribute__((always_inline)) void tile_out(__m512 c[3][NR], in
     }
 }
 
-/* f32 tile: wp[k*MR + row] (kn columns) against x[t*ldx + k]. */
-static inline T __attribute__((always_inline)) void tile_f32(const float *wp, int kn, const float *x, size_t ldx,
-                                                              int nr, float *y, size_t ldy, int rl, bool acc)
-{
-    __m512 c[3][NR];
-    for (int g = 0; g < 3; g++)
-        for (int t = 0; t < nr; t++) c[g][t] = _mm512_setzero_ps();
-    for (int k = 0; k < kn; k++) {
-        __m512 a0 = _mm512_load_ps(wp + k * MR), a1 = _mm512_load_ps(wp + k * MR + 16);
-        __m512 a2 = _mm512_load_ps(wp + k * MR + 32);
-        for (int t = 0; t < nr; t++) {
-            __m512 b = _mm512_set1_ps(x[(size_t)t * ldx + k]);
-            c[0][t] = _mm512_fmadd_ps(a0, b, c[0][t]);
-            c[1][t] = _mm512_fmadd_ps(a1, b, c[1][t]);
-            c[2][t] = _mm512_fmadd_ps(a2, b, c[2][t]);
-        }
+/*
+ * A tile: the packed block wp[k*MR + row] (kn columns, or column pairs)
+ * against nr tokens' x[t*ldx + k] broadcast, 3 x nr accumulators (VT: the
+ * vector type the weights load as; MAC(c, a, b) adds a * b into c), and
+ * NAME_N, which calls it with a constant nr (the loops unroll, the tile
+ * lives in registers).
+ */
+#define TILE_IMPL(NAME, NAME_N, ATTR, WT, XT, VT, LOADW, BCAST, MAC)                                 \
+    static inline ATTR __attribute__((always_inline)) void NAME(const WT *wp, int kn, const XT *x,    \
+                                                                size_t ldx, int nr, float *y,         \
+                                                                size_t ldy, int rl, bool acc)         \
+    {                                                                                                 \
+        __m512 c[3][NR];                                                                              \
+        for (int g = 0; g < 3; g++)                                                                   \
+            for (int t = 0; t < nr; t++) c[g][t] = _mm512_setzero_ps();                               \
+        for (int k = 0; k < kn; k++) {                                                                \
+            VT a0 = LOADW(wp + k * MR), a1 = LOADW(wp + k * MR + 16), a2 = LOADW(wp + k * MR + 32);   \
+            for (int t = 0; t < nr; t++) {                                                            \
+                VT b = BCAST(x[(size_t)t * ldx + k]);                                                 \
+                c[0][t] = MAC(c[0][t], a0, b);                                                        \
+                c[1][t] = MAC(c[1][t], a1, b);                                                        \
+                c[2][t] = MAC(c[2][t], a2, b);                                                        \
+            }                                                                                         \
+        }                                                                                             \
+        tile_out(c, nr, y, ldy, rl, acc);                                                             \
+    }                                                                                                 \
+    static ATTR void NAME_N(const WT *wp, int kn, const XT *x, size_t ldx, int nr, float *y, size_t ldy, \
+                            int rl, bool acc)                                                         \
+    {                                                                                                 \
+        switch (nr) {                                                                                 \
+        case 8: NAME(wp, kn, x, ldx, 8, y, ldy, rl, acc); break;                                      \
+        case 7: NAME(wp, kn, x, ldx, 7, y, ldy, rl, acc); break;                                      \
+        case 6: NAME(wp, kn, x, ldx, 6, y, ldy, rl, acc); break;                                      \
+        case 5: NAME(wp, kn, x, ldx, 5, y, ldy, rl, acc); break;                                      \
+        case 4: NAME(wp, kn, x, ldx, 4, y, ldy, rl, acc); break;                                      \
+        case 3: NAME(wp, kn, x, ldx, 3, y, ldy, rl, acc); break;                                      \
+        case 2: NAME(wp, kn, x, ldx, 2, y, ldy, rl, acc); break;                                      \
+        default: NAME(wp, kn, x, ldx, 1, y, ldy, rl, acc); break;                                     \
+        }                                                                                             \
     }
-    tile_out(c, nr, y, ldy, rl, acc);
-}
 
-static T void tile_f32_n(const float *wp, int kn, const float *x, size_t ldx, int nr, float *y, size_t ldy, int rl,
-                         bool acc)
-{
-    switch (nr) { /* constant tile widths: the loops unroll, the tile lives in registers */
-    case 8: tile_f32(wp, kn, x, ldx, 8, y, ldy, rl, acc); break;
-    case 7: tile_f32(wp, kn, x, ldx, 7, y, ldy, rl, acc); break;
-    case 6: tile_f32(wp, kn, x, ldx, 6, y, ldy, rl, acc); break;
-    case 5: tile_f32(wp, kn, x, ldx, 5, y, ldy, rl, acc); break;
-    case 4: tile_f32(wp, kn, x, ldx, 4, y, ldy, rl, acc); break;
-    case 3: tile_f32(wp, kn, x, ldx, 3, y, ldy, rl, acc); break;
-    case 2: tile_f32(wp, kn, x, ldx, 2, y, ldy, rl, acc); break;
-    default: tile_f32(wp, kn, x, ldx, 1, y, ldy, rl, acc); break;
-    }
-}
+#define FMA_ACC(c, a, b) _mm512_fmadd_ps(a, b, c)
+TILE_IMPL(tile_f32, tile_f32_n, T, float, float, __m512, _mm512_load_ps, _mm512_set1_ps, FMA_ACC)
 
-/* Packs rows [0, rl) x columns [k0, k0 + kn) of W, widened to f32, as wp[k*MR + row] (rows past rl: 0). */
-#define PACK_F32(NAME, LDM, ESZ)                                                                      \
-    static inline T void NAME(const void *W, size_t ldw, int rl, int k0, int kn, float *wp)           \
+/*
+ * Packs rows [0, rl) x columns (or column pairs) [k0, k0 + kn) of W as
+ * wp[k*MR + row], rows past rl 0; LOAD(W, ldw, row, k, mask) gives 16 of a
+ * row's 32-bit elements from k on (widened f32, or bf16 pairs).
+ */
+#define PACK_IMPL(NAME, ATTR, ST, LOAD)                                                               \
+    static inline ATTR void NAME(const void *W, size_t ldw, int rl, int k0, int kn, ST *wp)           \
     {                                                                                                 \
         for (int g = 0; g < 3; g++)                                                                   \
             for (int k = 0; k < kn; k += 16) {                                                        \
@@ -299,18 +312,19 @@ static T void tile_f32_n(const float *wp, int kn, const float *x, size_t ldx, in
                 __m512i v[16];                                                                        \
                 for (int i = 0; i < 16; i++) {                                                        \
                     int r = 16 * g + i;                                                               \
-                    v[i] = r < rl ? _mm512_castps_si512(LDM((const uint8_t *)W + (size_t)r * ldw * ESZ, \
-                                                            (size_t)(k0 + k), m))                     \
-                                  : _mm512_setzero_si512();                                           \
+                    v[i] = r < rl ? LOAD(W, ldw, r, k0 + k, m) : _mm512_setzero_si512();              \
                 }                                                                                     \
                 tr16(v);                                                                              \
                 for (int j = 0; j < 16 && k + j < kn; j++) _mm512_store_si512(wp + (k + j) * MR + 16 * g, v[j]); \
             }                                                                                         \
     }
 
-PACK_F32(pack_f32, ldm_f32, 4)
-PACK_F32(pack_f16, ldm_f16, 2)
-PACK_F32(pack_bf16, ldm_bf16, 2)
+#define LOAD_F32(W, ldw, r, k, m) _mm512_castps_si512(ldm_f32((const float *)(W) + (size_t)(r) * (ldw), (size_t)(k), m))
+#define LOAD_F16(W, ldw, r, k, m) _mm512_castps_si512(ldm_f16((const uint16_t *)(W) + (size_t)(r) * (ldw), (size_t)(k), m))
+#define LOAD_BF16(W, ldw, r, k, m) _mm512_castps_si512(ldm_bf16((const uint16_t *)(W) + (size_t)(r) * (ldw), (size_t)(k), m))
+PACK_IMPL(pack_f32, T, float, LOAD_F32)
+PACK_IMPL(pack_f16, T, float, LOAD_F16)
+PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
 
 /* Prefill (8 tokens or more) over f32/f16/bf16 weights; fewer tokens take the row kernels. */
 #define GEMM_PACKED(NAME, ROWS, PACK, ESZ)                                                              \
@@ -415,58 +429,10 @@ static TB void gemm_xbf16_rows(const uint16_t *W, size_t ldw, const uint16_t *xb
     }
 }
 
-/* Packs rows [0, rl) x column pairs [p0, p0 + pn) of W as wp[p*MR + row] (rows past rl: 0). */
-static inline TB void pack_pairs(const uint16_t *W, size_t ldw, int rl, int p0, int pn, uint32_t *wp)
-{
-    for (int g = 0; g < 3; g++)
-        for (int p = 0; p < pn; p += 16) {
-            __mmask16 m = lanes(pn - p);
-            __m512i v[16];
-            for (int i = 0; i < 16; i++) {
-                int r = 16 * g + i;
-                v[i] = r < rl ? _mm512_maskz_loadu_epi32(m, (const uint32_t *)(W + (size_t)r * ldw) + p0 + p)
-                              : _mm512_setzero_si512();
-            }
-            tr16(v);
-            for (int j = 0; j < 16 && p + j < pn; j++) _mm512_store_si512(wp + (p + j) * MR + 16 * g, v[j]);
-        }
-}
-
-/* bf16 tile: wp[p*MR + row] (pn pairs) against the pairs x[t*ldx + p]. */
-static inline TB __attribute__((always_inline)) void tile_bf16(const uint32_t *wp, int pn, const uint32_t *x,
-                                                                size_t ldx, int nr, float *y, size_t ldy, int rl,
-                                                                bool acc)
-{
-    __m512 c[3][NR];
-    for (int g = 0; g < 3; g++)
-        for (int t = 0; t < nr; t++) c[g][t] = _mm512_setzero_ps();
-    for (int p = 0; p < pn; p++) {
-        __m512i a0 = _mm512_load_si512(wp + p * MR), a1 = _mm512_load_si512(wp + p * MR + 16);
-        __m512i a2 = _mm512_load_si512(wp + p * MR + 32);
-        for (int t = 0; t < nr; t++) {
-            __m512i b = _mm512_set1_epi32((int)x[(size_t)t * ldx + p]);
-            c[0][t] = dp(c[0][t], a0, b);
-            c[1][t] = dp(c[1][t], a1, b);
-            c[2][t] = dp(c[2][t], a2, b);
-        }
-    }
-    tile_out(c, nr, y, ldy, rl, acc);
-}
-
-static TB void tile_bf16_n(const uint32_t *wp, int pn, const uint32_t *x, size_t ldx, int nr, float *y, size_t ldy,
-                           int rl, bool acc)
-{
-    switch (nr) {
-    case 8: tile_bf16(wp, pn, x, ldx, 8, y, ldy, rl, acc); break;
-    case 7: tile_bf16(wp, pn, x, ldx, 7, y, ldy, rl, acc); break;
-    case 6: tile_bf16(wp, pn, x, ldx, 6, y, ldy, rl, acc); break;
-    case 5: tile_bf16(wp, pn, x, ldx, 5, y, ldy, rl, acc); break;
-    case 4: tile_bf16(wp, pn, x, ldx, 4, y, ldy, rl, acc); break;
-    case 3: tile_bf16(wp, pn, x, ldx, 3, y, ldy, rl, acc); break;
-    case 2: tile_bf16(wp, pn, x, ldx, 2, y, ldy, rl, acc); break;
-    default: tile_bf16(wp, pn, x, ldx, 1, y, ldy, rl, acc); break;
-    }
-}
+#define LOAD_PAIRS(W, ldw, r, p, m) _mm512_maskz_loadu_epi32(m, (const uint32_t *)((const uint16_t *)(W) + (size_t)(r) * (ldw)) + (p))
+#define BCAST_PAIR(v) _mm512_set1_epi32((int)(v))
+PACK_IMPL(pack_pairs, TB, uint32_t, LOAD_PAIRS)
+TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_si512, BCAST_PAIR, dp)
 
 static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
                           int rows, int nb, int cols, bool acc)
