@@ -3,16 +3,19 @@
  * (engine/backend.h): matrix products split by rows over the thread pool
  * through the SIMD kernel tables (engine/cpu/kernels*.c for 16/32-bit
  * weights, engine/cpu/quant*.c for GGUF block types and MLX affine),
- * weights read in place from the mapping, every activation and
- * accumulation in f32.
+ * weights read in place from the mapping, every accumulation in f32, and
+ * every activation, except that with kernels that have gemm_xbf16 (AVX-512
+ * BF16) the input of a BF16 weight product is rounded to bf16 once per
+ * product (into xb), as llama.cpp does for BF16 weights.
  *
  * A block of up to max_block tokens shares each pass over the weights
  * (prefill); decode is a block of one. The jobs of one matmul call (q/k/v,
  * gate/up) run as one pool dispatch. For GGUF block types the call's input
  * is quantized once (8-bit blocks: one form for the 32-element types, one
  * for the K types) before that dispatch, and every thread reads the same
- * quantized rows, as llama.cpp does. All scratch is allocated at create:
- * nothing is allocated per token.
+ * quantized rows, as llama.cpp does. A prefill block's inputs (norm,
+ * activation, rounding) are computed a token per task over the pool. All
+ * scratch is allocated at create: nothing is allocated per token.
  */
 #include <assert.h>
 #include <math.h>

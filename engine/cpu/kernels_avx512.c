@@ -6,8 +6,11 @@
  * attributes so the rest of the library stays baseline x86-64.
  *
  * Weights are widened to f32 in registers (bf16: shift into the high half;
- * f16: vcvtph2ps) and accumulated in f32 with FMA. Prefill tiles 4 weight
- * rows x 4 tokens so each widened weight vector feeds 4 FMAs.
+ * f16: vcvtph2ps) and accumulated in f32 with FMA. Decode streams each
+ * call's rows in memory order; prefill packs blocks of 48 rows into L1 and
+ * runs every token of the block over them (GEMM_PACKED below). The
+ * avx512bf16 set at the end adds the products of BF16 weights with bf16
+ * activations (vdpbf16ps), in the same two shapes.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
