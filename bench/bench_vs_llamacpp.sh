@@ -11,11 +11,13 @@
 #
 # The models: Llama-3.2-1B- and Qwen3-0.6B-shaped (tied embeddings), random
 # bf16 weights from tests/gen_model.py with a small byte-level BPE tokenizer
-# (tests/tools/tinymodel.py), imported into a store, written as one BF16
-# GGUF by `lmstore export`, and quantized by llama.cpp's own llama-quantize
-# to each TYPE (Q8_0, Q4_0, Q4_K_M): what a llama.cpp user runs. lmstore
-# imports those GGUF files as they are, so both engines compute over the
-# same tensor bytes.
+# (tests/tools/tinymodel.py), and smollm2-135m, the quick-start model
+# (models/smollm2-135m-instruct, real bf16 weights), imported into a store,
+# written as one BF16 GGUF by `lmstore export`, and converted by llama.cpp's
+# own llama-quantize to each TYPE (Q8_0, Q4_0, Q4_K_M, F16; BF16 is the
+# exported file itself): what a llama.cpp user runs. lmstore imports those
+# GGUF files as they are, so both engines compute over the same tensor
+# bytes.
 #
 # Each of PAIRS rounds measures, in alternating order (lmstore first in odd
 # rounds, llama.cpp first in even ones), with the memory read bandwidth
@@ -27,10 +29,11 @@
 #   ttft      the whole process, from exec to exit, of a run that reads a
 #             ~128-token text prompt and generates one token: `lmstore run
 #             -p TEXT --max-tokens 1` / `llama-completion -p TEXT -n 1
-#             -no-cnv`, page cache warm; its peak RSS (/usr/bin/time)
+#             -no-cnv`, page cache warm, both with a context of CTX tokens
+#             (default 4096); its peak RSS (/usr/bin/time)
 # Every tool runs with its defaults otherwise (llama-bench: batch 2048,
 # ubatch 512, flash attention auto, its own warm-up run; lmstore: prefill
-# blocks of 32 tokens on the CPU, its own warm-up). Prints each round and,
+# blocks of 128 tokens on the CPU, its own warm-up). Prints each round and,
 # per model and type, the median and min-max over rounds of lmstore /
 # llama.cpp for speeds (above 1: lmstore faster) and of llama.cpp / lmstore
 # for time to first token (above 1: lmstore faster), and both peak RSS.
@@ -38,11 +41,14 @@
 # --short measures decode and prefill 128 only (no prefill 512, no whole-process run): a quarter of
 # the time, for a machine shared with other work.
 # usage: bench/bench_vs_llamacpp.sh [--llama DIR] [--work DIR] [--build DIR] [--threads T] [--pairs N]
-#            [--models "llama-3.2-1b qwen3-0.6b"] [--types "Q8_0 Q4_0 Q4_K_M"] [--decode N] [--short]
+#            [--models "llama-3.2-1b qwen3-0.6b smollm2-135m"] [--types "Q8_0 Q4_0 Q4_K_M BF16 F16"] [--decode N]
+#            [--ctx N] [--busy] [--short]
+#   --busy   also run lmstore's decode with a busy loop pinned on CPU 0 (another process holding a
+#            core), alternating with quiet rounds, and print the ratio to the quiet rate
 # Environment: LLAMACPP_DIR (the peer's folder, default ${TMPDIR:-/tmp}/lmstore-llamacpp),
 #   LLAMACPP_PY_VERSION (the llama-cpp-python sdist, default 0.3.36), PYTHON (with numpy and
 #   tokenizers; default: the tests' .venv-test, else python3), LMS_BENCH_DIR (work folder).
-# Needs cmake, a C++ compiler, pip, /usr/bin/time, and about 10 GB in the work folder.
+# Needs cmake, a C++ compiler, pip, /usr/bin/time, taskset (--busy), and about 10 GB in the work folder.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=${LMS_BUILD_DIR:-$src/build}
@@ -55,6 +61,8 @@ models="llama-3.2-1b qwen3-0.6b"
 types="Q8_0 Q4_0 Q4_K_M"
 decode=64
 short=0
+ctx=4096
+busy=0
 while [ $# -gt 0 ]; do
   case $1 in
     --llama) llama=$2; shift 2 ;;
@@ -66,6 +74,8 @@ while [ $# -gt 0 ]; do
     --types) types=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
     --short) short=1; shift ;;
+    --busy) busy=1; shift ;;
+    --ctx) ctx=$2; shift 2 ;;
     *) sed -n '/^# usage/,/^# Needs/p' "$0" >&2; exit 2 ;;
   esac
 done
@@ -96,16 +106,21 @@ fi
 
 # ---- the models ----------------------------------------------------------------------------------
 gen() { # shape -> GGUF files $work/SHAPE-TYPE.gguf, imported as SHAPE-TYPE
-  local m=$1 dir=$work/$1 need=0 args
+  local m=$1 dir=$work/$1 need=0 args real=0
   for t in $types; do [ -f "$work/$m-$t.gguf" ] || need=1; done
+  if [ $need = 1 ] && [ "$m" = smollm2-135m ]; then
+    [ -f "$src/models/smollm2-135m-instruct/model.safetensors" ] ||
+      { echo "smollm2-135m: models/smollm2-135m-instruct is missing (the quick-start model)" >&2; exit 1; }
+    dir=$src/models/smollm2-135m-instruct real=1
+  fi
   if [ $need = 1 ]; then
-    case $m in
+    [ $real = 1 ] || case $m in
       qwen3-0.6b) args="--arch qwen3 --hidden 1024 --intermediate 3072 --layers 28 --heads 16 --kv-heads 8 --head-dim 128 --vocab 151936 --max-pos 40960 --tied" ;;
       llama-3.2-1b) args="--arch llama --hidden 2048 --intermediate 8192 --layers 16 --heads 32 --kv-heads 8 --head-dim 64 --vocab 128256 --max-pos 131072 --tied" ;;
       *) echo "unknown model $m" >&2; exit 2 ;;
     esac
-    echo "== $m: random bf16 weights, BF16 GGUF, llama-quantize $types" >&2
-    "$PYTHON" "$src/tests/gen_model.py" "$dir" $args --dtype BF16 --shard-size 2G --force >/dev/null
+    echo "== $m: bf16 weights, BF16 GGUF, llama-quantize $types" >&2
+    [ $real = 1 ] || { "$PYTHON" "$src/tests/gen_model.py" "$dir" $args --dtype BF16 --shard-size 2G --force >/dev/null
     "$PYTHON" - "$dir" <<'PY'
 import json, os, sys
 sys.path.insert(0, os.path.join(os.environ.get("LMS_SRC", "."), "tests", "tools"))
@@ -116,17 +131,20 @@ tok.save(os.path.join(d, "tokenizer.json"))
 with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
     json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False}, f)
 PY
+    }
     "$lms" rm --store "$store" "$m-bf16" >/dev/null 2>&1 || true
     "$lms" import --store "$store" "$dir" --name "$m-bf16" >/dev/null
     rm -f "$work/$m-bf16.gguf"
     "$lms" export --store "$store" "$m-bf16" "$work/$m-bf16.gguf" >/dev/null
     for t in $types; do
-      "$bin/llama-quantize" "$work/$m-bf16.gguf" "$work/$m-$t.gguf" "$t" >/dev/null 2>&1
+      if [ "$t" = BF16 ]; then cp "$work/$m-bf16.gguf" "$work/$m-$t.gguf"
+      else "$bin/llama-quantize" "$work/$m-bf16.gguf" "$work/$m-$t.gguf" "$t" >/dev/null 2>&1; fi
       "$lms" rm --store "$store" "$m-$t" >/dev/null 2>&1 || true
     done
     "$lms" rm --store "$store" "$m-bf16" >/dev/null
     "$lms" gc --store "$store" >/dev/null
-    rm -rf "$dir" "$work/$m-bf16.gguf"
+    [ $real = 1 ] || rm -rf "$dir"
+    rm -f "$work/$m-bf16.gguf"
   fi
   for t in $types; do
     "$lms" info --store "$store" "$m-$t" >/dev/null 2>&1 || "$lms" import --store "$store" "$work/$m-$t.gguf" --name "$m-$t" >/dev/null
@@ -153,7 +171,7 @@ lms_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   pp128=$(echo "$j1" | py_json 'd["prefill_tps"]')
   pp512=$(echo "$j2" | py_json 'd["prefill_tps"]')
   /usr/bin/time -o "$work/time.txt" -f "%e %M" "$lms" run "$name" --store "$store" --threads "$threads" \
-    -p "$prompt" --max-tokens 1 --ignore-eos >/dev/null 2>&1
+    --ctx "$ctx" -p "$prompt" --max-tokens 1 --ignore-eos >/dev/null 2>&1
   tt=$(tail -1 "$work/time.txt")
   echo "$dec $pp128 $pp512 $tt"
 }
@@ -169,7 +187,7 @@ llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   dec=$(echo "$j1" | py_json 'd[0]["avg_ts"]')
   pp128=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 128][0]')
   pp512=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 512][0]')
-  /usr/bin/time -o "$work/time.txt" -f "%e %M" "$bin/llama-completion" -m "$f" -t "$threads" -p "$prompt" \
+  /usr/bin/time -o "$work/time.txt" -f "%e %M" "$bin/llama-completion" -m "$f" -t "$threads" -c "$ctx" -p "$prompt" \
     -n 1 -no-cnv --no-display-prompt >/dev/null 2>&1 </dev/null
   tt=$(tail -1 "$work/time.txt")
   echo "$dec $pp128 $pp512 $tt"
@@ -178,7 +196,7 @@ llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "# bench_vs_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n), $cpu, $(nproc) CPUs, threads $threads"
 echo "# peer: llama.cpp vendored by llama-cpp-python $pyver ($llama/build, GGML_NATIVE); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode$([ "$short" = 1 ] && echo ' --short')"
+echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode --ctx $ctx$([ $busy = 1 ] && echo ' --busy')$([ "$short" = 1 ] && echo ' --short')"
 for m in $models; do
   gen "$m"
   for t in $types; do
@@ -208,6 +226,34 @@ if all(x[2] > 0 for x in a + b):  # not --short
     print(f"  prefill 512 {st.median([x[2] for x in a]):.1f} vs {st.median([x[2] for x in b]):.1f} tok/s: " + s([x[2] / y[2] for x, y in zip(a, b)]))
     print(f"  process to first token {st.median([x[3] for x in a]):.2f} vs {st.median([x[3] for x in b]):.2f} s: llama.cpp/lmstore " + s([y[3] / x[3] for x, y in zip(a, b)]))
     print(f"  peak RSS {st.median([x[4] for x in a]) / 1024:.0f} vs {st.median([x[4] for x in b]) / 1024:.0f} MiB")
+' "$m" "$t"
+    [ "$busy" = 1 ] || continue
+    # contention: a busy loop pinned on CPU 0 in every other round; decode rates of both engines
+    rows=()
+    for r in $(seq 1 "$pairs"); do
+      for mode in quiet busy; do
+        bpid=
+        if [ $mode = busy ]; then taskset -c 0 sh -c 'while :; do :; done' & bpid=$!; sleep 0.5; fi
+        load=$(cut -d' ' -f1 /proc/loadavg)
+        da=$("$lms" bench engine "$m-$t" --store "$store" --threads "$threads" --prompt 128 --gen "$decode" --reps 1 \
+             --membw-mib 16 --json | py_json 'd["decode_tps"]')
+        db=$("$bin/llama-bench" -m "$work/$m-$t.gguf" -t "$threads" -r 1 -p 0 -n "$decode" -d 128 -o json 2>/dev/null |
+             py_json 'd[0]["avg_ts"]')
+        if [ -n "$bpid" ]; then kill "$bpid"; wait "$bpid" 2>/dev/null || true; fi
+        echo "$m $t contention round $r $mode: load $load | lmstore decode $da tok/s | llama.cpp decode $db tok/s"
+        rows+=("$mode $da $db")
+      done
+    done
+    printf '%s\n' "${rows[@]}" | "$PYTHON" -c '
+import statistics as st, sys
+m, t = sys.argv[1], sys.argv[2]
+R = [l.split() for l in sys.stdin if l.strip()]
+q = [(float(a), float(b)) for k, a, b in R if k == "quiet"]; u = [(float(a), float(b)) for k, a, b in R if k == "busy"]
+def s(v):
+    return "{:.2f}x ({:.2f}-{:.2f})".format(st.median(v), min(v), max(v))
+print(f"{m} {t} with a busy process on CPU 0: {len(u)} pairs")
+print(f"  lmstore decode busy {st.median([x[0] for x in u]):.2f} vs quiet {st.median([x[0] for x in q]):.2f} tok/s: busy/quiet " + s([x[0] / y[0] for x, y in zip(u, q)]))
+print(f"  llama.cpp decode busy {st.median([x[1] for x in u]):.2f} vs quiet {st.median([x[1] for x in q]):.2f} tok/s: busy/quiet " + s([x[1] / y[1] for x, y in zip(u, q)]))
 ' "$m" "$t"
   done
 done

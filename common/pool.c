@@ -3,22 +3,32 @@
  * (hashing, copying, matrix rows). One run at a time; the calling thread
  * takes part, so a pool of N threads starts N-1 workers.
  *
- * Work is handed out by an atomic counter, so uneven items balance
- * themselves. Between runs a thread first spins on the run counter for a
- * while (SPIN_NS) and only then sleeps on a condition variable: the
- * engine's decode step issues hundreds of short runs per token, a few
- * microseconds apart, and a sleeping thread takes tens of microseconds to
- * wake. The caller waits for the workers the same way. A pool left idle
- * for longer than the spin costs nothing.
+ * Items are claimed from one atomic ticket (the run's generation in the
+ * high 32 bits, the next item in the low 32), so uneven items balance
+ * themselves, and a run ends when all its items are finished, not when every
+ * worker has looked in: a worker that another process keeps off its core
+ * (or that wakes late) only makes the others take its share, it never holds
+ * the run up unless it is inside an item. Between runs a thread first spins
+ * on the ticket for a while (SPIN_NS) and only then sleeps on a condition
+ * variable: the engine's decode step issues a hundred or more short runs
+ * per token, a few microseconds apart, and a sleeping thread takes tens of
+ * microseconds to wake. The caller waits for the last item the same way. A
+ * pool left idle for longer than the spin costs nothing.
  *
- * Invariants: (1) generation changes only under mu, after the run's fields
- * are set (a worker that sees the new value, acquire, sees them);
- * (2) a thread sleeps only after checking, under mu, that there is nothing
- * to wait for, and every change it waits for signals its condition
- * variable under mu: no wake-up is lost.
+ * Invariants: (1) a run's fields (fn, arg, limit: generation and item count)
+ * are written before its ticket is published (release), and only after the
+ * previous run's items are all finished; an item is executed only by the
+ * thread whose compare-and-swap moved the ticket past it, so that thread read
+ * the fields of the item's own run (the ticket did not change between its
+ * load and the swap, so no run ended or began in between); (2) a thread
+ * sleeps only after checking, under mu, that there is nothing to wait for,
+ * and every change it waits for signals its condition variable under mu: no
+ * wake-up is lost.
  */
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,14 +41,12 @@ struct lms_pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
-    atomic_uint_fast64_t generation; /* bumped per run */
-    atomic_int pending;              /* workers not yet finished with this run */
+    atomic_uint_fast64_t ticket; /* generation << 32 | next item */
+    atomic_uint_fast64_t limit;  /* generation << 32 | item count, of the current run */
+    atomic_size_t done;          /* items of the current run finished */
     atomic_bool quit;
-    /* the current run */
-    lms_pool_fn fn;
-    void *arg;
-    size_t n;
-    atomic_size_t next;
+    _Atomic(lms_pool_fn) fn;
+    _Atomic(void *) arg;
 };
 
 typedef struct {
@@ -60,12 +68,14 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Spin until *v != old or SPIN_NS pass; true when it changed. */
-static bool spin_gen(atomic_uint_fast64_t *v, uint64_t old)
+static inline uint64_t gen_of(uint64_t t) { return t >> 32; }
+
+/* Spin until the ticket's generation is not `gen` or SPIN_NS pass; true when it changed. */
+static bool spin_gen(atomic_uint_fast64_t *v, uint64_t gen)
 {
     uint64_t t0 = 0;
     for (unsigned i = 0;; i++) {
-        if (atomic_load_explicit(v, memory_order_acquire) != old)
+        if (gen_of(atomic_load_explicit(v, memory_order_acquire)) != gen)
             return true;
         cpu_relax();
         if ((i & 255) == 255) {
@@ -78,11 +88,11 @@ static bool spin_gen(atomic_uint_fast64_t *v, uint64_t old)
     }
 }
 
-static bool spin_zero(atomic_int *v)
+static bool spin_done(atomic_size_t *v, size_t n)
 {
     uint64_t t0 = 0;
     for (unsigned i = 0;; i++) {
-        if (atomic_load_explicit(v, memory_order_acquire) == 0)
+        if (atomic_load_explicit(v, memory_order_acquire) >= n)
             return true;
         cpu_relax();
         if ((i & 255) == 255) {
@@ -95,13 +105,26 @@ static bool spin_zero(atomic_int *v)
     }
 }
 
-static void drain(lms_pool *p, int worker)
+/* Claim and run items of generation `gen` until there are none left. */
+static void drain(lms_pool *p, uint64_t gen, int worker)
 {
     for (;;) {
-        size_t i = atomic_fetch_add(&p->next, 1);
-        if (i >= p->n)
-            break;
-        p->fn(p->arg, i, worker);
+        uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        uint64_t l = atomic_load_explicit(&p->limit, memory_order_acquire);
+        if (gen_of(t) != gen || gen_of(l) != gen || (uint32_t)t >= (uint32_t)l)
+            return;
+        lms_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(arg, (uint32_t)t, worker);
+        size_t n = (uint32_t)l;
+        if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == n && worker != 0) {
+            pthread_mutex_lock(&p->mu); /* the caller may be asleep */
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -112,21 +135,16 @@ static void *worker_main(void *v)
     uint64_t seen = 0;
     lms__free(v);
     for (;;) {
-        if (!spin_gen(&p->generation, seen)) {
+        if (!spin_gen(&p->ticket, seen)) {
             pthread_mutex_lock(&p->mu);
-            while (!atomic_load(&p->quit) && atomic_load(&p->generation) == seen)
+            while (!atomic_load(&p->quit) && gen_of(atomic_load(&p->ticket)) == seen)
                 pthread_cond_wait(&p->cv_start, &p->mu);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->quit))
             break;
-        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
-        drain(p, id);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        seen = gen_of(atomic_load_explicit(&p->ticket, memory_order_acquire));
+        drain(p, seen, id);
     }
     return NULL;
 }
@@ -188,19 +206,21 @@ void lms__pool_run(lms_pool *p, size_t n, lms_pool_fn fn, void *arg)
             fn(arg, i, 0);
         return;
     }
+    assert(n < UINT32_MAX); /* items are counted in 32 bits */
+    /* the previous run's items are all finished: its fields are free (invariant 1) */
+    uint64_t gen = gen_of(atomic_load(&p->ticket)) + 1;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->limit, gen << 32 | n, memory_order_release);
     pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->arg = arg;
-    p->n = n;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->pending, p->nthreads - 1);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->ticket, gen << 32, memory_order_release);
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
-    drain(p, 0);
-    if (!spin_zero(&p->pending)) {
+    drain(p, gen, 0);
+    if (!spin_done(&p->done, n)) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->pending) > 0)
+        while (atomic_load(&p->done) < n)
             pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
@@ -212,7 +232,7 @@ void lms__pool_destroy(lms_pool *p)
         return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->quit, true);
-    atomic_fetch_add(&p->generation, 1); /* spinning workers see it too */
+    atomic_store(&p->ticket, (gen_of(atomic_load(&p->ticket)) + 1) << 32); /* spinning workers see it too */
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     if (p->threads)

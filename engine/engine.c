@@ -194,7 +194,7 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
         e->p.kv_page_tokens = LMS_KV_PAGE_TOKENS_DEFAULT;
     if (e->p.prefill_block == 0) {
         if (!on_device) {
-            e->p.prefill_block = 32; /* weights stay in the CPU caches for 32 rows */
+            e->p.prefill_block = 128; /* each weight read from memory once per 128 tokens */
         } else {
             /* a device computes a whole prompt per pass while its scratch (the f32
              * activation rows of every buffer and the GEMM input) stays under 4%

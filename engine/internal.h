@@ -217,10 +217,21 @@ typedef void (*lms__gemm_fn)(const void *W, size_t ldw, const float *x, size_t l
 /* y[k] += a * v[k], v of dtype dt. */
 typedef void (*lms__axpy_fn)(float *y, const void *v, float a, int n);
 
+/*
+ * The product of BF16 weights with activations rounded to bf16 (AVX-512
+ * BF16's vdpbf16ps: pairs of bf16 products added into f32): as lms__gemm_fn
+ * with x given as bf16 rows xb[b*ldxb + k], k in [0, cols), cols even.
+ * to_bf16 writes such a row from f32 (round to nearest even).
+ */
+typedef void (*lms__gemm_xbf16_fn)(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y,
+                                   size_t ldy, int rows, int nb, int cols, bool acc);
+
 typedef struct lms__kernels {
-    const char *name;             /* "avx512", "avx2", "generic" */
+    const char *name;             /* "avx512bf16", "avx512", "avx2", "generic" */
     lms__gemm_fn gemm[3];         /* by lms__dt_index: 0 F32, 1 F16, 2 BF16 */
     lms__axpy_fn axpy[3];
+    lms__gemm_xbf16_fn gemm_xbf16; /* NULL: BF16 weights go through gemm[2] with f32 x */
+    void (*to_bf16)(const float *x, uint16_t *out, int n);
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)
@@ -228,7 +239,7 @@ static inline int lms__dt_index(lms_dtype dt)
     return dt == LMS_DTYPE_F32 ? 0 : dt == LMS_DTYPE_F16 ? 1 : 2;
 }
 
-/* The best kernel set for this CPU; LMSTORE_KERNELS=generic|avx2|avx512
+/* The best kernel set for this CPU; LMSTORE_KERNELS=generic|avx2|avx512|avx512bf16
  * forces one (if the CPU has it). */
 const lms__kernels *lms__kernels_best(void);
 const lms__kernels *lms__kernels_by_name(const char *name); /* NULL if unsupported here */

@@ -3,16 +3,19 @@
  * (engine/backend.h): matrix products split by rows over the thread pool
  * through the SIMD kernel tables (engine/cpu/kernels*.c for 16/32-bit
  * weights, engine/cpu/quant*.c for GGUF block types and MLX affine),
- * weights read in place from the mapping, every activation and
- * accumulation in f32.
+ * weights read in place from the mapping, every accumulation in f32, and
+ * every activation, except that with kernels that have gemm_xbf16 (AVX-512
+ * BF16) the input of a BF16 weight product is rounded to bf16 once per
+ * product (into xb), as llama.cpp does for BF16 weights.
  *
  * A block of up to max_block tokens shares each pass over the weights
  * (prefill); decode is a block of one. The jobs of one matmul call (q/k/v,
  * gate/up) run as one pool dispatch. For GGUF block types the call's input
  * is quantized once (8-bit blocks: one form for the 32-element types, one
  * for the K types) before that dispatch, and every thread reads the same
- * quantized rows, as llama.cpp does. All scratch is allocated at create:
- * nothing is allocated per token.
+ * quantized rows, as llama.cpp does. A prefill block's inputs (norm,
+ * activation, rounding) are computed a token per task over the pool. All
+ * scratch is allocated at create: nothing is allocated per token.
  *
  * Segments (the batched engine): a step's rows may belong to several
  * sequences; begin() resolves each row's position and KV view (rpos, rkv),
@@ -42,6 +45,8 @@ struct lms__bk {
     float *buf[LMS__B_COUNT_]; /* [B][width] each */
     uint32_t width[LMS__B_COUNT_];
     float *xin;                /* [B][max width]: a matmul's transformed input */
+    uint16_t *xb;              /* [B][ldxb]: that input rounded to bf16 (kernels with gemm_xbf16) */
+    size_t ldxb;
     float *inv_freq[2];        /* [hd/2] global, local */
     float *cs;                 /* [B][hd] cos | sin per token (table of the current qk_rope) */
     float *scores;             /* [threads][G][n_ctx] */
@@ -57,6 +62,8 @@ typedef struct mm_job {
     const float *x;
     size_t ldx;
     const void *xq;     /* GGUF block types: x quantized for w's dtype (lms__qx_quantize) */
+    const uint16_t *xb; /* BF16 weights with k->gemm_xbf16: x rounded to bf16 */
+    size_t ldxb;
     float *y;
     size_t ldy;
     bool acc;
@@ -100,6 +107,9 @@ static void mm_task(void *arg, size_t i, int worker)
         size_t rb = lms__wt_row_bytes(w);
         r->qk->gemm_q[w->dt]((const uint8_t *)w->p + (size_t)r0 * rb, rb, jb->xq, jb->y + r0, jb->ldy, rows,
                              (int)r->nb, cols, jb->acc);
+    } else if (jb->xb) {
+        r->k->gemm_xbf16((const uint16_t *)w->p + (size_t)r0 * w->cols, w->cols, jb->xb, jb->ldxb, jb->y + r0,
+                         jb->ldy, rows, (int)r->nb, cols, jb->acc);
     } else {
         size_t esz = w->dt == LMS_DTYPE_F32 ? 4 : 2;
         r->k->gemm[lms__dt_index(w->dt)]((const uint8_t *)w->p + (size_t)r0 * w->cols * esz, w->cols, jb->x,
@@ -151,12 +161,15 @@ static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
 {
     mm_quantize_input(b, jobs, n, nb);
     size_t items = 0;
+    /* chunks of whole row blocks of the prefill kernels (48 rows; 8 chunks a
+     * thread or more, the threads finish together), 16 rows (4 a thread) in decode */
+    uint32_t unit = nb >= 4 ? 48 : 16, per = nb >= 4 ? 8 : 4;
     for (int j = 0; j < n; j++) {
         uint32_t rows = jobs[j].w->rows;
-        uint32_t c = rows / (uint32_t)(b->nthreads * 4);
-        c = (c + 15) & ~15u;
-        c = LMS_MAX(c, 16u);
-        c = LMS_MIN(c, 512u);
+        uint32_t c = rows / (uint32_t)(b->nthreads * per);
+        c = (c + unit - 1) / unit * unit;
+        c = LMS_MAX(c, unit);
+        c = LMS_MIN(c, 512u / unit * unit);
         jobs[j].chunk = c;
         jobs[j].items = (rows + c - 1) / c;
         items += jobs[j].items;
@@ -277,6 +290,7 @@ static void cpu_destroy(lms__bk *b)
         return;
     for (int i = 0; i < LMS__B_COUNT_; i++) lms__free(b->buf[i]);
     lms__free(b->xin);
+    lms__free(b->xb);
     lms__free(b->inv_freq[0]);
     lms__free(b->inv_freq[1]);
     lms__free(b->cs);
@@ -320,6 +334,12 @@ static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
         !(b->rkv = lms__calloc(B, sizeof *b->rkv)))
         goto nomem;
     memset(b->xin, 0, B * maxw * 4);
+    if (b->k->gemm_xbf16) {
+        b->ldxb = (maxw + 31) & ~(size_t)31;
+        if (!(b->xb = lms__aligned_alloc(64, B * b->ldxb * 2)))
+            goto nomem;
+        memset(b->xb, 0, B * b->ldxb * 2);
+    }
     if (lms__weights_quantized(cfg->w, hp, NULL, 0)) {
         /* every matmul input is at most maxw wide; its rows in both quantized forms */
         size_t n32 = B * lms__qx_row_bytes(LMS_DTYPE_Q8_0, (int)maxw), nk = B * lms__qx_row_bytes(LMS_DTYPE_Q4_K, (int)maxw);
@@ -402,36 +422,72 @@ static void cpu_embed(lms__bk *b, float scale)
     }
 }
 
-/* The jobs' shared input, transformed (norm or activation) into b->xin, or x itself. */
-static const float *mm_input(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t nb)
+typedef struct in_run {
+    lms__bk *b;
+    const lms__mm *j;
+    const float *x, *x2; /* [nb][W] the input, and the gate's other half */
+    bool xform, tobf;
+} in_run;
+
+/* Row t of a matmul's input: normalized or activated into xin, rounded to bf16 into xb. */
+static void in_task(void *arg, size_t t, int worker)
 {
-    uint32_t W = b->width[j->x], cols = j->w->cols;
-    const float *x = b->buf[j->x] + (size_t)row0 * W;
-    assert(cols == W);
+    in_run *r = arg;
+    lms__bk *b = r->b;
+    const lms__mm *j = r->j;
+    uint32_t W = b->width[j->x];
+    const float *x = r->x + t * W;
+    float *o = b->xin + t * W;
+    (void)worker;
     if (j->norm) {
-        for (uint32_t t = 0; t < nb; t++)
-            rmsnorm(b->xin + (size_t)t * W, x + (size_t)t * W, j->norm, cols, b->hp->eps);
-        return b->xin;
+        rmsnorm(o, x, j->norm, W, b->hp->eps);
+    } else if (j->act != LMS__ACT_NONE) {
+        const float *x2 = r->x2 + t * W;
+        for (uint32_t i = 0; i < W; i++) o[i] = act_val(j->act, x[i]) * x2[i];
     }
-    if (j->act != LMS__ACT_NONE) {
-        const float *x2 = b->buf[j->x2] + (size_t)row0 * W;
-        for (size_t i = 0; i < (size_t)nb * W; i++) b->xin[i] = act_val(j->act, x[i]) * x2[i];
-        return b->xin;
-    }
-    return x;
+    if (r->tobf)
+        b->k->to_bf16(r->xform ? o : x, b->xb + t * b->ldxb, (int)W);
+}
+
+/* The jobs' shared input, transformed (norm or activation) into b->xin, or x
+ * itself; with tobf also rounded to bf16 into b->xb. Rows over the pool
+ * when there are several. */
+static const float *mm_input(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t nb, bool tobf)
+{
+    uint32_t W = b->width[j->x];
+    assert(j->w->cols == W);
+    in_run r = {b, j, b->buf[j->x] + (size_t)row0 * W, NULL, j->norm || j->act != LMS__ACT_NONE, tobf};
+    if (j->act != LMS__ACT_NONE)
+        r.x2 = b->buf[j->x2] + (size_t)row0 * W;
+    if (!r.xform && !tobf)
+        return r.x;
+    if (nb == 1)
+        in_task(&r, 0, 0);
+    else
+        lms__pool_run(b->pool, nb, in_task, &r);
+    return r.xform ? b->xin : r.x;
+}
+
+/* BF16 weights go through the kernels' bf16 products when they have them. */
+static bool use_xbf16(const lms__bk *b, const lms__wt *w)
+{
+    return b->k->gemm_xbf16 && w->dt == LMS_DTYPE_BF16 && w->cols % 2 == 0;
 }
 
 static void cpu_matmul(lms__bk *b, const lms__mm *jobs, int n)
 {
     uint32_t nb = b->st->nb;
     mm_job mj[4];
+    bool tobf = false;
     assert(n >= 1 && n <= 4);
-    const float *x = mm_input(b, &jobs[0], 0, nb);
+    for (int i = 0; i < n; i++) tobf |= use_xbf16(b, jobs[i].w);
+    const float *x = mm_input(b, &jobs[0], 0, nb, tobf);
     for (int i = 0; i < n; i++) {
         const lms__mm *j = &jobs[i];
         assert(j->x == jobs[0].x && j->norm == jobs[0].norm && j->act == jobs[0].act);
         assert(b->width[j->y] == j->w->rows);
-        mj[i] = (mm_job){j->w, x, b->width[j->x], NULL, b->buf[j->y], b->width[j->y], j->acc, 0, 0};
+        mj[i] = (mm_job){j->w, x, b->width[j->x], NULL, use_xbf16(b, j->w) ? b->xb : NULL, b->ldxb,
+                         b->buf[j->y], b->width[j->y], j->acc, 0, 0};
     }
     mm_multi(b, mj, n, nb);
     for (int i = 0; i < n; i++) {
@@ -499,8 +555,9 @@ static void cpu_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
 static void cpu_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, float softcap, float *host_out)
 {
     assert(row0 + n <= b->st->nb);
-    const float *x = mm_input(b, j, row0, n);
-    mm_job mj = {j->w, x, b->width[j->x], NULL, host_out, j->w->rows, false, 0, 0};
+    bool tobf = use_xbf16(b, j->w);
+    const float *x = mm_input(b, j, row0, n, tobf);
+    mm_job mj = {j->w, x, b->width[j->x], NULL, tobf ? b->xb : NULL, b->ldxb, host_out, j->w->rows, false, 0, 0};
     mm_multi(b, &mj, 1, n);
     if (softcap > 0)
         for (size_t i = 0; i < (size_t)n * j->w->rows; i++) host_out[i] = softcap * tanhf(host_out[i] / softcap);

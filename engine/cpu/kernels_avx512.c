@@ -6,8 +6,11 @@
  * attributes so the rest of the library stays baseline x86-64.
  *
  * Weights are widened to f32 in registers (bf16: shift into the high half;
- * f16: vcvtph2ps) and accumulated in f32 with FMA. Prefill tiles 4 weight
- * rows x 4 tokens so each widened weight vector feeds 4 FMAs.
+ * f16: vcvtph2ps) and accumulated in f32 with FMA. Decode streams each
+ * call's rows in memory order; prefill packs blocks of 48 rows into L1 and
+ * runs every token of the block over them (GEMM_PACKED below). The
+ * avx512bf16 set at the end adds the products of BF16 weights with bf16
+ * activations (vdpbf16ps), in the same two shapes.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -16,9 +19,13 @@
 
 #define T __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-/* software prefetch distance (elements) in the one-token path: decode streams
- * four weight rows at once, a pattern the hardware prefetcher follows late */
+/* software prefetch distance (elements) in the 4-row path (4 to 7 tokens),
+ * which streams four weight rows at once, a pattern the hardware prefetcher
+ * follows late */
 #define PF 512
+/* decode (fewer than 4 tokens): rows in memory order, one weight stream,
+ * prefetched this many bytes ahead */
+#define PFB 4096
 
 /* ---- loads of 16 weights widened to f32 (masked for the tail) -------------------- */
 
@@ -143,18 +150,187 @@ static inline void store_out(float *y, float v, bool acc) { *y = acc ? *y + v : 
         }                                                                                             \
     }
 
-GEMM_IMPL(gemm_f32, ld_f32, ldm_f32, 4)
-GEMM_IMPL(gemm_f16_rows, ld_f16, ldm_f16, 2)
-GEMM_IMPL(gemm_bf16_rows, ld_bf16, ldm_bf16, 2)
+GEMM_IMPL(gemm_f32_rows4, ld_f32, ldm_f32, 4)
+GEMM_IMPL(gemm_f16_rows4, ld_f16, ldm_f16, 2)
+GEMM_IMPL(gemm_bf16_rows4, ld_bf16, ldm_bf16, 2)
 
 /*
- * Prefill over 16-bit weights: widen 4 rows x KC columns to f32 once into an
- * L1 buffer, then run the f32 kernel over every token of the block, so the
- * widening is paid once per row instead of once per 4 tokens. Partial sums
- * of later column blocks accumulate into y.
+ * Fewer than 4 tokens (decode, and attention's scores): one row at a time in
+ * memory order, prefetched PFB bytes ahead, each row against every token
+ * (the row stays in L1); 4 to 7 tokens take the 4-row path above.
  */
-#define KC 512
-#define GEMM_WIDEN(NAME, ROWS, LD, LDM, ESZ)                                                         \
+#define GEMM_LINEAR(NAME, ROWS4, LD, LDM, ESZ)                                                       \
+    static T void NAME(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,   \
+                       int rows, int nb, int cols, bool acc)                                          \
+    {                                                                                                 \
+        if (nb >= 4) {                                                                                \
+            ROWS4(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                       \
+            return;                                                                                   \
+        }                                                                                             \
+        int kf = cols & ~15;                                                                          \
+        __mmask16 mt = (__mmask16)((1u << (cols - kf)) - 1);                                         \
+        for (int r = 0; r < rows; r++) {                                                              \
+            const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw * ESZ;                            \
+            for (int b = 0; b < nb; b++) {                                                            \
+                const float *xb = x + (size_t)b * ldx;                                                \
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                             \
+                int k = 0;                                                                            \
+                for (; k + 32 <= kf; k += 32) {                                                       \
+                    for (int c = 0; c < 32 * ESZ; c += 64)                                            \
+                        _mm_prefetch((const char *)w + (size_t)k * ESZ + PFB + c, _MM_HINT_T0);       \
+                    a0 = _mm512_fmadd_ps(LD(w, k), _mm512_loadu_ps(xb + k), a0);                      \
+                    a1 = _mm512_fmadd_ps(LD(w, k + 16), _mm512_loadu_ps(xb + k + 16), a1);            \
+                }                                                                                     \
+                if (k < kf)                                                                           \
+                    a0 = _mm512_fmadd_ps(LD(w, k), _mm512_loadu_ps(xb + k), a0);                      \
+                if (mt)                                                                               \
+                    a1 = _mm512_fmadd_ps(LDM(w, kf, mt), _mm512_maskz_loadu_ps(mt, xb + kf), a1);     \
+                store_out(y + (size_t)b * ldy + r, _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)), acc); \
+            }                                                                                         \
+        }                                                                                             \
+    }
+
+GEMM_LINEAR(gemm_f32_rows, gemm_f32_rows4, ld_f32, ldm_f32, 4)
+GEMM_LINEAR(gemm_f16_rows, gemm_f16_rows4, ld_f16, ldm_f16, 2)
+GEMM_LINEAR(gemm_bf16_rows, gemm_bf16_rows4, ld_bf16, ldm_bf16, 2)
+
+/* ---- prefill: a packed, cache-blocked GEMM ------------------------------------------ */
+
+/*
+ * Transpose 16 x 16 32-bit elements: row i of v becomes column i.
+ */
+static inline T void tr16(__m512i v[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* v[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c */
+    for (int c = 0; c < 4; c++) {
+        __m512i a = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), b = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
+        __m512i e = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), f = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+        t[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(a, e, 0xdd);
+        t[12 + c] = _mm512_shuffle_i32x4(b, f, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) v[i] = t[i];
+}
+
+/*
+ * The blocking shared by the packed products: a thread's rows go in blocks
+ * of MR (three 16-lane vectors), their columns in blocks of KC; each block
+ * of weights is packed once, transposed so that one vector holds one column
+ * (f32) or one pair of columns (bf16) of 16 rows, into an L1 buffer, and
+ * every token of the call runs over it, NR at a time, with a tile of
+ * 3 x NR accumulators and each token's value broadcast: no horizontal sums,
+ * and the outputs of 16 rows are one vector store. Weights are read from
+ * memory once per call, the block's activations (KC columns of all tokens)
+ * stay in L2.
+ */
+#define MR 48
+#define NR 8
+#define KC 128 /* columns (f32 path) or column pairs (bf16 path) per block */
+
+static inline T __mmask16 lanes(int n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+
+/* Stores or adds the 3 x nr tile c into y[t*ldy + 16g + i], for the rl rows left. */
+static inline T __attribute__((always_inline)) void tile_out(__m512 c[3][NR], int nr, float *y, size_t ldy,
+                                                              int rl, bool acc)
+{
+    for (int g = 0; g < 3; g++) {
+        __mmask16 m = lanes(rl - 16 * g);
+        if (!m)
+            break;
+        for (int t = 0; t < nr; t++) {
+            float *o = y + (size_t)t * ldy + 16 * g;
+            __m512 v = acc ? _mm512_add_ps(c[g][t], _mm512_maskz_loadu_ps(m, o)) : c[g][t];
+            _mm512_mask_storeu_ps(o, m, v);
+        }
+    }
+}
+
+/*
+ * A tile: the packed block wp[k*MR + row] (kn columns, or column pairs)
+ * against nr tokens' x[t*ldx + k] broadcast, 3 x nr accumulators (VT: the
+ * vector type the weights load as; MAC(c, a, b) adds a * b into c), and
+ * NAME_N, which calls it with a constant nr (the loops unroll, the tile
+ * lives in registers).
+ */
+#define TILE_IMPL(NAME, NAME_N, ATTR, WT, XT, VT, LOADW, BCAST, MAC)                                 \
+    static inline ATTR __attribute__((always_inline)) void NAME(const WT *wp, int kn, const XT *x,    \
+                                                                size_t ldx, int nr, float *y,         \
+                                                                size_t ldy, int rl, bool acc)         \
+    {                                                                                                 \
+        __m512 c[3][NR];                                                                              \
+        for (int g = 0; g < 3; g++)                                                                   \
+            for (int t = 0; t < nr; t++) c[g][t] = _mm512_setzero_ps();                               \
+        for (int k = 0; k < kn; k++) {                                                                \
+            VT a0 = LOADW(wp + k * MR), a1 = LOADW(wp + k * MR + 16), a2 = LOADW(wp + k * MR + 32);   \
+            for (int t = 0; t < nr; t++) {                                                            \
+                VT b = BCAST(x[(size_t)t * ldx + k]);                                                 \
+                c[0][t] = MAC(c[0][t], a0, b);                                                        \
+                c[1][t] = MAC(c[1][t], a1, b);                                                        \
+                c[2][t] = MAC(c[2][t], a2, b);                                                        \
+            }                                                                                         \
+        }                                                                                             \
+        tile_out(c, nr, y, ldy, rl, acc);                                                             \
+    }                                                                                                 \
+    static ATTR void NAME_N(const WT *wp, int kn, const XT *x, size_t ldx, int nr, float *y, size_t ldy, \
+                            int rl, bool acc)                                                         \
+    {                                                                                                 \
+        switch (nr) {                                                                                 \
+        case 8: NAME(wp, kn, x, ldx, 8, y, ldy, rl, acc); break;                                      \
+        case 7: NAME(wp, kn, x, ldx, 7, y, ldy, rl, acc); break;                                      \
+        case 6: NAME(wp, kn, x, ldx, 6, y, ldy, rl, acc); break;                                      \
+        case 5: NAME(wp, kn, x, ldx, 5, y, ldy, rl, acc); break;                                      \
+        case 4: NAME(wp, kn, x, ldx, 4, y, ldy, rl, acc); break;                                      \
+        case 3: NAME(wp, kn, x, ldx, 3, y, ldy, rl, acc); break;                                      \
+        case 2: NAME(wp, kn, x, ldx, 2, y, ldy, rl, acc); break;                                      \
+        default: NAME(wp, kn, x, ldx, 1, y, ldy, rl, acc); break;                                     \
+        }                                                                                             \
+    }
+
+#define FMA_ACC(c, a, b) _mm512_fmadd_ps(a, b, c)
+TILE_IMPL(tile_f32, tile_f32_n, T, float, float, __m512, _mm512_load_ps, _mm512_set1_ps, FMA_ACC)
+
+/*
+ * Packs rows [0, rl) x columns (or column pairs) [k0, k0 + kn) of W as
+ * wp[k*MR + row], rows past rl 0; LOAD(W, ldw, row, k, mask) gives 16 of a
+ * row's 32-bit elements from k on (widened f32, or bf16 pairs).
+ */
+#define PACK_IMPL(NAME, ATTR, ST, LOAD)                                                               \
+    static inline ATTR void NAME(const void *W, size_t ldw, int rl, int k0, int kn, ST *wp)           \
+    {                                                                                                 \
+        for (int g = 0; g < 3; g++)                                                                   \
+            for (int k = 0; k < kn; k += 16) {                                                        \
+                __mmask16 m = lanes(kn - k);                                                          \
+                __m512i v[16];                                                                        \
+                for (int i = 0; i < 16; i++) {                                                        \
+                    int r = 16 * g + i;                                                               \
+                    v[i] = r < rl ? LOAD(W, ldw, r, k0 + k, m) : _mm512_setzero_si512();              \
+                }                                                                                     \
+                tr16(v);                                                                              \
+                for (int j = 0; j < 16 && k + j < kn; j++) _mm512_store_si512(wp + (k + j) * MR + 16 * g, v[j]); \
+            }                                                                                         \
+    }
+
+#define LOAD_F32(W, ldw, r, k, m) _mm512_castps_si512(ldm_f32((const float *)(W) + (size_t)(r) * (ldw), (size_t)(k), m))
+#define LOAD_F16(W, ldw, r, k, m) _mm512_castps_si512(ldm_f16((const uint16_t *)(W) + (size_t)(r) * (ldw), (size_t)(k), m))
+#define LOAD_BF16(W, ldw, r, k, m) _mm512_castps_si512(ldm_bf16((const uint16_t *)(W) + (size_t)(r) * (ldw), (size_t)(k), m))
+PACK_IMPL(pack_f32, T, float, LOAD_F32)
+PACK_IMPL(pack_f16, T, float, LOAD_F16)
+PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
+
+/* Prefill (8 tokens or more) over f32/f16/bf16 weights; fewer tokens take the row kernels. */
+#define GEMM_PACKED(NAME, ROWS, PACK, ESZ)                                                              \
     static T void NAME(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,   \
                        int rows, int nb, int cols, bool acc)                                          \
     {                                                                                                 \
@@ -162,25 +338,23 @@ GEMM_IMPL(gemm_bf16_rows, ld_bf16, ldm_bf16, 2)
             ROWS(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                        \
             return;                                                                                   \
         }                                                                                             \
-        float wf[4 * KC] __attribute__((aligned(64)));                                                \
-        for (int r = 0; r < rows; r += 4) {                                                           \
-            int rl = LMS_MIN(4, rows - r);                                                            \
-            for (int k0 = 0; k0 < cols; k0 += KC) {                                                   \
-                int kl = LMS_MIN(KC, cols - k0), k16 = kl & ~15;                                      \
-                __mmask16 m = (__mmask16)((1u << (kl - k16)) - 1);                                    \
-                for (int i = 0; i < rl; i++) {                                                        \
-                    const uint8_t *src = (const uint8_t *)W + ((size_t)(r + i) * ldw + k0) * ESZ;     \
-                    for (int k = 0; k < k16; k += 16) _mm512_store_ps(wf + i * KC + k, LD(src, k));   \
-                    if (m)                                                                            \
-                        _mm512_mask_storeu_ps(wf + i * KC + k16, m, LDM(src, k16, m));                \
-                }                                                                                     \
-                gemm_f32(wf, KC, x + k0, ldx, y + r, ldy, rl, nb, kl, acc || k0 > 0);                 \
+        float wp[KC * MR] __attribute__((aligned(64)));                                               \
+        const uint8_t *Wb = W;                                                                        \
+        for (int k0 = 0; k0 < cols; k0 += KC) {                                                       \
+            int kn = LMS_MIN(KC, cols - k0);                                                          \
+            for (int r = 0; r < rows; r += MR) {                                                      \
+                int rl = LMS_MIN(MR, rows - r);                                                       \
+                PACK(Wb + (size_t)r * ldw * ESZ, ldw, rl, k0, kn, wp);                                \
+                for (int t = 0; t < nb; t += NR)                                                      \
+                    tile_f32_n(wp, kn, x + (size_t)t * ldx + k0, ldx, LMS_MIN(NR, nb - t),            \
+                               y + (size_t)t * ldy + r, ldy, rl, acc || k0 > 0);                      \
             }                                                                                         \
         }                                                                                             \
     }
 
-GEMM_WIDEN(gemm_f16, gemm_f16_rows, ld_f16, ldm_f16, 2)
-GEMM_WIDEN(gemm_bf16, gemm_bf16_rows, ld_bf16, ldm_bf16, 2)
+GEMM_PACKED(gemm_f32, gemm_f32_rows, pack_f32, 4)
+GEMM_PACKED(gemm_f16, gemm_f16_rows, pack_f16, 2)
+GEMM_PACKED(gemm_bf16, gemm_bf16_rows, pack_bf16, 2)
 
 #define AXPY_IMPL(NAME, LD, LDM)                                                                     \
     static T void NAME(float *y, const void *v, float a, int n)                                       \
@@ -203,5 +377,94 @@ const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
     {axpy_f32, axpy_f16, axpy_bf16},
+    NULL,
+    NULL,
+};
+
+/* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
+
+#define TB __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")))
+
+
+static inline TB __m512 dp(__m512 c, __m512i a, __m512i b) { return _mm512_dpbf16_ps(c, (__m512bh)a, (__m512bh)b); }
+
+static TB void to_bf16(const float *x, uint16_t *out, int n)
+{
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm256_storeu_si256((__m256i *)(out + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
+    if (k < n) {
+        __mmask16 m = lanes(n - k);
+        _mm256_mask_storeu_epi16(out + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + k)));
+    }
+}
+
+/*
+ * Fewer than 4 tokens (decode): the rows in memory order, one weight stream
+ * per call with software prefetch PFB bytes ahead, each row's 32 columns
+ * per vdpbf16ps against every token's row.
+ */
+static TB void gemm_xbf16_rows(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
+                               int rows, int nb, int cols, bool acc)
+{
+    int np = cols / 2, nf = np & ~15;
+    __mmask16 mt = lanes(np - nf);
+    for (int r = 0; r < rows; r++) {
+        const uint32_t *w = (const uint32_t *)(W + (size_t)r * ldw);
+        for (int b = 0; b < nb; b++) {
+            const uint32_t *x = (const uint32_t *)(xb + (size_t)b * ldxb);
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+            int p = 0;
+            for (; p + 32 <= nf; p += 32) {
+                _mm_prefetch((const char *)(w + p) + PFB, _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + p) + PFB + 64, _MM_HINT_T0);
+                a0 = dp(a0, _mm512_loadu_si512(w + p), _mm512_loadu_si512(x + p));
+                a1 = dp(a1, _mm512_loadu_si512(w + p + 16), _mm512_loadu_si512(x + p + 16));
+            }
+            if (p < nf) {
+                _mm_prefetch((const char *)(w + p) + PFB, _MM_HINT_T0);
+                a0 = dp(a0, _mm512_loadu_si512(w + p), _mm512_loadu_si512(x + p));
+            }
+            if (mt)
+                a1 = dp(a1, _mm512_maskz_loadu_epi32(mt, w + nf), _mm512_maskz_loadu_epi32(mt, x + nf));
+            store_out(y + (size_t)b * ldy + r, _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)), acc);
+        }
+    }
+}
+
+#define LOAD_PAIRS(W, ldw, r, p, m) _mm512_maskz_loadu_epi32(m, (const uint32_t *)((const uint16_t *)(W) + (size_t)(r) * (ldw)) + (p))
+#define BCAST_PAIR(v) _mm512_set1_epi32((int)(v))
+PACK_IMPL(pack_pairs, TB, uint32_t, LOAD_PAIRS)
+TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_si512, BCAST_PAIR, dp)
+
+static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
+                          int rows, int nb, int cols, bool acc)
+{
+    if (nb < 4) {
+        gemm_xbf16_rows(W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);
+        return;
+    }
+    uint32_t wp[KC * MR] __attribute__((aligned(64)));
+    const uint32_t *x = (const uint32_t *)xb;
+    size_t ldx = ldxb / 2;
+    int np = cols / 2;
+    for (int p0 = 0; p0 < np; p0 += KC) {
+        int pn = LMS_MIN(KC, np - p0);
+        for (int r = 0; r < rows; r += MR) {
+            int rl = LMS_MIN(MR, rows - r);
+            pack_pairs(W + (size_t)r * ldw, ldw, rl, p0, pn, wp);
+            for (int t = 0; t < nb; t += NR)
+                tile_bf16_n(wp, pn, x + (size_t)t * ldx + p0, ldx, LMS_MIN(NR, nb - t), y + (size_t)t * ldy + r, ldy,
+                            rl, acc || p0 > 0);
+        }
+    }
+}
+
+const lms__kernels lms__kernels_avx512bf16 = {
+    "avx512bf16",
+    {gemm_f32, gemm_f16, gemm_bf16},
+    {axpy_f32, axpy_f16, axpy_bf16},
+    gemm_xbf16,
+    to_bf16,
 };
 #endif

@@ -123,6 +123,40 @@ static void pool_runs_every_item_exactly_once(void **state)
     lms__pool_destroy(NULL);
 }
 
+typedef struct short_run {
+    atomic_int count[8]; /* at the same stack address every run: an item run late or twice counts twice */
+} short_run;
+
+static void mark_run(void *arg, size_t i, int worker)
+{
+    short_run *r = arg;
+    if (i % 3 == 0) /* uneven items: some threads finish early and wait or sleep */
+        for (volatile int k = 0; k < 3000 * (worker + 1); k++) {
+        }
+    atomic_fetch_add(&r->count[i], 1);
+}
+
+/* Thousands of runs of 2 to 8 items back to back (the engine's decode
+ * pattern, with workers spinning, sleeping and waking late): each item of
+ * each run exactly once, and every run complete when lms__pool_run returns. */
+static void pool_short_runs_back_to_back_run_each_item_once(void **state)
+{
+    (void)state;
+    lms_pool *p;
+    assert_int_equal(lms__pool_create(3, &p), 0);
+    for (int round = 0; round < 20000; round++) {
+        short_run r;
+        for (size_t i = 0; i < 8; i++) atomic_init(&r.count[i], 0);
+        size_t n = 2 + (size_t)round % 7;
+        lms__pool_run(p, n, mark_run, &r);
+        for (size_t i = 0; i < 8; i++)
+            assert_int_equal(atomic_load(&r.count[i]), i < n ? 1 : 0);
+        if (round % 1000 == 999)
+            usleep(1000); /* let the workers fall asleep */
+    }
+    lms__pool_destroy(p);
+}
+
 static void utf8_validation(void **state)
 {
     (void)state;
@@ -164,6 +198,7 @@ int main(void)
         cmocka_unit_test(fault_fails_writes_and_fsync),
         cmocka_unit_test(hash_matches_xxh3_reference_values),
         cmocka_unit_test(pool_runs_every_item_exactly_once),
+        cmocka_unit_test(pool_short_runs_back_to_back_run_each_item_once),
         cmocka_unit_test(utf8_validation),
         cmocka_unit_test(read_file_caps_size),
     };

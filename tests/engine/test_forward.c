@@ -275,21 +275,30 @@ static void check_family(const char *family, const lms__kernels *k, lms_dtype kv
     rig_close(&g);
 }
 
+/* The avx512bf16 set rounds every input of a BF16 weight product to bf16
+ * (relative error up to 2^-9 per element, what llama.cpp does for BF16
+ * weights and transformers in bf16 does at every op): these near-uniform
+ * random models show up to 1.4e-2 on logits and 0.3% on perplexity, greedy
+ * tokens unchanged. */
+#define BF16_ACT_TOL 2e-2
+
 static void each_kernel(const char *family)
 {
-    const char *names[] = {"avx512", "avx2", "generic"};
-    for (size_t i = 0; i < 3; i++) {
+    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    for (size_t i = 0; i < 4; i++) {
         const lms__kernels *k = lms__kernels_by_name(names[i]);
         if (!k)
             continue;
-        check_family(family, k, LMS_DTYPE_F32, 1e-3, LMS_DTYPE_BF16);
+        /* BF16 weights with activations rounded to bf16 (vdpbf16ps): see BF16_ACT_TOL */
+        check_family(family, k, LMS_DTYPE_F32, k->gemm_xbf16 ? BF16_ACT_TOL : 1e-3, LMS_DTYPE_BF16);
         /* the same weights as F32 (exact) and F16 (rounded): the other weight kernels */
         check_family(family, k, LMS_DTYPE_F32, 1e-3, LMS_DTYPE_F32);
         check_family(family, k, LMS_DTYPE_F32, 1e-3, LMS_DTYPE_F16);
     }
     /* 16-bit K/V: rounding K and V costs accuracy, bounded but looser */
-    check_family(family, lms__kernels_best(), LMS_DTYPE_F16, 1e-2, LMS_DTYPE_BF16);
-    check_family(family, lms__kernels_best(), LMS_DTYPE_BF16, 1e-2, LMS_DTYPE_BF16);
+    const lms__kernels *best = lms__kernels_best();
+    check_family(family, best, LMS_DTYPE_F16, best->gemm_xbf16 ? BF16_ACT_TOL : 1e-2, LMS_DTYPE_BF16);
+    check_family(family, best, LMS_DTYPE_BF16, best->gemm_xbf16 ? BF16_ACT_TOL : 1e-2, LMS_DTYPE_BF16);
 }
 
 static void llama_forward_matches_transformers(void **s) { each_kernel("llama"); }

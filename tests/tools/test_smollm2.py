@@ -11,6 +11,7 @@ sanitizer build (slow kernels) only a subset runs: one chat case, 4 greedy
 tokens.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,28 @@ import tinymodel as tm  # noqa: E402
 
 MODEL_DIR = os.path.join(tm.SRC, "models", "smollm2-135m-instruct")
 REF_PATH = os.path.join(tm.SRC, "tests", "fixtures", "smollm2", "reference.json")
+
+
+# (exact, logits tolerance, perplexity tolerance), relative: f32 activations
+# (LMSTORE_BF16_ACT=0) hold transformers' logits and perplexity to 1e-3; the
+# default on CPUs with AVX-512 BF16 rounds the inputs of BF16 weight products
+# to bf16 (as llama.cpp does for BF16 weights), which moves this model's
+# logits by up to ~1e-2 and its perplexity by ~0.15% (greedy ids unchanged,
+# checked on the default path).
+EXACT_TOL = [(True, 1e-3, 1e-3), (False, 2e-2, 5e-3)]
+
+
+@contextlib.contextmanager
+def bf16_act(on):
+    old = os.environ.get("LMSTORE_BF16_ACT")
+    os.environ["LMSTORE_BF16_ACT"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LMSTORE_BF16_ACT"]
+        else:
+            os.environ["LMSTORE_BF16_ACT"] = old
 
 
 def main():
@@ -70,27 +93,32 @@ def main():
         if quick:
             continue
         out = os.path.join(base, "logits.f32")
-        tm.lms("logits", "smollm2", "--prompt-ids", ids, "--out", out, store=store)
-        x = np.fromfile(out, dtype="<f4")
-        top = np.argsort(-x, kind="stable")[:10].tolist()
-        d = float(np.max(np.abs(x[c["top10_ids"]] - np.array(c["top10_logits"]))) / np.max(np.abs(c["top10_logits"])))
-        check(top[:3] == c["top10_ids"][:3] and d <= 1e-3,
-              f"{c['name']}: top logits match (relative difference {d:.2e})")
+        for exact, tol, _ in EXACT_TOL:
+            with bf16_act(not exact):
+                tm.lms("logits", "smollm2", "--prompt-ids", ids, "--out", out, store=store)
+            x = np.fromfile(out, dtype="<f4")
+            top = np.argsort(-x, kind="stable")[:10].tolist()
+            d = float(np.max(np.abs(x[c["top10_ids"]] - np.array(c["top10_logits"]))) / np.max(np.abs(c["top10_logits"])))
+            check(top[:3] == c["top10_ids"][:3] and d <= tol,
+                  f"{c['name']}: top logits match{'' if exact else ' (bf16 activations)'} (relative difference {d:.2e})")
 
     if quick:
         shutil.rmtree(base, ignore_errors=True)
         return 1 if failures else 0
     p = ref["perplexity"]
-    r = json.loads(tm.lms("perplexity", "smollm2", "--prompt-ids", ",".join(map(str, p["ids"])), "--json",
-                          store=store).stdout)
-    rel = abs(r["ppl"] - p["ppl"]) / p["ppl"]
-    check(rel <= 1e-3, f"perplexity {r['ppl']:.4f} vs transformers {p['ppl']:.4f} (relative {rel:.2e})")
     textfile = os.path.join(base, "text.txt")
     with open(textfile, "w") as f:
         f.write(p["text"])
-    r = json.loads(tm.lms("perplexity", "smollm2", "--file", textfile, "--json", store=store).stdout)
-    check(r["n_tokens"] == p["n_tokens"] and abs(r["ppl"] - p["ppl"]) / p["ppl"] <= 1e-3,
-          f"perplexity of the text file: {r['ppl']:.4f} over {r['n_tokens']} tokens")
+    for exact, _, tol in EXACT_TOL:
+        how = "" if exact else " (bf16 activations)"
+        with bf16_act(not exact):
+            r = json.loads(tm.lms("perplexity", "smollm2", "--prompt-ids", ",".join(map(str, p["ids"])), "--json",
+                                  store=store).stdout)
+            rel = abs(r["ppl"] - p["ppl"]) / p["ppl"]
+            check(rel <= tol, f"perplexity{how} {r['ppl']:.4f} vs transformers {p['ppl']:.4f} (relative {rel:.2e})")
+            r = json.loads(tm.lms("perplexity", "smollm2", "--file", textfile, "--json", store=store).stdout)
+            check(r["n_tokens"] == p["n_tokens"] and abs(r["ppl"] - p["ppl"]) / p["ppl"] <= tol,
+                  f"perplexity of the text file{how}: {r['ppl']:.4f} over {r['n_tokens']} tokens")
     shutil.rmtree(base, ignore_errors=True)
     return 1 if failures else 0
 

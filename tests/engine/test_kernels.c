@@ -1,0 +1,145 @@
+/*
+ * tests/engine/test_kernels.c - the 16/32-bit weight kernels
+ * (engine/cpu/kernels*.c) of every set this CPU has, on awkward shapes
+ * (rows that are not whole blocks of 16 or 48, columns that are not whole
+ * vectors, 1 to 20 tokens: the decode, 4-row and packed prefill paths, the
+ * tails of the 8-token tiles), with strided x and y:
+ *   - gemm[F32/F16/BF16] equals the double-precision dot of the weights'
+ *     values with x, within float summation slack (1e-5 of sum |w x|);
+ *   - gemm_xbf16 (AVX-512 BF16) equals the double-precision dot with x
+ *     rounded to bf16 by to_bf16 (round to nearest even, checked against
+ *     lms__f32_to_bf16), within the same slack;
+ *   - acc adds to y, other outputs are left alone.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+#include "testutil.h"
+
+static uint64_t seed = 19;
+static float frand(void)
+{
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(seed >> 11) / 9007199254740992.0) * 2.f - 1.f;
+}
+
+static double wval(lms_dtype dt, const void *W, size_t i)
+{
+    if (dt == LMS_DTYPE_F32)
+        return ((const float *)W)[i];
+    uint16_t h = ((const uint16_t *)W)[i];
+    return dt == LMS_DTYPE_F16 ? lms__f16_to_f32(h) : lms__bf16_to_f32(h);
+}
+
+/* One shape through one kernel; xbf: through gemm_xbf16. */
+static void check_shape(const lms__kernels *k, lms_dtype dt, bool xbf, int rows, int nb, int cols, bool acc)
+{
+    size_t ldw = (size_t)cols + 3 * (dt != LMS_DTYPE_BF16 || !xbf), ldx = (size_t)cols + 5, ldy = (size_t)rows + 7;
+    size_t esz = dt == LMS_DTYPE_F32 ? 4 : 2;
+    if (xbf)
+        ldw = (size_t)cols + 2; /* even: each row's pairs stay 4-byte aligned */
+    uint8_t *W = malloc((size_t)rows * ldw * esz);
+    float *x = malloc(sizeof(float) * nb * ldx), *y = malloc(sizeof(float) * nb * ldy);
+    float *y0 = malloc(sizeof(float) * nb * ldy);
+    uint16_t *xb = malloc(2 * (size_t)nb * (ldx + 1));
+    size_t ldxb = ldx + 1;
+    for (size_t i = 0; i < (size_t)rows * ldw; i++) {
+        float v = frand();
+        if (dt == LMS_DTYPE_F32)
+            ((float *)W)[i] = v;
+        else
+            ((uint16_t *)W)[i] = dt == LMS_DTYPE_F16 ? lms__f32_to_f16(v) : lms__f32_to_bf16(v);
+    }
+    for (size_t i = 0; i < (size_t)nb * ldx; i++) x[i] = frand() * 3;
+    for (size_t i = 0; i < (size_t)nb * ldy; i++) y0[i] = y[i] = frand();
+    if (xbf) {
+        for (int b = 0; b < nb; b++) {
+            k->to_bf16(x + (size_t)b * ldx, xb + (size_t)b * ldxb, cols);
+            for (int c = 0; c < cols; c++)
+                assert_int_equal(xb[(size_t)b * ldxb + c], lms__f32_to_bf16(x[(size_t)b * ldx + c]));
+        }
+        k->gemm_xbf16((const uint16_t *)W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);
+    } else {
+        k->gemm[lms__dt_index(dt)](W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);
+    }
+    for (int b = 0; b < nb; b++)
+        for (size_t r = 0; r < ldy; r++) {
+            size_t o = (size_t)b * ldy + r;
+            if (r >= (size_t)rows) {
+                assert_true(y[o] == y0[o]); /* past the rows: untouched */
+                continue;
+            }
+            double s = 0, m = 0;
+            for (int c = 0; c < cols; c++) {
+                double xv = xbf ? lms__bf16_to_f32(xb[(size_t)b * ldxb + c]) : x[(size_t)b * ldx + c];
+                double p = wval(dt, W, r * ldw + c) * xv;
+                s += p;
+                m += fabs(p);
+            }
+            if (acc)
+                s += y0[o];
+            if (fabs(y[o] - s) > 1e-5 * (m + fabs(y0[o])) + 1e-6) {
+                printf("%s %s%s rows %d nb %d cols %d acc %d: y[%d][%zu] = %.9g, want %.9g\n", k->name,
+                       lms_dtype_name(dt), xbf ? " (bf16 x)" : "", rows, nb, cols, acc, b, r, y[o], s);
+                fail();
+            }
+        }
+    free(W);
+    free(x);
+    free(y);
+    free(y0);
+    free(xb);
+}
+
+static void kernels_equal_the_double_dot_on_awkward_shapes(void **state)
+{
+    (void)state;
+    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const lms_dtype dts[] = {LMS_DTYPE_F32, LMS_DTYPE_F16, LMS_DTYPE_BF16};
+    const int rows[] = {1, 5, 16, 47, 49, 100}, nbs[] = {1, 2, 3, 4, 7, 8, 9, 17, 20}, cols[] = {2, 30, 64, 290, 576};
+    int sets = 0;
+    for (size_t s = 0; s < LMS_ARRAY_LEN(names); s++) {
+        const lms__kernels *k = lms__kernels_by_name(names[s]);
+        if (!k)
+            continue;
+        sets++;
+        for (size_t d = 0; d < LMS_ARRAY_LEN(dts); d++)
+            for (int xbf = 0; xbf < 2; xbf++) {
+                if (xbf && (!k->gemm_xbf16 || dts[d] != LMS_DTYPE_BF16))
+                    continue;
+                for (size_t r = 0; r < LMS_ARRAY_LEN(rows); r++)
+                    for (size_t n = 0; n < LMS_ARRAY_LEN(nbs); n++)
+                        for (size_t c = 0; c < LMS_ARRAY_LEN(cols); c++)
+                            check_shape(k, dts[d], xbf, rows[r], nbs[n], cols[c], (r + n + c) % 2 == 1);
+            }
+    }
+    assert_true(sets >= 1); /* generic at least */
+}
+
+/* A product longer than one column block (KC) and taller than one row block (MR), prefill-sized. */
+static void packed_prefill_spans_column_and_row_blocks(void **state)
+{
+    (void)state;
+    const char *names[] = {"avx512bf16", "avx512"};
+    for (size_t s = 0; s < LMS_ARRAY_LEN(names); s++) {
+        const lms__kernels *k = lms__kernels_by_name(names[s]);
+        if (!k)
+            continue;
+        check_shape(k, LMS_DTYPE_BF16, false, 150, 33, 1000, false);
+        check_shape(k, LMS_DTYPE_F16, false, 150, 33, 1000, true);
+        if (k->gemm_xbf16)
+            check_shape(k, LMS_DTYPE_BF16, true, 150, 33, 1000, true);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(kernels_equal_the_double_dot_on_awkward_shapes),
+        cmocka_unit_test(packed_prefill_spans_column_and_row_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
