@@ -51,7 +51,7 @@ jl() { tee -a "$RES"; }
 tests() {
     say "CUDA tests"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$LOG"
-    for t in engine_test_backend_cuda engine_test_engine_cuda loader_test_loader_cuda; do
+    for t in engine_test_backend_cuda engine_test_engine_cuda engine_test_batch_cuda loader_test_loader_cuda; do
         LMS_TMP=$W/t-$t timeout 400 "$BIN/$t" >"$OUT/$t.log" 2>&1
         rc=$?
         echo "{\"what\": \"test\", \"test\": \"$t\", \"exit\": $rc}" | jl

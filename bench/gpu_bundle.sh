@@ -10,7 +10,7 @@ b=${1:-build}
 dir=${2:-.gpu}
 mkdir -p "$dir/bin" "$dir/lib"
 cp "$b/lmstore" "$dir/bin/"
-for t in engine_test_backend_cuda engine_test_engine_cuda loader_test_loader_cuda; do
+for t in engine_test_backend_cuda engine_test_engine_cuda engine_test_batch_cuda loader_test_loader_cuda; do
     cp "$b/tests/$t" "$dir/bin/"
 done
 for f in "$dir"/bin/*; do
