@@ -319,9 +319,9 @@ int lms_cmd_serve(int argc, char **argv)
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
     }
+    lms__server_drain(srv); /* the listening socket is closed before the line below says so */
     fprintf(stderr, "lmstore serve: %s: finishing %d running request(s), no new ones\n", strsignal(sig),
             lms__server_in_flight(srv));
-    lms__server_drain(srv);
     double end = lms__now() + o.drain_s;
     struct timespec tick = {0, 50 * 1000 * 1000};
     bool forced = false;

@@ -129,7 +129,9 @@ def main():
         failures.append("problems:\n  " + "\n  ".join(problems[:20]))
     if count["ok"] < CLIENTS:
         failures.append(f"only {count['ok']} checked answers")
-    if rss_end > rss_warm * 1.10 + (16 << 20):
+    # (under AddressSanitizer freed memory sits in its quarantine, up to 256 MiB: RSS
+    # is not flat there by design; the normal build holds it flat)
+    if not su.sanitized_build() and rss_end > rss_warm * 1.10 + (16 << 20):
         failures.append(f"RSS grew from {rss_warm} to {rss_end} bytes after warm-up")
     if m:
         got200 = m.get('lmstore_requests_total{endpoint="/v1/completions",status="200"}', 0)
