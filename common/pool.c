@@ -70,6 +70,18 @@ static uint64_t now_ns(void)
 
 static inline uint64_t gen_of(uint64_t t) { return t >> 32; }
 
+/* The spin's clock: false once SPIN_NS have passed since the first call that
+ * reads it (every 256 spins; *t0 starts at 0). */
+static bool spin_on(unsigned i, uint64_t *t0)
+{
+    if ((i & 255) != 255)
+        return true;
+    uint64_t t = now_ns();
+    if (!*t0)
+        *t0 = t;
+    return t - *t0 <= SPIN_NS;
+}
+
 /* Spin until the ticket's generation is not `gen` or SPIN_NS pass; true when it changed. */
 static bool spin_gen(atomic_uint_fast64_t *v, uint64_t gen)
 {
@@ -78,16 +90,12 @@ static bool spin_gen(atomic_uint_fast64_t *v, uint64_t gen)
         if (gen_of(atomic_load_explicit(v, memory_order_acquire)) != gen)
             return true;
         cpu_relax();
-        if ((i & 255) == 255) {
-            uint64_t t = now_ns();
-            if (!t0)
-                t0 = t;
-            else if (t - t0 > SPIN_NS)
-                return false;
-        }
+        if (!spin_on(i, &t0))
+            return false;
     }
 }
 
+/* Spin until *v reaches n or SPIN_NS pass; true when it did. */
 static bool spin_done(atomic_size_t *v, size_t n)
 {
     uint64_t t0 = 0;
@@ -95,13 +103,8 @@ static bool spin_done(atomic_size_t *v, size_t n)
         if (atomic_load_explicit(v, memory_order_acquire) >= n)
             return true;
         cpu_relax();
-        if ((i & 255) == 255) {
-            uint64_t t = now_ns();
-            if (!t0)
-                t0 = t;
-            else if (t - t0 > SPIN_NS)
-                return false;
-        }
+        if (!spin_on(i, &t0))
+            return false;
     }
 }
 
