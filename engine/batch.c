@@ -83,6 +83,7 @@ typedef struct bseq {
     int32_t *stop_ids;     /* [n_stop_ids] ids that end it as EOS does (owned) */
     size_t n_stop_ids;
     uint32_t n_top;        /* alternatives reported per token */
+    bool logprob;          /* report the sampled token's log-probability */
 } bseq;
 
 /* A prefix session of the store (invariant 3). */
@@ -589,7 +590,7 @@ static int check_gen_params(const lms_gen_params *gp)
 
 int lms_batch_add(lms_batch *b, const int32_t *prompt, size_t n, const lms_gen_params *gp, uint64_t *id)
 {
-    lms_batch_req rq = {gp, NULL, 0, 0};
+    lms_batch_req rq = {gp, NULL, 0, 0, false};
     return lms_batch_add_ex(b, prompt, n, &rq, id);
 }
 
@@ -651,6 +652,7 @@ int lms_batch_add_ex(lms_batch *b, const int32_t *prompt, size_t n, const lms_ba
     s->stop_ids = stop_ids;
     s->n_stop_ids = n_stop;
     s->n_top = rq ? rq->top_logprobs : 0;
+    s->logprob = !rq || !rq->no_logprob;
     uint32_t win = gp.repeat_window ? gp.repeat_window : 64;
     for (size_t i = n > win ? n - win : 0; i < n; i++) lms__sampler_accept(smp, prompt[i]);
     s->smp = smp;
@@ -813,7 +815,8 @@ static bool sample(lms_batch *b, bseq *s, const float *lg, lms_batch_event *ev)
     memset(ev, 0, sizeof *ev);
     ev->id = s->id, ev->token = id, ev->stop_reason = LMS_STOP_NONE;
     ev->prompt_tokens = s->n_prompt, ev->cached_tokens = s->cached;
-    logprobs(lg, b->V, s->n_top, ev);
+    if (s->logprob || s->n_top)
+        logprobs(lg, b->V, s->n_top, ev);
     /* the order of lms_generate's checks, so that the ids and stops are the same */
     bool room = s->n_done < b->n_ctx;
     if (!s->gp.ignore_eos && is_eos(b, s, id)) {

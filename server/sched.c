@@ -152,7 +152,7 @@ static void admit_locked(lms__sched *s)
 {
     while (s->qhead && s->n_running < s->p.n_slots) {
         lms__sreq *r = s->qhead;
-        lms_batch_req rq = {&r->p.gp, r->stop_ids, r->p.n_stop_ids, r->p.top_logprobs};
+        lms_batch_req rq = {&r->p.gp, r->stop_ids, r->p.n_stop_ids, r->p.top_logprobs, !r->p.logprobs};
         uint64_t id = 0;
         int rc = lms_batch_add_ex(s->b, r->prompt, r->n_prompt, &rq, &id);
         if (rc == LMS_ENOSPACE) { /* not now: a later step frees slots or pages */

@@ -1055,6 +1055,14 @@ out:
     return rc;
 }
 
+int lms__model_get(lms_store *s, MDB_txn *txn, const char *model, MDB_val *val)
+{
+    int rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), val);
+    if (rc == LMS_ENOENT)
+        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    return rc;
+}
+
 int lms_store_model(lms_store *s, const char *model, lms_model_cb cb, void *ctx)
 {
     MDB_txn *txn;
@@ -1063,9 +1071,7 @@ int lms_store_model(lms_store *s, const char *model, lms_model_cb cb, void *ctx)
     int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
-    if (rc == LMS_ENOENT)
-        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    rc = lms__model_get(s, txn, model, &val);
     if (!rc)
         rc = model_from_rec(model, strlen(model), val.mv_data, val.mv_size, &it, s->index_path);
     lms__txn_end(s, txn);
@@ -1099,9 +1105,7 @@ static int model_items(lms_store *s, const char *model, int db, lms__prefix_fn f
     int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
-    if (rc == LMS_ENOENT)
-        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    rc = lms__model_get(s, txn, model, &val);
     if (!rc)
         rc = lms__db_prefix_each(s, txn, db, model, fn, ctx);
     lms__txn_end(s, txn);
@@ -1229,12 +1233,7 @@ int lms_store_file(lms_store *s, const char *model, const char *file, void **dat
     int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
-    if (rc == LMS_ENOENT) {
-        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
-        goto out;
-    }
-    if (rc)
+    if ((rc = lms__model_get(s, txn, model, &val)))
         goto out;
     rc = lms__db_get(s, txn, LMS__DB_FILES, key, klen, &val);
     if (rc == LMS_ENOENT) {

@@ -183,6 +183,8 @@ int lms__db_get(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen
 int lms__db_put(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen, const void *val,
                 size_t vlen, unsigned flags);
 int lms__db_del(lms_store *s, MDB_txn *txn, int db, const void *key, size_t klen);
+/* The model record of `model` (lms__db_get); LMS_ENOENT names the model and the store. */
+int lms__model_get(lms_store *s, MDB_txn *txn, const char *model, MDB_val *val);
 
 /*
  * Composite key "model NUL item" (tensors, files). Returns the length, or 0

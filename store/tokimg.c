@@ -311,9 +311,7 @@ static int read_ref(lms_store *s, const char *model, ref *r, bool *found)
     int rc = lms__txn_read(s, &txn);
     if (rc)
         return rc;
-    rc = lms__db_get(s, txn, LMS__DB_MODELS, model, strlen(model), &val);
-    if (rc == LMS_ENOENT)
-        rc = lms__err(LMS_ENOENT, "model '%s' is not in the store %s", model, s->path);
+    rc = lms__model_get(s, txn, model, &val);
     if (rc)
         goto out;
     size_t klen = lms__key_item(key, sizeof key, model, LMS__TOKREF_NAME);

@@ -120,7 +120,7 @@ static int cu_type(lms_dtype dt)
 }
 
 /* The type a GEMM multiplies matrix w in: its own, bf16 for MLX codes (dequantized rows). */
-static int mm_type(const lms__wt *w) { return cu_type(w->dt); }
+static int mm_type(const lms__wt *w) { return w->mlx ? LMS_CU_BF16 : cu_type(w->dt); }
 
 /* Whether two matrices can share one GEMV launch: the same encoding, and for MLX the same bits,
  * group and scale type. */

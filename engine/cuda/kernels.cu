@@ -210,6 +210,22 @@ struct gemv_rows {
     }
 };
 
+/* A thread's next 16-byte chunks of its block's rows: chunks c0, c0 + TH, ...
+ * (GEMV_U of them, TH threads a block), zero past the row or for a row past
+ * the matrix. */
+template <int TH>
+__device__ __forceinline__ void gemv_load(uint4 (&w)[GEMV_R][GEMV_U], const uint8_t *const (&wr)[GEMV_R],
+                                          const bool (&ok)[GEMV_R], int c0, int nch)
+{
+#pragma unroll
+    for (int u = 0; u < GEMV_U; u++) {
+        int c = c0 + u * TH;
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+            w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 /*
  * The end of a GEMV block: partial sums (and sums of x^2 with a norm)
  * reduced over the block, then thread (r, b) writes row r of token b:
@@ -310,13 +326,7 @@ __global__ void __launch_bounds__(TH, NB == 1 ? 768 / TH : 1) gemv_mlx_kernel(co
         bi[r] = (const uint8_t *)a.biases[j] + row * srow * sizeof(typename elem<ST>::t);
     }
     uint4 w[GEMV_R][GEMV_U];
-#pragma unroll
-    for (int u = 0; u < GEMV_U; u++) {
-        int c = tid + u * TH;
-#pragma unroll
-        for (int r = 0; r < GEMV_R; r++)
-            w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-    }
+    gemv_load<TH>(w, wr, ok, tid, nch);
     griddep_wait();
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
     const float *x = a.x + (size_t)a.row0 * a.ldx;
@@ -375,16 +385,8 @@ __global__ void __launch_bounds__(TH, NB == 1 ? 768 / TH : 1) gemv_mlx_kernel(co
                     acc[r][b] = fmaf(s[r] * (float)(1 << BITS), dq[r] - xs, fmaf(bb[r], xs, acc[r][b]));
             }
         }
-        const int cn = c0 + GEMV_U * TH;
-        if (cn < nch) {
-#pragma unroll
-            for (int u = 0; u < GEMV_U; u++) {
-                int c = cn + u * TH;
-#pragma unroll
-                for (int r = 0; r < GEMV_R; r++)
-                    w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-            }
-        }
+        if (c0 + GEMV_U * TH < nch)
+            gemv_load<TH>(w, wr, ok, c0 + GEMV_U * TH, nch);
     }
     gemv_finish<NB, TH / 32>(a, gr, g, nb, acc, ss, red);
 }
@@ -480,13 +482,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel
         wr[r] = (const uint8_t *)a.w[j] + (size_t)(ok[r] ? lr : 0) * row_bytes;
     }
     uint4 w[GEMV_R][GEMV_U];
-#pragma unroll
-    for (int u = 0; u < GEMV_U; u++) {
-        int c = tid + u * GEMV_THREADS;
-#pragma unroll
-        for (int r = 0; r < GEMV_R; r++)
-            w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-    }
+    gemv_load<GEMV_THREADS>(w, wr, ok, tid, nch);
     griddep_wait();
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
     const float *x = a.x + (size_t)a.row0 * a.ldx;
@@ -542,16 +538,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel
             }
         }
         /* the next round's loads */
-        const int cn = c0 + GEMV_U * GEMV_THREADS;
-        if (cn < nch) {
-#pragma unroll
-            for (int u = 0; u < GEMV_U; u++) {
-                int c = cn + u * GEMV_THREADS;
-#pragma unroll
-                for (int r = 0; r < GEMV_R; r++)
-                    w[r][u] = (ok[r] && c < nch) ? ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-            }
-        }
+        if (c0 + GEMV_U * GEMV_THREADS < nch)
+            gemv_load<GEMV_THREADS>(w, wr, ok, c0 + GEMV_U * GEMV_THREADS, nch);
     }
     gemv_finish<NB>(a, gr, g, nb, acc, ss, red);
 }

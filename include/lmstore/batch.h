@@ -124,6 +124,8 @@ typedef struct lms_batch_req {
                                    turn); copied. NULL when n_stop_ids is 0 */
     size_t n_stop_ids;
     uint32_t top_logprobs;      /* alternatives reported with each token, 0 .. LMS_BATCH_MAX_TOP */
+    bool no_logprob;            /* leave lms_batch_event.logprob 0 (with top_logprobs 0): spares the
+                                   log-softmax over the vocabulary for every token */
 } lms_batch_req;
 
 /* lms_batch_add with stop ids and top log-probabilities (errors as there;
