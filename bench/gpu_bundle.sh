@@ -4,6 +4,8 @@
 # CUDA test programs, and the shared libraries they load that such a machine
 # lacks (LMDB, cJSON, zstd, xxHash, PCRE2, utf8proc, cmocka, ...; CUDA's own
 # come from the machine). There: LD_LIBRARY_PATH=$DIR/lib LMS_BIN_DIR=$DIR/bin.
+# Binaries lose their debug sections (about half their size; symbols stay,
+# so profiles still name functions) unless LMS_BUNDLE_DEBUG=1.
 #   bench/gpu_bundle.sh [BUILD] [DIR]     (default build, .gpu)
 set -eu
 b=${1:-build}
@@ -17,4 +19,5 @@ for f in "$dir"/bin/*; do
     ldd "$f" | awk '/=> \// {print $3}'
 done | sort -u | grep -v -E '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux)[.-]|libcud|libcublas|libnv' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+[ "${LMS_BUNDLE_DEBUG:-0}" = 1 ] || for f in "$dir"/bin/*; do objcopy --strip-debug "$f"; done
 du -sh "$dir"
