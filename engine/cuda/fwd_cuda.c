@@ -22,13 +22,13 @@
  * returns it as LMS_EDEVICE naming the operation.
  */
 #include <assert.h>
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/cuda/blas.h"
 #include "engine/cuda/kernels.h"
 #include "loader/device.h"
 
@@ -179,7 +179,7 @@ static void cuda_destroy(lms__bk *b)
         if (b->graph[i])
             cudaGraphExecDestroy(b->graph[i]);
     if (b->blas)
-        cublasDestroy(b->blas);
+        lms__blas_destroy(b->blas);
     for (int i = 0; i < LMS__B_COUNT_; i++) cudaFree(b->buf[i]);
     cudaFree(b->xin);
     cudaFree(b->split_out);
@@ -318,9 +318,11 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         rc = cu_err(e, "engine setup copies");
         goto out_fail;
     }
+    if ((rc = lms__blas_open()) != LMS_OK)
+        goto out_fail;
     cublasStatus_t bs;
-    if ((bs = cublasCreate(&b->blas)) || (bs = cublasSetStream(b->blas, b->stream)) ||
-        (bs = cublasSetWorkspace(b->blas, b->blas_ws, BLAS_WS))) {
+    if ((bs = lms__blas_create(&b->blas)) || (bs = lms__blas_set_stream(b->blas, b->stream)) ||
+        (bs = lms__blas_set_workspace(b->blas, b->blas_ws, BLAS_WS))) {
         rc = lms__err(LMS_EDEVICE, "cuda engine: cuBLAS setup failed (status %d)", (int)bs);
         goto out_fail;
     }
@@ -459,7 +461,7 @@ static void mm_mlx(lms__bk *b, const lms__wt *w, int cols, float beta, float *c,
                                             (int)K, (int)q->group, (int)r0, (int)n, b->stream),
                "MLX dequantization");
         for (int h = 0; h < 2; h++) {
-            cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, cols, (int)K, &one,
+            cublasStatus_t st = lms__blas_gemm_ex(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, cols, (int)K, &one,
                                              h ? lo : hi, CUDA_R_16BF, (int)K, b->xin, CUDA_R_16BF, (int)K,
                                              h ? &one : &beta, c + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                              CUBLAS_GEMM_DEFAULT);
@@ -558,7 +560,7 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         if (j->w->mlx)
             mm_mlx(b, j->w, split ? 2 * (int)nb : (int)nb, beta, c, ldc);
         else {
-            cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows,
+            cublasStatus_t st = lms__blas_gemm_ex(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->w->rows,
                                              split ? 2 * (int)nb : (int)nb, (int)K, &alpha, j->w->dp, blas_type(jt),
                                              (int)K, b->xin, blas_type(jt), (int)K, &beta, c, CUDA_R_32F, ldc,
                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
