@@ -74,8 +74,11 @@ static int run_batch(lms_batch *b, const int32_t *prompts, int N, int prompt, in
     lms_gen_params gp = lms_gen_default_params();
     gp.max_tokens = (uint32_t)gen;
     gp.ignore_eos = true;
+    /* no log-probabilities: lms_generate computes none either (a log-softmax over the
+     * vocabulary per token, which the server asks for only when a client does) */
+    lms_batch_req rq = {&gp, NULL, 0, 0, true};
     for (int i = 0; i < N; i++)
-        if ((rc = lms_batch_add(b, prompts + (size_t)i * prompt, (size_t)prompt, &gp, &ids[i])))
+        if ((rc = lms_batch_add_ex(b, prompts + (size_t)i * prompt, (size_t)prompt, &rq, &ids[i])))
             goto out;
     while (done < N) {
         size_t n = 0;
