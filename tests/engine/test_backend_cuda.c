@@ -875,23 +875,28 @@ static void forward_matches_cpu(void **state)
     assert_int_equal(g_fail - before, 0);
 }
 
-static void window_group_forward_matches_cpu(void **state)
+/* fn over shapes [0, n); the mismatches they printed fail the test. */
+static void each_shape(const char *what, void (*fn)(const shape *), const shape *shapes, size_t n)
 {
     int before = g_fail;
+    for (size_t i = 0; i < n; i++) fn(&shapes[i]);
+    printf("%s: %d mismatches\n", what, g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
+static void window_group_forward_matches_cpu(void **state)
+{
     /* head dims 64, 128, 256 (gemma-3's), 16-bit and f32 K/V (the decoding kernel for prefill too) */
     static const shape W[] = {
         {256, 4, 1, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, true, 0, 0},
         {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0},
         {64, 4, 2, 32, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, true, 0, 0},
     };
-    for (size_t i = 0; i < LMS_ARRAY_LEN(W); i++) test_window_shape(&W[i]);
-    printf("window group forward: %d mismatches\n", g_fail - before);
-    assert_int_equal(g_fail - before, 0);
+    each_shape("window group forward", test_window_shape, W, LMS_ARRAY_LEN(W));
 }
 
 static void segments_match_cpu(void **state)
 {
-    int before = g_fail;
     /* F32 K/V (the decoding kernel for every row), 16-bit K/V (the tensor-core kernel for
      * long chunks), head sizes 24 (the scalar paths), 64, 128 */
     static const shape S[] = {
@@ -903,9 +908,7 @@ static void segments_match_cpu(void **state)
         {64, 4, 2, 16, 96, 384, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, true, true, 4, 32},
     };
     setenv("LMSTORE_CUDA_GRAPH", "1", 1); /* steps of segments are never recorded */
-    for (size_t i = 0; i < LMS_ARRAY_LEN(S); i++) test_segments_shape(&S[i]);
-    printf("segments: %d mismatches\n", g_fail - before);
-    assert_int_equal(g_fail - before, 0);
+    each_shape("segments", test_segments_shape, S, LMS_ARRAY_LEN(S));
 }
 
 int main(void)
