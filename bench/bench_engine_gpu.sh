@@ -14,6 +14,11 @@
 #                    the HBM read bandwidth (torch sum) and bf16 matrix rate next to it
 #   peers8b          transformers on the same weights: decode (eager and static
 #                    cache compiled), prefill 2048; greedy ids against lmstore's
+#   batch8b          `lmstore bench batch llama8b --device cuda`: aggregate decode
+#                    tok/s of 1, 4, 16 and 64 concurrent greedy requests (one
+#                    forward pass per step over every running sequence) against
+#                    the single-sequence rate; then 16 requests with F32 K/V,
+#                    each request's ids checked against lms_generate alone
 #   mlx8b            llama8b quantized by `lmstore quantize --type mlx4` (and
 #                    mlx8): decode at 128 tokens of context against the HBM
 #                    roofline of its own bytes, prefill of 2048 (dequantized
@@ -129,6 +134,14 @@ profile() {
     $PY bench/ncu_summary.py "$OUT/ncu_prefill.csv" | tee -a "$LOG"
 }
 
+batch8b() {
+    say "lmstore bench batch llama8b --device cuda"
+    timeout 400 "$LMS" bench batch llama8b --store "$ST" --device cuda --parallel 1,4,16,64 --prompt 32 --gen 64 \
+        --reps 3 --json 2>>"$LOG" | jl
+    timeout 300 "$LMS" bench batch llama8b --store "$ST" --device cuda --parallel 16 --prompt 32 --gen 32 --reps 1 \
+        --kv-dtype f32 --check --json 2>>"$LOG" | jl
+}
+
 mlx8b() {
     say "llama8b as MLX 4-bit and 8-bit"
     local t
@@ -175,6 +188,7 @@ while [ $# -gt 0 ]; do
     tests) tests ;;
     make8b) make8b ;;
     bench8b) bench8b ;;
+    batch8b) batch8b ;;
     peers8b) peers8b ;;
     smollm2) smollm2 "$2"; shift ;;
     profile) profile ;;

@@ -128,6 +128,7 @@ typedef struct lms__fwd_cfg {
     uint32_t max_block;       /* rows per step */
     uint32_t n_ctx;           /* positions per sequence */
     const lms__kvview *kv;    /* geometry (base, strides) of the cache the steps use */
+    uint32_t max_segs;        /* segments per step at most (backends with segments; 0 = 1) */
 } lms__fwd_cfg;
 
 /* Rope tables: 0 = the model's (global) RoPE, 1 = local layers' (Gemma 3). */

@@ -30,8 +30,9 @@
  *      the arena has no page left, the most recently admitted sequence is
  *      preempted (its KV sequence freed, its full pages staying in the
  *      prefix cache) until the append succeeds or the sequence is alone;
- *   4. one forward pass over all planned rows (segments, engine/backend.h);
- *      on a backend without segments (CUDA), one pass per sequence;
+ *   4. one forward pass over all planned rows (segments, engine/backend.h;
+ *      the CPU and CUDA backends); on a backend without segments, one pass
+ *      per sequence;
  *   5. commit, then sample each sequence that ran its last known token and
  *      report an event; finished sequences free their slot.
  *

@@ -367,8 +367,9 @@ int lms__engine_create_ex(const lms__wsrc *src, const uint8_t *model_id, lms_dev
     if ((rc = create_kv(e, hp, model_id)))
         goto fail;
     double t_kv = lms__now();
-    if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->max_block, e->p.n_ctx, &e->kvv,
-                              &e->fwd)))
+    /* the batched engine's steps take a segment per sequence it runs (kv_seqs) */
+    if ((rc = lms__fwd_create(ops, hp, &e->w, e->dev, e->kernels, e->pool, e->max_block, 1 + e->kv_seqs, e->p.n_ctx,
+                              &e->kvv, &e->fwd)))
         goto fail;
     lms_device_info di;
     if (lms_device_get_info(e->dev, &di) == 0)

@@ -301,12 +301,13 @@ struct lms__fwd_ops;
 /*
  * A forward pass over blocks of up to max_block tokens and contexts up to
  * n_ctx on a backend (engine/backend.h); the backend allocates its scratch
- * once, here. kv gives the cache geometry (its block table is given per
- * call). Borrowed: hp, w, dev, k, pool, kv->base. On failure *out is NULL.
+ * once, here, for steps of up to max_segs sequences (lms__fwd_segments; 0 =
+ * 1). kv gives the cache geometry (its block table is given per call).
+ * Borrowed: hp, w, dev, k, pool, kv->base. On failure *out is NULL.
  */
 int lms__fwd_create(const struct lms__fwd_ops *ops, const lms__hparams *hp, const lms__weights *w, lms_device *dev,
-                    const lms__kernels *k, lms_pool *pool, uint32_t max_block, uint32_t n_ctx, const lms__kvview *kv,
-                    lms__fwd **out);
+                    const lms__kernels *k, lms_pool *pool, uint32_t max_block, uint32_t max_segs, uint32_t n_ctx,
+                    const lms__kvview *kv, lms__fwd **out);
 void lms__fwd_free(lms__fwd *f);
 const char *lms__fwd_describe(const lms__fwd *f); /* "avx512", "cuda sm_90" ... */
 

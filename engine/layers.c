@@ -79,8 +79,8 @@ void lms__rope_freqs(const lms__hparams *hp, int which, float *inv_freq)
 }
 
 int lms__fwd_create(const lms__fwd_ops *ops, const lms__hparams *hp, const lms__weights *w, lms_device *dev,
-                    const lms__kernels *k, lms_pool *pool, uint32_t max_block, uint32_t n_ctx, const lms__kvview *kv,
-                    lms__fwd **out)
+                    const lms__kernels *k, lms_pool *pool, uint32_t max_block, uint32_t max_segs, uint32_t n_ctx,
+                    const lms__kvview *kv, lms__fwd **out)
 {
     lms__fwd *f = lms__calloc(1, sizeof *f);
     *out = NULL;
@@ -91,7 +91,7 @@ int lms__fwd_create(const lms__fwd_ops *ops, const lms__hparams *hp, const lms__
     f->w = w;
     f->B = max_block;
     f->n_ctx = n_ctx;
-    lms__fwd_cfg cfg = {hp, w, dev, k, pool, max_block, n_ctx, kv};
+    lms__fwd_cfg cfg = {hp, w, dev, k, pool, max_block, n_ctx, kv, max_segs};
     int rc = ops->create(&cfg, &f->bk);
     if (rc) {
         lms__free(f);

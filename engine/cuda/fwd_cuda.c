@@ -18,6 +18,18 @@
  * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
  * turns graphs off, LMSTORE_CUDA_PDL=0 programmatic dependent launch.
  *
+ * Steps of several sequences (segments, engine/batch.c): begin() also
+ * writes each row's position and block-table offset and each segment's
+ * tables into the step parameters (room for max_segs segments of n_ctx
+ * positions, sized at create), which RoPE and attention read per row
+ * (kernels.h: lms_cu_kv.rpos, .rtable); matrix products stay one pass over
+ * all rows (the GEMV up to 8 rows, cuBLAS above). Attention runs the
+ * tensor-core prefill kernel per segment of more than 8 rows (16-bit K/V)
+ * and one decoding launch over each run of other rows, its splits per row
+ * shrunk so that the partials fit the scratch of 8 rows. Such steps are
+ * never recorded into a graph. The wanted rows' logits are gathered and
+ * come back in chunks of logit_rows rows.
+ *
  * Errors: a failed launch or CUDA call records the first error; end()
  * returns it as LMS_EDEVICE naming the operation.
  */
@@ -32,7 +44,9 @@
 #include "engine/cuda/kernels.h"
 #include "loader/device.h"
 
-#define LOGIT_ROWS 32           /* rows of logits scratch (layers.c asks at most this many at once) */
+#define LOGIT_ROWS 32           /* rows of logits scratch at least (layers.c asks at most this many at once for
+                                 * every row's logits; steps of segments ask up to max_segs rows) */
+#define LOGIT_ROWS_MAX 256      /* rows of logits scratch at most (more come back in chunks) */
 #define GEMV_MAX_ROWS 8         /* steps up to this many rows use the GEMV kernel */
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
 #define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
@@ -50,6 +64,12 @@ struct lms__bk {
     cublasHandle_t blas;
     void *blas_ws;
     uint32_t B, n_ctx, max_pages, maxw;
+    uint32_t max_segs, logit_rows;
+    /* word offsets in the step parameters of a step of segments (kernels.h): each row's
+     * position, each row's table per group, the rows whose logits are wanted, then the
+     * segments' tables (seg_cap words) */
+    uint32_t seg_pos, seg_rtab[2], seg_out, seg_tab, seg_cap;
+    bool fa_ok;         /* the tensor-core prefill kernel covers the cache's type and head size */
     float *buf[LMS__B_COUNT_];
     uint32_t width[LMS__B_COUNT_];
     void *xin;          /* [B][maxw] GEMM input, in the weights' type */
@@ -71,12 +91,12 @@ struct lms__bk {
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
     int32_t *hstep;     /* their pinned host copy */
-    float *dlogits;     /* [LOGIT_ROWS][V] */
-    float *hlogits;     /* pinned [LOGIT_ROWS][V] */
+    float *dlogits;     /* [logit_rows][V] */
+    float *hlogits;     /* pinned [logit_rows][V] */
     int32_t *did, *hid; /* argmax */
     void *amax_scratch;
     float *part;        /* split-attention partials */
-    int *counters;
+    int *counters;      /* [B][n_kv] */
     int splits, chunk;
     lms_cu_kv kvg[2];   /* the cache's groups: 0, and the window group (sliding-window layers) */
     const lms__kvview *kv; /* the geometry create was given (group and index of each layer) */
@@ -249,6 +269,10 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->B = cfg->max_block;
     b->n_ctx = cfg->n_ctx;
     b->max_pages = (cfg->n_ctx + cfg->kv->page_tokens - 1) / cfg->kv->page_tokens + 1;
+    b->max_segs = LMS_MAX(1u, LMS_MIN(cfg->max_segs, cfg->max_block));
+    b->logit_rows = LMS_MIN(LMS_MAX((uint32_t)LOGIT_ROWS, b->max_segs), (uint32_t)LOGIT_ROWS_MAX);
+    b->fa_ok = cfg->kv->dtype != LMS_DTYPE_F32 &&
+               (hp->head_dim == 64 || hp->head_dim == 128 || hp->head_dim == 256);
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
     lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
@@ -274,8 +298,16 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     /* split decoding: splits of chunk positions (128, more for contexts past 32k) cover n_ctx */
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
-    /* step parameters: a block table per group of the cache (kernels.h) */
-    size_t nstep = LMS_CU_STEP_TOKENS + B + (cfg->kv->window ? 2 : 1) * (size_t)b->max_pages;
+    /* step parameters: a block table per group of the cache (kernels.h), then the rows and
+     * tables of a step of segments */
+    uint32_t ng = cfg->kv->window ? 2 : 1;
+    b->seg_pos = LMS_CU_STEP_TOKENS + b->B + ng * b->max_pages;
+    b->seg_rtab[0] = b->seg_pos + b->B;
+    b->seg_rtab[1] = b->seg_rtab[0] + (ng - 1) * b->B;
+    b->seg_out = b->seg_rtab[1] + b->B;
+    b->seg_tab = b->seg_out + b->B;
+    b->seg_cap = b->max_segs * ng * b->max_pages;
+    size_t nstep = (size_t)b->seg_tab + b->seg_cap;
     ALLOC(b->xin, B * b->maxw * 4);
     ALLOC(b->xn, (size_t)GEMV_MAX_ROWS * b->maxw * 4);
     ALLOC(b->hbuf, (size_t)GEMV_MAX_ROWS * hp->n_ff * 4);
@@ -285,15 +317,15 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     ALLOC(b->dvec, LMS_MAX(b->w->vec_len, 1) * 4);
     ALLOC(b->inv_freq, hd * 4);
     ALLOC(b->dstep, nstep * 4);
-    ALLOC(b->dlogits, (size_t)LOGIT_ROWS * V * 4);
+    ALLOC(b->dlogits, (size_t)b->logit_rows * V * 4);
     ALLOC(b->did, 4);
     ALLOC(b->amax_scratch, LMS_CU_ARGMAX_SCRATCH);
     cudaMemset(b->amax_scratch, 0, LMS_CU_ARGMAX_SCRATCH);
     ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits * G * (hd + 4) * 4);
-    ALLOC(b->counters, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * 4);
+    ALLOC(b->counters, B * hp->n_kv_heads * 4);
     ALLOC(b->blas_ws, BLAS_WS);
     if ((e = cudaHostAlloc((void **)&b->hstep, nstep * 4, cudaHostAllocDefault)) ||
-        (e = cudaHostAlloc((void **)&b->hlogits, (size_t)LOGIT_ROWS * V * 4, cudaHostAllocDefault)) ||
+        (e = cudaHostAlloc((void **)&b->hlogits, (size_t)b->logit_rows * V * 4, cudaHostAllocDefault)) ||
         (e = cudaHostAlloc((void **)&b->hid, 4, cudaHostAllocDefault))) {
         rc = lms__err(LMS_ENOMEM, "cuda engine: pinned host memory: %s", cudaGetErrorString(e));
         goto out_fail;
@@ -311,7 +343,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     if (!e && b->w->vec_len)
         e = cudaMemcpy(b->dvec, b->w->vec_store, b->w->vec_len * 4, cudaMemcpyHostToDevice);
     if (!e)
-        e = cudaMemset(b->counters, 0, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * 4);
+        e = cudaMemset(b->counters, 0, B * hp->n_kv_heads * 4);
     if (!e)
         e = cudaDeviceSynchronize();
     if (e) {
@@ -330,7 +362,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->kv = kv;
     b->kvg[0] = (lms_cu_kv){kv->base, (int64_t)kv->page_bytes, (int64_t)kv->layer_bytes, (int64_t)kv->head_bytes,
                             (int64_t)kv->token_bytes, (int64_t)kv->v_offset, (int)kv->page_tokens,
-                            cu_type(kv->dtype), (int)(LMS_CU_STEP_TOKENS + B)};
+                            cu_type(kv->dtype), (int)(LMS_CU_STEP_TOKENS + B), 0, 0};
     b->kvg[1] = b->kvg[0];
     b->kvg[1].base = kv->wbase;
     b->kvg[1].page_bytes = (int64_t)kv->wpage_bytes;
@@ -346,16 +378,77 @@ static const char *cuda_describe(const lms__bk *b) { return b->desc; }
 
 /* ---- steps ---------------------------------------------------------------------------------------- */
 
+/* The window group's block table of a sequence (np entries) into t1. Its entries below
+ * wfirst name pages given back: no key there is attended, but the prefill kernel loads
+ * whole tiles of keys and masks those before the window, so they get a held page
+ * (finite rows). */
+static void window_table(int32_t *t1, const lms__kvview *kv, uint32_t np)
+{
+    uint32_t f = LMS_MIN(kv->wfirst, np - 1);
+    for (uint32_t i = 0; i < f; i++) t1[i] = (int32_t)kv->wpages[f];
+    memcpy(t1 + f, kv->wpages + f, (np - f) * 4);
+}
+
+/* The rows, tables and wanted rows of a step of segments into the step parameters. */
+static int begin_segments(lms__bk *b, const lms__step *st)
+{
+    int32_t *h = b->hstep;
+    uint32_t row = 0, used = 0, pt = b->kv->page_tokens;
+    if (st->n_segs > b->max_segs)
+        return lms__err(LMS_EINVAL, "cuda engine: a step of %u sequences (this engine takes at most %u)", st->n_segs,
+                        b->max_segs);
+    for (uint32_t i = 0; i < st->n_segs; i++) {
+        const lms__seg *g = &st->segs[i];
+        uint32_t np = (g->pos0 + g->nb + pt - 1) / pt;
+        assert(g->row0 == row && g->nb >= 1 && g->pos0 + g->nb <= b->n_ctx);
+        assert(g->kv->base == b->kvg[0].base && g->kv->window == b->kv->window && g->kv->page_tokens == pt);
+        assert(np <= g->kv->n_pages && np <= b->max_pages);
+        uint32_t t0 = b->seg_tab + used;
+        memcpy(h + t0, g->kv->pages, np * 4);
+        used += np;
+        if (b->kv->window) {
+            window_table(h + t0 + np, g->kv, np);
+            used += np;
+        }
+        for (uint32_t t = 0; t < g->nb; t++, row++) {
+            h[b->seg_pos + row] = (int32_t)(g->pos0 + t);
+            h[b->seg_rtab[0] + row] = (int32_t)t0;
+            if (b->kv->window)
+                h[b->seg_rtab[1] + row] = (int32_t)(t0 + np); /* the window group's, after group 0's */
+        }
+    }
+    assert(row == st->nb && used <= b->seg_cap);
+    assert(st->out != LMS__OUT_ROWS || (st->n_out >= 1 && st->n_out <= st->nb));
+    for (uint32_t i = 0; st->out == LMS__OUT_ROWS && i < st->n_out; i++) h[b->seg_out + i] = (int32_t)st->out_rows[i];
+    cudaError_t e = cudaMemcpyAsync(b->dstep + b->seg_pos, h + b->seg_pos, (b->seg_tab - b->seg_pos + used) * 4,
+                                    cudaMemcpyHostToDevice, b->stream);
+    return e ? cu_err(e, "step parameters") : 0;
+}
+
 static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
 {
     cudaError_t e;
-    assert(st->nb >= 1 && st->nb <= b->B && st->pos0 + st->nb <= b->n_ctx);
+    assert(st->nb >= 1 && st->nb <= b->B && (st->n_segs || st->pos0 + st->nb <= b->n_ctx));
     assert(st->kv->base == b->kvg[0].base && st->kv->window == b->kv->window);
     *replayed = false;
     b->st = st;
     b->err = 0;
     b->capturing = false;
     b->mode = st->out == LMS__OUT_LAST ? MODE_LAST : st->out == LMS__OUT_ARGMAX ? MODE_ARGMAX : MODE_NONE;
+    if (st->n_segs) {
+        int rc;
+        b->hstep[LMS_CU_STEP_NB] = (int32_t)st->nb;
+        b->hstep[LMS_CU_STEP_POS0] = (int32_t)st->pos0;
+        b->hstep[2] = 0;
+        memcpy(b->hstep + LMS_CU_STEP_TOKENS, st->tokens, st->nb * 4);
+        if ((e = cudaSetDevice(b->ordinal)) ||
+            (e = cudaMemcpyAsync(b->dstep, b->hstep, (LMS_CU_STEP_TOKENS + st->nb) * 4, cudaMemcpyHostToDevice,
+                                 b->stream)))
+            return cu_err(e, "step parameters");
+        if ((rc = begin_segments(b, st)))
+            b->st = NULL;
+        return rc; /* never recorded into a graph */
+    }
     uint32_t np = (st->pos0 + st->nb + st->kv->page_tokens - 1) / st->kv->page_tokens;
     assert(np <= st->kv->n_pages && np <= b->max_pages);
     b->hstep[LMS_CU_STEP_NB] = (int32_t)st->nb;
@@ -368,13 +461,8 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
                              b->stream)))
         return cu_err(e, "step parameters");
     if (st->kv->window) {
-        /* The window group's table. Its entries below wfirst name pages given back:
-         * no key there is attended, but the prefill kernel loads whole tiles of keys
-         * and masks those before the window, so they get a held page (finite rows). */
         int32_t *t1 = b->hstep + b->kvg[1].table;
-        uint32_t f = LMS_MIN(st->kv->wfirst, np - 1);
-        for (uint32_t i = 0; i < f; i++) t1[i] = (int32_t)st->kv->wpages[f];
-        memcpy(t1 + f, st->kv->wpages + f, (np - f) * 4);
+        window_table(t1, st->kv, np);
         if ((e = cudaMemcpyAsync(b->dstep + b->kvg[1].table, t1, np * 4, cudaMemcpyHostToDevice, b->stream)))
             return cu_err(e, "step parameters");
     }
@@ -585,12 +673,18 @@ static void cuda_matmul(lms__bk *b, const lms__mm *jobs, int n)
     mm_run(b, jobs, n, 0, 0, NULL, 0);
 }
 
-/* The geometry of layer's group and the layer's index within it. */
+/* The geometry of layer's group and the layer's index within it; in a step of
+ * segments, with the rows' own positions and tables. */
 static lms_cu_kv kv_of(const lms__bk *b, uint32_t layer, int *index)
 {
     int g = b->kv->group ? b->kv->group[layer] : 0;
     *index = (int)(b->kv->group ? b->kv->index[layer] : layer);
-    return b->kvg[g];
+    lms_cu_kv kv = b->kvg[g];
+    if (b->st && b->st->n_segs) {
+        kv.rpos = (int)b->seg_pos;
+        kv.rtable = (int)b->seg_rtab[g];
+    }
+    return kv;
 }
 
 static void rope_launch(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
@@ -620,7 +714,7 @@ static void flush_rope(lms__bk *b)
 static void cuda_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int rope)
 {
     flush_rope(b);
-    if (b->st->nb == 1 && !b->no_fuse) {
+    if (b->st->nb == 1 && !b->st->n_segs && !b->no_fuse) {
         b->rope.pending = true;
         b->rope.layer = layer;
         b->rope.q_norm = q_norm;
@@ -629,6 +723,43 @@ static void cuda_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const 
         return;
     }
     rope_launch(b, layer, q_norm, k_norm, rope);
+}
+
+/* Rows [r0, r0 + n) of a step of segments, each over its own sequence, by the decoding
+ * kernel: the splits per row shrink as rows grow, so that n x splits stays within the
+ * partials' scratch (GEMV_MAX_ROWS x splits). */
+static void attention_rows(lms__bk *b, lms_cu_attn *a, uint32_t r0, uint32_t n)
+{
+    uint32_t sp = LMS_MIN((uint32_t)b->splits, LMS_MAX(1u, GEMV_MAX_ROWS * (uint32_t)b->splits / n));
+    a->splits = (int)sp;
+    a->chunk = (int)LMS_MAX((uint32_t)b->chunk, (b->n_ctx + sp - 1) / sp);
+    a->row0 = (int)r0;
+    a->nrows = (int)n;
+    a->decode_only = 1;
+    CU_TRY(b, lms_cu_attn_launch(a, (int)n, b->stream), "attention");
+}
+
+/* Attention of a step of segments: the tensor-core kernel for each segment of more than
+ * GEMV_MAX_ROWS rows where it covers the cache, one decoding launch for each run of
+ * rows between them (decode rows of many sequences, short chunks). */
+static void attention_segments(lms__bk *b, lms_cu_attn *a)
+{
+    const lms__step *st = b->st;
+    uint32_t r0 = 0;
+    for (uint32_t i = 0; i < st->n_segs; i++) {
+        const lms__seg *g = &st->segs[i];
+        if (!b->fa_ok || g->nb <= GEMV_MAX_ROWS)
+            continue;
+        if (g->row0 > r0)
+            attention_rows(b, a, r0, g->row0 - r0);
+        a->row0 = (int)g->row0;
+        a->nrows = (int)g->nb;
+        a->decode_only = 0;
+        CU_TRY(b, lms_cu_attn_launch(a, (int)g->nb, b->stream), "attention");
+        r0 = g->row0 + g->nb;
+    }
+    if (st->nb > r0)
+        attention_rows(b, a, r0, st->nb - r0);
 }
 
 static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)
@@ -662,6 +793,11 @@ static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float sc
         a.eps = hp->eps;
     }
     flush_rope(b);
+    if (b->st->n_segs) {
+        attention_segments(b, &a);
+        return;
+    }
+    a.splits = b->st->nb <= GEMV_MAX_ROWS ? b->splits : 1;
     CU_TRY(b, lms_cu_attn_launch(&a, (int)b->st->nb, b->stream), "attention");
 }
 
@@ -677,17 +813,37 @@ static void cuda_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, f
 {
     flush_rope(b);
     size_t V = j->w->rows;
-    assert(n >= 1 && n <= LOGIT_ROWS && row0 + n <= b->st->nb);
-    mm_run(b, j, 1, row0, n, b->dlogits, (int)V);
-    if (softcap > 0)
-        CU_TRY(b, lms_cu_softcap_launch(b->dlogits, (size_t)n * V, softcap, b->stream), "softcap");
-    CU_TRY(b, cudaMemcpyAsync(b->hlogits, b->dlogits, (size_t)n * V * 4, cudaMemcpyDeviceToHost, b->stream),
-           "logits copy");
-    if (b->st->out == LMS__OUT_ALL) { /* delivered now: the scratch is reused by the next rows */
-        CU_TRY(b, cudaStreamSynchronize(b->stream), "logits copy");
-        if (!b->err)
-            memcpy(host_out, b->hlogits, (size_t)n * V * 4);
+    /* every row's or the wanted rows' logits are delivered now, logit_rows at a time
+     * (the scratch is reused by the next rows); the last row's by end() */
+    bool now = b->st->out == LMS__OUT_ALL || b->st->out == LMS__OUT_ROWS;
+    assert(n >= 1 && row0 + n <= b->st->nb && (now || n <= b->logit_rows));
+    for (uint32_t r = 0; r < n && !b->err; r += b->logit_rows) {
+        uint32_t cn = LMS_MIN(b->logit_rows, n - r);
+        mm_run(b, j, 1, row0 + r, cn, b->dlogits, (int)V);
+        if (softcap > 0)
+            CU_TRY(b, lms_cu_softcap_launch(b->dlogits, (size_t)cn * V, softcap, b->stream), "softcap");
+        CU_TRY(b, cudaMemcpyAsync(b->hlogits, b->dlogits, (size_t)cn * V * 4, cudaMemcpyDeviceToHost, b->stream),
+               "logits copy");
+        if (now) {
+            CU_TRY(b, cudaStreamSynchronize(b->stream), "logits copy");
+            if (!b->err)
+                memcpy(host_out + (size_t)r * V, b->hlogits, (size_t)cn * V * 4);
+        }
     }
+}
+
+/* Rows rows[i] of buffer id to rows i (the wanted rows of a step of segments, whose
+ * device copy begin() made): gathered into scratch, then copied back. */
+static void cuda_gather(lms__bk *b, lms__buf id, const uint32_t *rows, uint32_t n)
+{
+    size_t W = b->width[id];
+    flush_rope(b);
+    assert(b->st->n_segs && b->st->out == LMS__OUT_ROWS && rows == b->st->out_rows && n == b->st->n_out);
+    (void)rows;
+    CU_TRY(b, lms_cu_gather_launch((float *)b->xin, b->buf[id], (int)W, b->dstep + b->seg_out, (int)n, b->stream),
+           "gather");
+    CU_TRY(b, cudaMemcpyAsync(b->buf[id], b->xin, n * W * 4, cudaMemcpyDeviceToDevice, b->stream), "gather");
+    b->h_valid = false;
 }
 
 static void cuda_head_argmax(lms__bk *b, const lms__mm *j, float softcap, int32_t *id)
@@ -751,6 +907,7 @@ static int cuda_write(lms__bk *b, lms__buf id, uint32_t n, const float *host)
 
 const lms__fwd_ops lms__fwd_cuda_ops = {
     .name = "cuda",
+    .segments = true,
     .create = cuda_create,
     .destroy = cuda_destroy,
     .describe = cuda_describe,
@@ -764,6 +921,7 @@ const lms__fwd_ops lms__fwd_cuda_ops = {
     .norm_add = cuda_norm_add,
     .head = cuda_head,
     .head_argmax = cuda_head_argmax,
+    .gather = cuda_gather,
     .membw = cuda_membw,
     .read = cuda_read,
     .write = cuda_write,

@@ -751,6 +751,14 @@ __global__ void embed_kernel(float *x, const void *embed, int E, float scale, co
     }
 }
 
+/* Block i: row i of dst from row rows[i] of src. */
+__global__ void gather_kernel(float *dst, const float *src, int width, const int32_t *rows)
+{
+    const float *s = src + (size_t)rows[blockIdx.x] * width;
+    float *d = dst + (size_t)blockIdx.x * width;
+    for (int k = threadIdx.x; k < width; k += blockDim.x) d[k] = s[k];
+}
+
 __global__ void norm_add_kernel(float *y, const float *x, const float *w, int n, float eps, const int32_t *step)
 {
     __shared__ float red[32];
@@ -863,6 +871,18 @@ __global__ void __launch_bounds__(512) readbw_kernel(const uint4 *p, size_t n, u
 
 /* ---- RoPE and the K/V write -------------------------------------------------------------------- */
 
+/* Row `row`'s position: pos0 + row for one sequence, its own in a step of several (kv.rpos). */
+__device__ __forceinline__ int row_pos(const int32_t *step, const lms_cu_kv *kv, int row)
+{
+    return kv->rpos ? step[kv->rpos + row] : step[LMS_CU_STEP_POS0] + row;
+}
+
+/* Row `row`'s block table in kv's group: the step's one, or its sequence's (kv.rtable). */
+__device__ __forceinline__ const int32_t *row_pages(const int32_t *step, const lms_cu_kv *kv, int row)
+{
+    return step + (kv->rtable ? step[kv->rtable + row] : kv->table);
+}
+
 /*
  * Block b: token b of the step, all of its heads; a warp per head (q heads,
  * then k heads), lanes over the rotated pairs (i, i + hd/2). q is written
@@ -876,11 +896,11 @@ __global__ void rope_kernel(const lms_cu_rope a)
     const int b = blockIdx.x;
     if (b >= a.step[LMS_CU_STEP_NB])
         return;
-    const int pos = a.step[LMS_CU_STEP_POS0] + b, hd = a.hd, half = hd / 2;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const lms_cu_kv *kv = &a.kv;
-    /* the layer's group's block table (lms_cu_kv.table: group 0's, or the window group's) */
-    const int page = a.step[kv->table + pos / kv->page_tokens], slot = pos % kv->page_tokens;
+    const int pos = row_pos(a.step, kv, b), hd = a.hd, half = hd / 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    /* the row's block table of the layer's group (group 0's, or the window group's) */
+    const int page = row_pages(a.step, kv, b)[pos / kv->page_tokens], slot = pos % kv->page_tokens;
     uint8_t *kvrow = kv->base + (size_t)page * kv->page_bytes + (size_t)a.layer * kv->layer_bytes +
                      (size_t)slot * kv->token_bytes;
     for (int head = warp; head < a.n_heads + a.n_kv; head += nw) {
@@ -980,44 +1000,44 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     __shared__ int sm_last;
     griddep_launch();
     griddep_wait();
-    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z;
-    const int nb = a.step[LMS_CU_STEP_NB];
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = a.row0 + b;
+    const int nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
     if (b >= nb)
         return;
     const int hd = HD ? HD : a.hd;
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    const int pos = a.step[LMS_CU_STEP_POS0] + b, P = pos + 1;
+    const lms_cu_kv *kv = &a.kv;
+    const int pos = row_pos(a.step, kv, row), P = pos + 1;
     const int lo = a.window > 0 && P > a.window ? P - a.window : 0, len = P - lo;
     const int chunk = gridDim.y == 1 || len <= ATT_SUB ? len : a.chunk;
     const int S = (len + chunk - 1) / chunk; /* splits with positions */
     if (s >= S)
         return;
     const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
-    const lms_cu_kv *kv = &a.kv;
     const int tb = (int)kv->token_bytes, tbp = tb + 16, sub_n = attn_sub(tb);
-    const int32_t *pages = a.step + kv->table; /* the layer's group's block table (lms_cu_kv.table) */
+    const int32_t *pages = row_pages(a.step, kv, row); /* the row's table of the layer's group */
     const size_t qd = (size_t)a.n_heads * hd, kvd = (size_t)a.n_kv * hd;
     const uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
     float *qs = (float *)smem;                                /* [G][hd] */
     uint8_t *ks = smem + (size_t)G * hd * 4;                  /* [sub_n][tbp]: rows padded, lanes read rows */
     uint8_t *vs = ks + (size_t)sub_n * tbp;                   /* [sub_n][tb] */
     float *sc = (float *)(vs + (size_t)sub_n * tb);           /* [ATT_GMAX][ATT_SUB] */
-    const float *qb = a.q + b * qd + (size_t)(h * G) * hd;
+    const float *qb = a.q + row * qd + (size_t)(h * G) * hd;
 
     if (a.fuse_rope) {
         for (int g = warp; g < G; g += nw)
             warp_norm_rope(qs + (size_t)g * hd, qb + (size_t)g * hd, a.q_norm, a.inv_freq, hd, pos, a.eps, a.scale,
                            lane);
         if (s == S - 1 && warp == 0) { /* this token's K and V into the cache, before any row is read */
-            float *kn = a.k_new + b * kvd + (size_t)h * hd;
+            float *kn = a.k_new + row * kvd + (size_t)h * hd;
             warp_norm_rope(kn, kn, a.k_norm, a.inv_freq, hd, pos, a.eps, 1.f, lane);
             __syncwarp();
-            uint8_t *row = (uint8_t *)kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
+            uint8_t *dst = (uint8_t *)kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
                            (size_t)(pos % kv->page_tokens) * tb;
-            const float *vn = a.v_new + b * kvd + (size_t)h * hd;
+            const float *vn = a.v_new + row * kvd + (size_t)h * hd;
             for (int i = lane; i < hd; i += 32) {
-                E::put(row, i, kn[i]);
-                E::put(row + kv->v_offset, i, vn[i]);
+                E::put(dst, i, kn[i]);
+                E::put(dst + kv->v_offset, i, vn[i]);
             }
         }
     } else {
@@ -1134,7 +1154,7 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
         }
     }
 
-    float *out = a.out + b * qd + (size_t)(h * G) * hd;
+    float *out = a.out + row * qd + (size_t)(h * G) * hd;
     if (S == 1) {
         if (tid < hd)
 #pragma unroll
@@ -1294,14 +1314,17 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     T16 *Ks = (T16 *)fa_mem, *Vs = Ks + 2 * BK * KS; /* [2][BK][KS] each */
     griddep_launch();
     griddep_wait();
-    const int nb = a.step[LMS_CU_STEP_NB], pos0 = a.step[LMS_CU_STEP_POS0];
+    const lms_cu_kv *kv = &a.kv;
+    /* rows [row0, row0 + nb): consecutive positions of one sequence */
+    const int nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB], pos0 = row_pos(a.step, kv, a.row0);
+    const float *qbase = a.q + (size_t)a.row0 * a.n_heads * HD;
+    float *obase = a.out + (size_t)a.row0 * a.n_heads * HD;
     /* the longest (last, causal) query tiles first: the short ones fill the tail */
     const int qt = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y, kvh = head / (a.n_heads / a.n_kv);
     if (qt * FA_BQ >= nb)
         return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const lms_cu_kv *kv = &a.kv;
-    const int32_t *pages = a.step + kv->table; /* the layer's group's block table (lms_cu_kv.table) */
+    const int32_t *pages = row_pages(a.step, kv, a.row0); /* the sequence's table of the layer's group */
     const size_t qd = (size_t)a.n_heads * HD;
     const uint8_t *lbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)kvh * kv->head_bytes;
     const float LOG2E = 1.4426950408889634f;
@@ -1341,10 +1364,10 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const int c = kk * 16 + 2 * t;
-        float2 v00 = qrow0 < nb ? *(const float2 *)(a.q + qrow0 * qd + (size_t)head * HD + c) : make_float2(0, 0);
-        float2 v10 = qrow1 < nb ? *(const float2 *)(a.q + qrow1 * qd + (size_t)head * HD + c) : make_float2(0, 0);
-        float2 v01 = qrow0 < nb ? *(const float2 *)(a.q + qrow0 * qd + (size_t)head * HD + c + 8) : make_float2(0, 0);
-        float2 v11 = qrow1 < nb ? *(const float2 *)(a.q + qrow1 * qd + (size_t)head * HD + c + 8) : make_float2(0, 0);
+        float2 v00 = qrow0 < nb ? *(const float2 *)(qbase + qrow0 * qd + (size_t)head * HD + c) : make_float2(0, 0);
+        float2 v10 = qrow1 < nb ? *(const float2 *)(qbase + qrow1 * qd + (size_t)head * HD + c) : make_float2(0, 0);
+        float2 v01 = qrow0 < nb ? *(const float2 *)(qbase + qrow0 * qd + (size_t)head * HD + c + 8) : make_float2(0, 0);
+        float2 v11 = qrow1 < nb ? *(const float2 *)(qbase + qrow1 * qd + (size_t)head * HD + c + 8) : make_float2(0, 0);
         qa[kk][0] = M::pack(v00.x * a.scale, v00.y * a.scale);
         qa[kk][1] = M::pack(v10.x * a.scale, v10.y * a.scale);
         qa[kk][2] = M::pack(v01.x * a.scale, v01.y * a.scale);
@@ -1473,9 +1496,9 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     for (int i = 0; i < HD / 8; i++) {
         int c = i * 8 + 2 * t;
         if (qrow0 < nb)
-            *(float2 *)(a.out + qrow0 * qd + (size_t)head * HD + c) = make_float2(o[i][0] * i0, o[i][1] * i0);
+            *(float2 *)(obase + qrow0 * qd + (size_t)head * HD + c) = make_float2(o[i][0] * i0, o[i][1] * i0);
         if (qrow1 < nb)
-            *(float2 *)(a.out + qrow1 * qd + (size_t)head * HD + c) = make_float2(o[i][2] * i1, o[i][3] * i1);
+            *(float2 *)(obase + qrow1 * qd + (size_t)head * HD + c) = make_float2(o[i][2] * i1, o[i][3] * i1);
     }
 }
 
@@ -1483,13 +1506,13 @@ template <int KT, int HD>
 int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
 {
     int threads = HD ? HD : ((a->hd + 31) / 32) * 32;
-    dim3 dec(a->n_kv, nb_max <= 8 ? a->splits : 1, nb_max);
+    dim3 dec(a->n_kv, nb_max <= 8 || a->decode_only ? a->splits : 1, nb_max);
     size_t smem = attn_decode_smem(a->n_heads / a->n_kv, a->hd, a->kv.token_bytes);
     if constexpr (KT == LMS_CU_F32 || HD == 0) {
         return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
-        if (nb_max <= 8)
+        if (nb_max <= 8 || a->decode_only)
             return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
                       fa_smem<HD, BK>(), stream, *a);
@@ -1619,6 +1642,11 @@ extern "C" int lms_cu_attn_launch(const lms_cu_attn *a, int nb_max, void *stream
     }
 #undef LMS_CU_ATT_HD
     return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int lms_cu_gather_launch(float *dst, const float *src, int width, const int32_t *rows, int n, void *stream)
+{
+    return launch(gather_kernel, dim3(n), dim3(256), 0, stream, dst, src, width, rows);
 }
 
 extern "C" int lms_cu_norm_add_launch(float *y, const float *x, const float *w, int n, float eps, const int32_t *step,

@@ -28,7 +28,10 @@ enum { LMS_CU_PRO_NONE = 0, LMS_CU_PRO_NORM = 1, LMS_CU_PRO_SILU = 2, LMS_CU_PRO
 /* Step parameters, int32 words: [0] nb, [1] pos0, [2] n_pages, [3] 0,
  * [4 .. 4+max_block) token ids, [4+max_block ..) the block table, and with
  * sliding-window layers the window group's block table after it (each
- * group's lms_cu_kv.table says where its table starts). */
+ * group's lms_cu_kv.table says where its table starts). A step of several
+ * sequences (segments) also has each row's position and, per group, the
+ * word offset of each row's block table (lms_cu_kv.rpos and .rtable say
+ * where), the rows whose logits are wanted, and the segments' tables. */
 #define LMS_CU_STEP_NB 0
 #define LMS_CU_STEP_POS0 1
 #define LMS_CU_STEP_TOKENS 4
@@ -39,6 +42,11 @@ typedef struct lms_cu_kv {
     int64_t page_bytes, layer_bytes, head_bytes, token_bytes, v_offset;
     int page_tokens, dtype; /* LMS_CU_* */
     int table;              /* word offset of the group's block table in the step parameters */
+    /* Steps of several sequences: rpos > 0 is the word offset of the rows' positions
+     * (row b at step[rpos + b]), and rtable > 0 that of the rows' block tables for
+     * this group (row b's table at step + step[rtable + b]). 0: one sequence, row b
+     * at pos0 + b, every row with `table`. */
+    int rpos, rtable;
 } lms_cu_kv;
 
 /* Matrix-vector products of up to 3 matrices sharing one input (q/k/v,
@@ -110,7 +118,8 @@ int lms_cu_embed_launch(float *x, const void *embed, int wtype, int E, float sca
                         void *stream);
 
 /* Per token b: RMSNorm (q_norm/k_norm, optional) and RoPE on the heads of q and k,
- * then k and v written into the cache at position pos0 + b of `layer`. */
+ * then k and v written into the cache at row b's position of `layer` (pos0 + b, or
+ * its own with kv.rpos). */
 typedef struct lms_cu_rope {
     float *q, *k;
     const float *v;
@@ -145,11 +154,23 @@ typedef struct lms_cu_attn {
     const float *v_new;      /* [nb][n_kv*hd] */
     const float *q_norm, *k_norm, *inv_freq;
     float eps;
+    /* rows [row0, row0 + nrows) of the step (nrows 0: the step's rows, nb from step).
+     * With decode_only the decoding kernel runs whatever the rows (each row its own
+     * position and table: rows of several sequences); otherwise a launch of more than
+     * 8 rows is one sequence's consecutive positions. */
+    int row0, nrows;
+    int decode_only;
 } lms_cu_attn;
-/* nb_max <= 8: flash-decoding over `splits` blocks per kv head and token;
- * larger: the tensor-core prefill kernel (16-bit K/V) or, for F32 K/V, the
- * decoding kernel over every token. nb is read from step; nb_max bounds it. */
+/* nb_max <= 8 or decode_only: flash-decoding over `splits` blocks per kv head
+ * and token (splits 1: one block covers the whole range); larger: the
+ * tensor-core prefill kernel (16-bit K/V, head_dim 64/128/256) or the
+ * decoding kernel over every token. nb is read from step (or nrows); nb_max
+ * bounds it. */
 int lms_cu_attn_launch(const lms_cu_attn *a, int nb_max, void *stream);
+
+/* dst[i] = src[rows[i]], i < n, rows of width floats (rows: device memory, the
+ * step parameters). dst and src must not overlap. */
+int lms_cu_gather_launch(float *dst, const float *src, int width, const int32_t *rows, int n, void *stream);
 
 /* y[b] += RMSNorm(x[b]) * w, widths n. */
 int lms_cu_norm_add_launch(float *y, const float *x, const float *w, int n, float eps, const int32_t *step,

@@ -13,7 +13,10 @@
  * Gemma-3-like model whose sliding-window layer keeps its K/V in a second
  * group of pages (the cache's window group), whose pages below the window
  * are overwritten with NaN as the window moves: a read past the window
- * shows.
+ * shows. Steps of several sequences (segments, as the batched engine runs
+ * them): decode rows of many sequences with prefill chunks mixed in, each
+ * sequence in its own scrambled pages, positions crossing page boundaries,
+ * the wanted rows' logits against the CPU backend's.
  *
  * Every mismatch is printed (operation, shape, relative error) before the
  * test fails, so one run on a GPU host shows all of them. Without a GPU, or
@@ -193,6 +196,7 @@ static void model_free(model *m)
 
 #define N_PAGES 40
 #define MAX_BLOCK 80
+#define MAX_SEGS 8
 #define N_CTX 512
 
 typedef struct pair {
@@ -239,8 +243,8 @@ static void pair_open(pair *p, model *m, lms_dtype kvdt)
     p->kv_gpu.base = p->arena_gpu;
     p->k = lms__kernels_best();
     assert_int_equal(lms__pool_create(2, &p->pool), 0);
-    lms__fwd_cfg c1 = {&m->hp, &m->w, NULL, p->k, p->pool, MAX_BLOCK, N_CTX, &p->kv_cpu};
-    lms__fwd_cfg c2 = {&m->hp, &m->w, g_dev, p->k, NULL, MAX_BLOCK, N_CTX, &p->kv_gpu};
+    lms__fwd_cfg c1 = {&m->hp, &m->w, NULL, p->k, p->pool, MAX_BLOCK, N_CTX, &p->kv_cpu, MAX_SEGS};
+    lms__fwd_cfg c2 = {&m->hp, &m->w, g_dev, p->k, NULL, MAX_BLOCK, N_CTX, &p->kv_gpu, MAX_SEGS};
     assert_int_equal(lms__fwd_cpu.create(&c1, &p->cpu), 0);
     int rc = lms__fwd_cuda->create(&c2, &p->gpu);
     if (rc)
@@ -602,8 +606,8 @@ static void test_forward_shape(const shape *s)
     assert_int_equal(lms__pool_create(2, &pool), 0);
     lms__fwd *fc, *fg;
     setenv("LMSTORE_CUDA_GRAPH", "1", 1);
-    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &m.hp, &m.w, NULL, lms__kernels_best(), pool, 64, N_CTX, &kc, &fc), 0);
-    assert_int_equal(lms__fwd_create(lms__fwd_cuda, &m.hp, &m.w, g_dev, NULL, NULL, 64, N_CTX, &kg, &fg), 0);
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &m.hp, &m.w, NULL, lms__kernels_best(), pool, 64, 1, N_CTX, &kc, &fc), 0);
+    assert_int_equal(lms__fwd_create(lms__fwd_cuda, &m.hp, &m.w, g_dev, NULL, NULL, 64, 1, N_CTX, &kg, &fg), 0);
     uint32_t V = m.hp.n_vocab;
     float *l1 = malloc((size_t)64 * V * 4), *l2 = malloc((size_t)64 * V * 4);
     int32_t toks[64];
@@ -698,8 +702,8 @@ static void test_window_shape(const shape *s)
     assert_int_equal(lms__pool_create(2, &pool), 0);
     lms__fwd *fc, *fg;
     setenv("LMSTORE_CUDA_GRAPH", "1", 1);
-    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, hp, &m.w, NULL, lms__kernels_best(), pool, 64, N_CTX, &kc, &fc), 0);
-    assert_int_equal(lms__fwd_create(lms__fwd_cuda, hp, &m.w, g_dev, NULL, NULL, 64, N_CTX, &kg, &fg), 0);
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, hp, &m.w, NULL, lms__kernels_best(), pool, 64, 1, N_CTX, &kc, &fc), 0);
+    assert_int_equal(lms__fwd_create(lms__fwd_cuda, hp, &m.w, g_dev, NULL, NULL, 64, 1, N_CTX, &kg, &fg), 0);
     uint32_t V = hp->n_vocab;
     float *l1 = malloc((size_t)64 * V * 4), *l2 = malloc((size_t)64 * V * 4);
     int32_t toks[64];
@@ -730,6 +734,109 @@ static void test_window_shape(const shape *s)
     free(ac), free(wc);
     g_dev->ops->free(g_dev, ag);
     g_dev->ops->free(g_dev, wg);
+    model_free(&m);
+}
+
+/* ---- steps of several sequences ------------------------------------------------------------------------ */
+
+#define SEG_SEQS 5
+#define SEG_PAGES 8 /* pages per sequence: 128 positions */
+
+/* Each step of the schedule: rows per sequence (0: not in the step); a sequence's
+ * logits are wanted when `out` has its bit. */
+typedef struct seg_plan {
+    uint32_t nb[SEG_SEQS];
+    uint32_t out;
+} seg_plan;
+
+static const seg_plan SEG_PLAN[] = {
+    {{17, 5, 30, 0, 0}, 0x7},   /* prefills of three sequences, one past a page */
+    {{1, 1, 10, 15, 3}, 0x1f},  /* two decode rows, a chunk across a page boundary, two new prompts */
+    {{1, 1, 1, 1, 1}, 0x1f},    /* decode rows only */
+    {{1, 0, 1, 1, 1}, 0x0},     /* no logits: the cache only */
+    {{1, 1, 1, 20, 1}, 0x17},   /* a long chunk (the tensor-core kernel with 16-bit K/V) amid decode rows */
+    {{9, 1, 1, 1, 1}, 0x1e},    /* a 9-row chunk first, decode rows after */
+    {{1, 1, 1, 1, 1}, 0x1f},
+    {{1, 1, 1, 1, 1}, 0x1f},
+};
+
+static void test_segments_shape(const shape *s)
+{
+    model m;
+    model_make(&m, s);
+    lms__kvview kc, kg;
+    kv_geometry(&kc, &m.hp, s->kvdt);
+    size_t ab = SEG_SEQS * SEG_PAGES * kc.page_bytes;
+    uint8_t *ac = calloc(1, ab);
+    void *ag;
+    assert_int_equal(g_dev->ops->alloc(g_dev, ab, &ag), 0);
+    assert_int_equal(g_dev->ops->memset(g_dev, ag, 0, ab, NULL), 0);
+    kc.base = ac;
+    kg = kc;
+    kg.base = ag;
+    /* each sequence its own pages, scrambled over the arena */
+    uint32_t tables[SEG_SEQS][SEG_PAGES], pos[SEG_SEQS] = {0};
+    lms__kvview vc[SEG_SEQS], vg[SEG_SEQS];
+    for (uint32_t q = 0; q < SEG_SEQS; q++) {
+        for (uint32_t i = 0; i < SEG_PAGES; i++) tables[q][i] = ((q * SEG_PAGES + i) * 17 + 3) % (SEG_SEQS * SEG_PAGES);
+        vc[q] = kc, vg[q] = kg;
+        vc[q].pages = vg[q].pages = tables[q];
+        vc[q].n_pages = vg[q].n_pages = SEG_PAGES;
+    }
+    lms_pool *pool;
+    assert_int_equal(lms__pool_create(2, &pool), 0);
+    lms__fwd *fc, *fg;
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &m.hp, &m.w, NULL, lms__kernels_best(), pool, 64, SEG_SEQS, N_CTX,
+                                     &kc, &fc),
+                     0);
+    assert_int_equal(lms__fwd_create(lms__fwd_cuda, &m.hp, &m.w, g_dev, NULL, NULL, 64, SEG_SEQS, N_CTX, &kg, &fg), 0);
+    assert_true(lms__fwd_has_segments(fg));
+    uint32_t V = m.hp.n_vocab;
+    float *l1 = malloc((size_t)SEG_SEQS * V * 4), *l2 = malloc((size_t)SEG_SEQS * V * 4);
+    double tol = s->wdt == LMS_DTYPE_BF16 || s->kvdt != LMS_DTYPE_F32 ? 3e-2 : 1e-3;
+    for (size_t k = 0; k < LMS_ARRAY_LEN(SEG_PLAN); k++) {
+        const seg_plan *pl = &SEG_PLAN[k];
+        int32_t toks[64];
+        lms__seg sc[SEG_SEQS], sg[SEG_SEQS];
+        uint32_t out_rows[SEG_SEQS], nseg = 0, nrows = 0, nout = 0;
+        for (uint32_t q = 0; q < SEG_SEQS; q++) {
+            if (!pl->nb[q])
+                continue;
+            for (uint32_t t = 0; t < pl->nb[q]; t++) toks[nrows + t] = (int32_t)(((pos[q] + t) * 7 + q * 131 + 5) % V);
+            sc[nseg] = (lms__seg){nrows, pl->nb[q], pos[q], &vc[q]};
+            sg[nseg] = (lms__seg){nrows, pl->nb[q], pos[q], &vg[q]};
+            nseg++;
+            nrows += pl->nb[q];
+            pos[q] += pl->nb[q];
+            if (pl->out >> q & 1)
+                out_rows[nout++] = nrows - 1;
+        }
+        assert_int_equal(lms__fwd_segments(fc, toks, nrows, sc, nseg, out_rows, nout, l1), 0);
+        int rc = lms__fwd_segments(fg, toks, nrows, sg, nseg, out_rows, nout, l2);
+        if (rc)
+            printf("cuda segments: %s\n", lms_last_error());
+        assert_int_equal(rc, 0);
+        char what[48];
+        snprintf(what, sizeof what, "segments step %zu (%u seqs)", k, nseg);
+        if (nout)
+            check(what, s, nrows, 0, l2, l1, (size_t)nout * V, tol);
+    }
+    /* the cache both wrote: every sequence's K/V of every position, as f32 */
+    uint8_t *g = malloc(ab);
+    assert_int_equal(g_dev->ops->copy_d2h(g_dev, g, ag, ab, NULL), 0);
+    size_t n = ab / esz(s->kvdt);
+    lms__wt w1 = {ac, NULL, s->kvdt, 1, (uint32_t)n, NULL}, w2 = {g, NULL, s->kvdt, 1, (uint32_t)n, NULL};
+    float *a1 = malloc(n * 4), *a2 = malloc(n * 4);
+    lms__row_to_f32(&w1, 0, a1);
+    lms__row_to_f32(&w2, 0, a2);
+    check("segments k/v", s, 0, 0, a2, a1, n, tol);
+    free(a1), free(a2), free(g);
+    free(l1), free(l2);
+    lms__fwd_free(fc);
+    lms__fwd_free(fg);
+    lms__pool_destroy(pool);
+    free(ac);
+    g_dev->ops->free(g_dev, ag);
     model_free(&m);
 }
 
@@ -768,18 +875,40 @@ static void forward_matches_cpu(void **state)
     assert_int_equal(g_fail - before, 0);
 }
 
-static void window_group_forward_matches_cpu(void **state)
+/* fn over shapes [0, n); the mismatches they printed fail the test. */
+static void each_shape(const char *what, void (*fn)(const shape *), const shape *shapes, size_t n)
 {
     int before = g_fail;
+    for (size_t i = 0; i < n; i++) fn(&shapes[i]);
+    printf("%s: %d mismatches\n", what, g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
+static void window_group_forward_matches_cpu(void **state)
+{
     /* head dims 64, 128, 256 (gemma-3's), 16-bit and f32 K/V (the decoding kernel for prefill too) */
     static const shape W[] = {
         {256, 4, 1, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, true, 0, 0},
         {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0},
         {64, 4, 2, 32, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, true, 0, 0},
     };
-    for (size_t i = 0; i < LMS_ARRAY_LEN(W); i++) test_window_shape(&W[i]);
-    printf("window group forward: %d mismatches\n", g_fail - before);
-    assert_int_equal(g_fail - before, 0);
+    each_shape("window group forward", test_window_shape, W, LMS_ARRAY_LEN(W));
+}
+
+static void segments_match_cpu(void **state)
+{
+    /* F32 K/V (the decoding kernel for every row), 16-bit K/V (the tensor-core kernel for
+     * long chunks), head sizes 24 (the scalar paths), 64, 128 */
+    static const shape S[] = {
+        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_F32, true, true, 0, 0},
+        {136, 2, 1, 64, 300, 500, LMS_DTYPE_F32, LMS_DTYPE_F32, true, false, 0, 0},
+        {64, 4, 2, 24, 96, 384, LMS_DTYPE_BF16, LMS_DTYPE_F32, true, true, 0, 0},
+        {256, 4, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_BF16, true, true, 0, 0},
+        {64, 4, 2, 16, 96, 384, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, true, true, 4, 32},
+    };
+    setenv("LMSTORE_CUDA_GRAPH", "1", 1); /* steps of segments are never recorded */
+    each_shape("segments", test_segments_shape, S, LMS_ARRAY_LEN(S));
 }
 
 int main(void)
@@ -799,6 +928,7 @@ int main(void)
         cmocka_unit_test(ops_match_cpu),
         cmocka_unit_test(forward_matches_cpu),
         cmocka_unit_test(window_group_forward_matches_cpu),
+        cmocka_unit_test(segments_match_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     lms_device_close(g_dev);

@@ -1,9 +1,14 @@
 /*
  * tests/engine/test_batch_cuda.c - the batched engine (lmstore/batch.h) on
- * a CUDA device, where a step runs one forward pass per sequence: 8
- * concurrent greedy requests of different lengths each return the ids
- * lms_generate returns for that prompt alone on the same device (qwen3 and
- * gemma3 fixtures, F32 K/V), and cancel frees the pages.
+ * a CUDA device, where a step is one forward pass over the rows of every
+ * running sequence (segments): 16 concurrent greedy requests of different
+ * lengths (decode rows of many sequences with prefill chunks mixed in) each
+ * return the ids lms_generate returns for that prompt alone on the same
+ * device (llama, qwen3 and gemma3 fixtures, F32 K/V), in far fewer steps
+ * than one pass per sequence would take, and every page is freed at the
+ * end. Rows are grouped differently in the batch (16 decode rows go through
+ * cuBLAS, one row alone through the GEMV), so the products agree to f32
+ * rounding, not bit for bit; the fixtures' greedy ids do not come near a tie.
  * Without a GPU, or in a build without CUDA, it exits 77: skipped.
  */
 #include <stdio.h>
@@ -17,7 +22,7 @@
 #include "testutil.h"
 #include "engine/fixture_store.h"
 
-#define NR 8
+#define NR 16
 #define GEN 24
 
 static lms_device *g_dev;
@@ -52,14 +57,14 @@ static void family_on_cuda(const char *family)
         fail_msg("engine: %s", lms_last_error());
     lms_engine_info info;
     lms_engine_get_info(e, &info);
-    static int32_t prompts[NR][64], alone[NR][1 + GEN];
+    static int32_t prompts[NR][128], alone[NR][1 + GEN];
     uint64_t x = 99;
     lms_gen_params gp = lms_gen_default_params();
     gp.max_tokens = GEN;
     gp.ignore_eos = true;
     gp.no_prefix_reuse = true;
     for (int i = 0; i < NR; i++) {
-        for (int k = 0; k < 64; k++) {
+        for (int k = 0; k < 128; k++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
             prompts[i][k] = (int32_t)((x >> 33) % info.n_vocab);
         }
@@ -72,7 +77,7 @@ static void family_on_cuda(const char *family)
 
     lms_batch_params bp = lms_batch_default_params();
     bp.max_seqs = NR;
-    bp.step_tokens = 16;
+    bp.step_tokens = 48; /* 16 decode rows and a prefill chunk of up to 32 */
     lms_batch *b;
     if (lms_batch_create(m, &ep, &bp, &b))
         fail_msg("batch: %s", lms_last_error());
@@ -99,6 +104,9 @@ static void family_on_cuda(const char *family)
     lms_batch_get_stats(b, &bs);
     assert_int_equal(bs.kv_pages_used, 0);
     printf("%s on %s: %d requests, %llu steps\n", family, info.device, NR, (unsigned long long)bs.steps);
+    /* one pass per sequence would take NR x GEN steps at least; together, the decode of
+     * all sequences shares steps (GEN steps after the prefills, which take about 30) */
+    assert_true(bs.steps < 3 * GEN);
     lms_batch_free(b);
     lms_model_close(m);
     assert_int_equal(lms_store_close(st), 0);
@@ -106,6 +114,7 @@ static void family_on_cuda(const char *family)
     free(sd);
 }
 
+static void batched_greedy_llama_on_cuda_equals_each_request_alone(void **s) { family_on_cuda("llama"); }
 static void batched_greedy_qwen3_on_cuda_equals_each_request_alone(void **s) { family_on_cuda("qwen3"); }
 static void batched_greedy_gemma3_on_cuda_equals_each_request_alone(void **s) { family_on_cuda("gemma3"); }
 
@@ -116,6 +125,7 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(batched_greedy_llama_on_cuda_equals_each_request_alone),
         cmocka_unit_test(batched_greedy_qwen3_on_cuda_equals_each_request_alone),
         cmocka_unit_test(batched_greedy_gemma3_on_cuda_equals_each_request_alone),
     };

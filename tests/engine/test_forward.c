@@ -180,7 +180,7 @@ static void rig_open(rig *g, const char *family, const lms__kernels *k, lms_dtyp
         kv->wbase = g->warena;
         kv->wpages = g->wpages;
     }
-    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &g->hp, &g->w, NULL, k, g->pool, block, n_ctx, kv, &g->fwd), 0);
+    assert_int_equal(lms__fwd_create(&lms__fwd_cpu, &g->hp, &g->w, NULL, k, g->pool, block, 1, n_ctx, kv, &g->fwd), 0);
 }
 
 static void rig_close(rig *g)
