@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <string.h>
 #include <xxhash.h>
+#ifdef LMS_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 calls go through the library's AVX2 / AVX-512 dispatch */
+#endif
 #include <zstd.h>
 
 #include "kvcache/kv_codec.h"

@@ -111,11 +111,12 @@ static void keep_detail(char *dst, size_t n, int rc)
 
 /* The workers of a save or a resume: a pool, per worker a codec context
  * (its scratch one raw page) and up to KV_SCRATCH host buffers, and for a
- * device arena the cache's I/O ring (struct lms__kv_io): KV_IO_SLOTS
- * page-sized slots of page-locked memory per worker, a stream per worker
- * and an event per slot. The ring is one pinned region made on the first
- * save or resume and kept by the cache (pinning costs milliseconds per
- * MiB: paid once, not per call). A resume's worker reads and checks a page
+ * device arena the cache's I/O ring: KV_IO_SLOTS page-sized slots of
+ * page-locked memory per worker, a stream per worker and an event per slot.
+ * A device arena's cache keeps all of it between calls (struct lms__kv_io,
+ * made by the first save or resume): pinning costs milliseconds per MiB and
+ * starting threads and allocating buffers about a millisecond, against a
+ * resume of 512 MiB in about ten. A resume's worker reads and checks a page
  * into its next slot and starts the slot's upload on its stream; the slot
  * is reused once its event says the upload is done, so up to KV_IO_SLOTS
  * uploads per worker run while the workers read on. No host copy of the
@@ -128,12 +129,17 @@ typedef struct kv_workers {
     int n;
     lms__kv_codec_ctx *codec;
     uint8_t **buf[KV_SCRATCH]; /* buf[k][worker], sizes[k] bytes (none when 0): host scratch */
-    struct lms__kv_io *io;     /* device arenas with page-locked memory: the cache's ring; else NULL */
+    struct lms__kv_io *io;     /* device arenas with page-locked memory: the cache's (it owns all above) */
 } kv_workers;
 
-/* The page-locked ring, streams and events of a device arena's save/resume workers. */
+/* What a device arena's cache keeps for its save/resume workers. */
 struct lms__kv_io {
-    uint8_t *ring;        /* workers x KV_IO_SLOTS slots of slot_bytes, worker-major */
+    lms_pool *pool;
+    lms__kv_codec_ctx codec[KV_IO_MAX_WORKERS];
+    uint8_t *bufp[KV_SCRATCH][KV_IO_MAX_WORKERS]; /* host scratch, as kv_workers.buf */
+    size_t size[KV_SCRATCH][KV_IO_MAX_WORKERS];
+    size_t scratch;       /* bytes of each codec scratch */
+    uint8_t *ring;        /* page-locked: workers x KV_IO_SLOTS slots of slot_bytes, worker-major */
     size_t slot_bytes;
     int workers;          /* workers the ring has slots for */
     bool registered;      /* lms__pinned_alloc's flag */
@@ -152,7 +158,11 @@ void lms__kv_io_free(lms_kv *kv)
     lms_device *d = kv->dev;
     if (!io)
         return;
+    lms__pool_destroy(io->pool);
     for (int i = 0; i < KV_IO_MAX_WORKERS; i++) {
+        lms__kv_codec_ctx_free(&io->codec[i]);
+        for (int k = 0; k < KV_SCRATCH; k++)
+            lms__free(io->bufp[k][i]);
         for (int k = 0; k < KV_IO_SLOTS; k++)
             if (io->event[i][k])
                 d->ops->event_destroy(d, io->event[i][k]);
@@ -170,24 +180,53 @@ static bool pinned_io(const lms_kv *kv)
     return !host_arena(kv) && ((o->alloc_host && o->free_host) || (o->host_register && o->host_unregister));
 }
 
-/* kv->io with a ring for n workers (made or grown; every earlier upload out
- * of it completed before its call returned), their streams and events. */
-static int io_ring(lms_kv *kv, int n)
+/* kv->io with a pool of `threads` (at least, unless `exact`) and, for each of its workers, a codec
+ * context, scratch buffers of sizes[k] and a ring slots, stream and events
+ * (made or grown; every earlier upload out of the ring completed before
+ * its call returned). The ring has slots for at least every CPU's worker,
+ * so that a save and the resumes after it share one pinning. */
+static int io_prepare(lms_kv *kv, int threads, bool exact, size_t scratch, const size_t sizes[KV_SCRATCH])
 {
     lms_device *d = kv->dev;
     struct lms__kv_io *io = kv->io;
-    size_t slot = (size_t)lms__align_up(max_page(kv), 4096);
+    int rc;
     if (!io && !(io = kv->io = lms__calloc(1, sizeof *io)))
         return LMS_ENOMEM;
+    if (io->pool && (lms__pool_threads(io->pool) < threads || (exact && lms__pool_threads(io->pool) != threads))) {
+        lms__pool_destroy(io->pool);
+        io->pool = NULL;
+    }
+    if (!io->pool && (rc = lms__pool_create(threads, &io->pool)))
+        return rc;
+    int n = lms__pool_threads(io->pool);
+    if (io->scratch < scratch)
+        for (int i = 0; i < KV_IO_MAX_WORKERS; i++) {
+            lms__free(io->codec[i].scratch);
+            io->codec[i].scratch = NULL;
+        }
+    io->scratch = LMS_MAX(io->scratch, scratch);
+    for (int i = 0; i < n; i++) {
+        if (!io->codec[i].scratch && !(io->codec[i].scratch = lms__malloc(io->scratch)))
+            return LMS_ENOMEM;
+        for (int k = 0; k < KV_SCRATCH; k++) {
+            if (io->size[k][i] >= sizes[k])
+                continue;
+            lms__free(io->bufp[k][i]);
+            io->size[k][i] = 0;
+            if (!(io->bufp[k][i] = lms__malloc(sizes[k])))
+                return LMS_ENOMEM;
+            io->size[k][i] = sizes[k];
+        }
+    }
+    size_t slot = (size_t)lms__align_up(max_page(kv), 4096);
     if (io->workers < n || io->slot_bytes < slot) {
         double t0 = lms__now();
-        int want = LMS_MAX(n, io->workers);
+        int want = LMS_MAX(LMS_MAX(n, io->workers), LMS_MIN(lms__cpu_count(), KV_IO_MAX_WORKERS));
         lms__pinned_free(d, io->ring, io->registered);
         io->ring = NULL;
         io->workers = 0;
         void *p = NULL;
-        int rc = lms__pinned_alloc(d, (size_t)want * KV_IO_SLOTS * slot, &p, &io->registered);
-        if (rc)
+        if ((rc = lms__pinned_alloc(d, (size_t)want * KV_IO_SLOTS * slot, &p, &io->registered)))
             return rc;
         io->ring = p;
         io->slot_bytes = slot;
@@ -205,17 +244,24 @@ static int io_ring(lms_kv *kv, int n)
     return 0;
 }
 
-/* Threads for `jobs` pages: `asked` (0 = `dflt`), at most jobs, at least 1. */
-static int workers_create(kv_workers *w, lms_kv *kv, int asked, int dflt, uint32_t jobs, size_t scratch,
+/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
+static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
                           const size_t sizes[KV_SCRATCH])
 {
-    int threads = asked > 0 ? asked : dflt;
+    int threads = asked > 0 ? asked : lms__cpu_count(), rc;
     if (threads > (int)jobs)
         threads = jobs ? (int)jobs : 1;
-    if (pinned_io(kv))
-        threads = LMS_MIN(threads, KV_IO_MAX_WORKERS);
-    int rc = lms__pool_create(threads, &w->pool);
-    if (rc)
+    if (pinned_io(kv)) {
+        if ((rc = io_prepare(kv, LMS_MIN(threads, KV_IO_MAX_WORKERS), asked > 0, scratch, sizes)))
+            return rc;
+        w->io = kv->io;
+        w->pool = w->io->pool;
+        w->n = lms__pool_threads(w->pool);
+        w->codec = w->io->codec;
+        for (int k = 0; k < KV_SCRATCH; k++) w->buf[k] = w->io->bufp[k];
+        return 0;
+    }
+    if ((rc = lms__pool_create(threads, &w->pool)))
         return rc;
     w->n = lms__pool_threads(w->pool);
     if (!(w->codec = lms__calloc((size_t)w->n, sizeof *w->codec)))
@@ -230,16 +276,13 @@ static int workers_create(kv_workers *w, lms_kv *kv, int asked, int dflt, uint32
         for (int k = 0; k < KV_SCRATCH; k++)
             if (sizes[k] && !(w->buf[k][i] = lms__malloc(sizes[k])))
                 return LMS_ENOMEM;
-    if (pinned_io(kv)) {
-        if ((rc = io_ring(kv, w->n)))
-            return rc;
-        w->io = kv->io;
-    }
     return 0;
 }
 
 static void workers_free(kv_workers *w)
 {
+    if (w->io)
+        return; /* the cache's */
     lms__pool_destroy(w->pool);
     for (int i = 0; i < w->n; i++) {
         if (w->codec)
@@ -459,7 +502,7 @@ static int save_buffers(save_ctx *c)
     lms_kv *kv = c->kv;
     const size_t sizes[KV_SCRATCH] = {[SAVE_PACK] = max_page(kv),
                                       [SAVE_IMAGE] = host_arena(kv) || pinned_io(kv) ? 0 : max_page(kv)};
-    int rc = workers_create(&c->wk, kv, c->params.threads, lms__cpu_count(), c->to_write, max_page(kv), sizes);
+    int rc = workers_create(&c->wk, kv, c->params.threads, c->to_write, max_page(kv), sizes);
     if (rc)
         return rc;
     c->n_slots = (uint32_t)(4 * c->wk.n);
@@ -1010,19 +1053,6 @@ static int res_plan(res_ctx *c)
     return 0;
 }
 
-/* Resume threads when none are asked: a device arena's raw pages are bound
- * by the copy out of the page cache and the host-to-device link, which 3/4
- * of the cores (at most 12) saturate, more of them only contending (the
- * loader's staged reads on the H200 host: RESULTS.md, loader runs 5b-9);
- * decoding compressed pages, or into host memory, uses every core. */
-static int res_threads(const res_ctx *c)
-{
-    int n = lms__cpu_count();
-    if (host_arena(c->kv) || 2 * c->n_coded > c->to_read)
-        return n;
-    return LMS_MAX(1, LMS_MIN(12, n - n / 4));
-}
-
 /* 5. Verify and decode (threads); device arenas: upload, all done on return. */
 static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
 {
@@ -1031,7 +1061,7 @@ static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
     double t0 = lms__now();
     const size_t sizes[KV_SCRATCH] = {[RES_UNPACK] = max_page(kv), [RES_IN] = c->n_coded ? c->max_stored : 0,
                                       [RES_IMAGE] = host_arena(kv) || pinned_io(kv) ? 0 : max_page(kv)};
-    int rc = workers_create(&c->wk, kv, params ? params->threads : 0, res_threads(c), c->to_read, max_page(kv), sizes);
+    int rc = workers_create(&c->wk, kv, params ? params->threads : 0, c->to_read, max_page(kv), sizes);
     if (rc)
         return rc;
     double t1 = lms__now();
