@@ -16,7 +16,8 @@
  * lms__kv_seq_attach) owns every change to the cache's bookkeeping.
  *
  *   save:   save_prepare -> save_lookup (append lock) -> save_buffers ->
- *           save_batches { encode | dedup + reserve | write } -> save_commit
+ *           save_choose_codec -> save_batches { encode | dedup + reserve |
+ *           write } -> save_commit
  *   resume: res_open -> res_keys -> res_locate (snapshot, segments mapped)
  *           -> res_plan -> res_decode -> res_copy_staged -> res_build
  *
@@ -49,6 +50,14 @@
  *      that every step walks alike, each item knowing its group. The record
  *      lists the keys in that order and names the window and the sliding
  *      layers (record version 2).
+ *  (6) Device arenas with page-locked memory move page bytes only through the cache's
+ *      ring (struct lms__kv_io, made once, kept): a resume's worker reads
+ *      and checks a page into its next slot and uploads it from there on
+ *      its own stream; a slot is reused only after its event, and the
+ *      resume returns only after every stream is synchronized, so a page
+ *      is used, and a slot rewritten or freed, only once its upload is done.
+ *  (7) LMS_KV_CODEC_AUTO is resolved before any page is encoded
+ *      (save_choose_codec): records hold only real codecs.
  */
 #include <stdio.h>
 #include <string.h>
