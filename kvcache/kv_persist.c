@@ -253,15 +253,17 @@ static int io_prepare(lms_kv *kv, int threads, bool exact, size_t scratch, const
     return 0;
 }
 
-/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
+/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs and
+ * KV_IO_MAX_WORKERS (per-worker arrays), at least 1. */
 static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
                           const size_t sizes[KV_SCRATCH])
 {
     int threads = asked > 0 ? asked : lms__cpu_count(), rc;
     if (threads > (int)jobs)
         threads = jobs ? (int)jobs : 1;
+    threads = LMS_MIN(threads, KV_IO_MAX_WORKERS);
     if (pinned_io(kv)) {
-        if ((rc = io_prepare(kv, LMS_MIN(threads, KV_IO_MAX_WORKERS), asked > 0, scratch, sizes)))
+        if ((rc = io_prepare(kv, threads, asked > 0, scratch, sizes)))
             return rc;
         w->io = kv->io;
         w->pool = w->io->pool;
