@@ -10,7 +10,9 @@
 #                    (bench/bench_load_hf.py make), imported as llama8b
 #   bench8b          `lmstore bench engine llama8b --device cuda`: decode at 128
 #                    and 4096 tokens of context, prefill of 2048, a 4096-token
-#                    session resumed against recomputed (raw and default codec);
+#                    session resumed against recomputed (raw, the default codec
+#                    auto, shuffle-zstd; gc in between, as the pages of the same
+#                    tokens would otherwise be found stored already);
 #                    the HBM read bandwidth (torch sum) and bf16 matrix rate next to it
 #   peers8b          transformers on the same weights: decode (eager and static
 #                    cache compiled), prefill 2048; greedy ids against lmstore's
@@ -75,9 +77,13 @@ bench8b() {
     say "lmstore bench engine (H200, llama8b)"
     $PY bench/bench_engine_hf.py hbm 16 | jl
     $PY bench/bench_engine_hf.py matmul | jl
-    for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 5" \
-        "--prompt 128 --gen 8 --reps 1 --session 4096 --codec raw" "--prompt 128 --gen 8 --reps 1 --session 4096"; do
+    for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 5"; do
         timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
+    done
+    for codec in raw auto shuffle-zstd; do
+        "$LMS" gc --store "$ST" --grace 0 >>"$LOG" 2>&1
+        timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 8 --reps 1 \
+            --session 4096 --codec $codec --json 2>>"$LOG" | jl
     done
     LMSTORE_CUDA_PDL=0 timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 128 \
         --json 2>>"$LOG" | sed 's/^{/{"variant": "no PDL", /' | jl

@@ -4,6 +4,9 @@
  */
 #include <stdio.h>
 #include <xxhash.h>
+#ifdef LMS_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 calls go through the library's AVX2 / AVX-512 dispatch */
+#endif
 
 #include "common.h"
 

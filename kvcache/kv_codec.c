@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <string.h>
 #include <xxhash.h>
+#ifdef LMS_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 calls go through the library's AVX2 / AVX-512 dispatch */
+#endif
 #include <zstd.h>
 
 #include "kvcache/kv_codec.h"
@@ -19,18 +22,19 @@ const char *lms_kv_codec_name(lms_kv_codec c)
     case LMS_KV_CODEC_RAW: return "raw";
     case LMS_KV_CODEC_ZSTD: return "zstd";
     case LMS_KV_CODEC_SHUFFLE_ZSTD: return "shuffle-zstd";
+    case LMS_KV_CODEC_AUTO: return "auto";
     default: return NULL;
     }
 }
 
 int lms_kv_codec_from_name(const char *name, lms_kv_codec *out)
 {
-    for (int c = 0; c <= LMS_KV_CODEC_SHUFFLE_ZSTD; c++)
+    for (int c = 0; c <= LMS_KV_CODEC_AUTO; c++)
         if (name && !strcmp(name, lms_kv_codec_name((lms_kv_codec)c))) {
             *out = (lms_kv_codec)c;
             return 0;
         }
-    return lms__err(LMS_EINVAL, "unknown KV codec '%s' (raw, zstd, shuffle-zstd)", name ? name : "");
+    return lms__err(LMS_EINVAL, "unknown KV codec '%s' (raw, zstd, shuffle-zstd, auto)", name ? name : "");
 }
 
 void lms__kv_shuffle(uint8_t *dst, const uint8_t *src, size_t n, size_t es)

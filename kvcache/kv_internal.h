@@ -60,6 +60,18 @@ struct lms_kv_seq {
     uint32_t wfirst;    /* first held window page (invariant 6) */
 };
 
+/* Where a resume's time went, in seconds (kv_persist.c; read by benchmarks). */
+typedef struct lms__kv_resume_times {
+    double prepare;  /* record, keys, page records and segments, plan */
+    double setup;    /* threads, buffers, pinning the I/O ring (device arenas; 0 once kept) */
+    double pipeline; /* reading, checking and uploading every page, until the last upload completed */
+    double sync;     /* ...of which waiting for the last uploads once every page was read */
+    double build, touch;  /* attaching the sequence; recording the session's last use */
+    double wait, read, hash, upload; /* summed over the workers: for a ring slot, pread, checksum
+                                      * (or decode), the upload calls */
+    int threads;
+} lms__kv_resume_times;
+
 /* The pages of one group and their bookkeeping (see the notes above). */
 typedef struct kv_group {
     uint32_t n_layers;    /* layers whose K/V a page holds */
@@ -107,6 +119,7 @@ struct lms_kv {
     uint32_t *table_mem;
 
     struct lms__kv_io *io; /* save/resume buffers of a device arena, kept between calls (kv_persist.c) */
+    lms__kv_resume_times last_resume; /* where the last resume's time went (benchmarks read it) */
 };
 
 /* Free the save/resume I/O buffers and streams of kv (lms_kv_destroy). */

@@ -16,7 +16,8 @@
  * lms__kv_seq_attach) owns every change to the cache's bookkeeping.
  *
  *   save:   save_prepare -> save_lookup (append lock) -> save_buffers ->
- *           save_batches { encode | dedup + reserve | write } -> save_commit
+ *           save_choose_codec -> save_batches { encode | dedup + reserve |
+ *           write } -> save_commit
  *   resume: res_open -> res_keys -> res_locate (snapshot, segments mapped)
  *           -> res_plan -> res_decode -> res_copy_staged -> res_build
  *
@@ -49,6 +50,14 @@
  *      that every step walks alike, each item knowing its group. The record
  *      lists the keys in that order and names the window and the sliding
  *      layers (record version 2).
+ *  (6) Device arenas with page-locked memory move page bytes only through the cache's
+ *      ring (struct lms__kv_io, made once, kept): a resume's worker reads
+ *      and checks a page into its next slot and uploads it from there on
+ *      its own stream; a slot is reused only after its event, and the
+ *      resume returns only after every stream is synchronized, so a page
+ *      is used, and a slot rewritten or freed, only once its upload is done.
+ *  (7) LMS_KV_CODEC_AUTO is resolved before any page is encoded
+ *      (save_choose_codec): records hold only real codecs.
  */
 #include <stdio.h>
 #include <string.h>
@@ -63,7 +72,7 @@ lms_kv_save_params lms_kv_default_save_params(void)
 {
     lms_kv_save_params p;
     memset(&p, 0, sizeof p);
-    p.codec = LMS_KV_CODEC_SHUFFLE_ZSTD;
+    p.codec = LMS_KV_CODEC_AUTO;
     return p;
 }
 
@@ -109,36 +118,48 @@ static void keep_detail(char *dst, size_t n, int rc)
     snprintf(dst, n, "%s", d && *d ? d : lms_strerror(rc));
 }
 
-/* The workers of a save or a resume: a pool, and per worker a codec
- * context (its scratch one raw page) and up to KV_WBUFS buffers. For a
- * device arena the buffers are page-locked host memory from the device
- * (when it has an allocator for it), kept by the cache between calls
- * (allocating pinned memory costs milliseconds a buffer), and each worker
- * has a stream: a page's upload to the device is a DMA that runs while
- * the worker reads and checks its next page into its other image buffer.
- * No host copy of the whole cache is ever made. */
-#define KV_WBUFS 4
+/* The workers of a save or a resume: a pool, per worker a codec context
+ * (its scratch one raw page) and up to KV_SCRATCH host buffers, and for a
+ * device arena the cache's I/O ring: KV_IO_SLOTS page-sized slots of
+ * page-locked memory per worker, a stream per worker and an event per slot.
+ * A device arena's cache keeps all of it between calls (struct lms__kv_io,
+ * made by the first save or resume): pinning costs milliseconds per MiB and
+ * starting threads and allocating buffers about a millisecond, against a
+ * resume of 512 MiB in about ten. A resume's worker reads and checks a page
+ * into its next slot and starts the slot's upload on its stream; the slot
+ * is reused once its event says the upload is done, so up to KV_IO_SLOTS
+ * uploads per worker run while the workers read on. No host copy of the
+ * whole cache is ever made. */
+#define KV_SCRATCH 3
+#define KV_IO_SLOTS 3
 #define KV_IO_MAX_WORKERS 64
 typedef struct kv_workers {
     lms_pool *pool;
     int n;
     lms__kv_codec_ctx *codec;
-    uint8_t **buf[KV_WBUFS]; /* buf[k][worker], sizes[k] bytes (none when 0) */
-    lms_stream **stream;     /* [worker] device arenas with streams, else NULL */
-    lms_event **event;       /* [worker * 2 + image]: the last upload out of that image buffer */
-    bool cached;             /* buffers and streams belong to kv->io (kept), else owned here */
+    uint8_t **buf[KV_SCRATCH]; /* buf[k][worker], sizes[k] bytes (none when 0): host scratch */
+    struct lms__kv_io *io;     /* device arenas with page-locked memory: the cache's (it owns all above) */
 } kv_workers;
 
-/* Pinned buffers and streams of a device arena's save/resume workers. */
+/* What a device arena's cache keeps for its save/resume workers. */
 struct lms__kv_io {
-    uint8_t *buf[KV_IO_MAX_WORKERS][KV_WBUFS];
-    size_t size[KV_IO_MAX_WORKERS][KV_WBUFS];
+    lms_pool *pool;
+    lms__kv_codec_ctx codec[KV_IO_MAX_WORKERS];
+    uint8_t *bufp[KV_SCRATCH][KV_IO_MAX_WORKERS]; /* host scratch, as kv_workers.buf */
+    size_t size[KV_SCRATCH][KV_IO_MAX_WORKERS];
+    size_t scratch;       /* bytes of each codec scratch */
+    uint8_t *ring;        /* page-locked: workers x KV_IO_SLOTS slots of slot_bytes, worker-major */
+    size_t slot_bytes;
+    int workers;          /* workers the ring has slots for */
+    bool registered;      /* lms__pinned_alloc's flag */
     lms_stream *stream[KV_IO_MAX_WORKERS];
-    lms_event *event[KV_IO_MAX_WORKERS][2];
-    uint8_t *bufp[KV_WBUFS][KV_IO_MAX_WORKERS]; /* the same pointers, indexed as kv_workers wants */
-    lms_stream *streamp[KV_IO_MAX_WORKERS];
-    lms_event *eventp[KV_IO_MAX_WORKERS * 2];
+    lms_event *event[KV_IO_MAX_WORKERS][KV_IO_SLOTS]; /* the last upload out of that slot */
 };
+
+static uint8_t *io_slot(const struct lms__kv_io *io, int worker, int k)
+{
+    return io->ring + ((size_t)worker * KV_IO_SLOTS + (size_t)k) * io->slot_bytes;
+}
 
 void lms__kv_io_free(lms_kv *kv)
 {
@@ -146,16 +167,18 @@ void lms__kv_io_free(lms_kv *kv)
     lms_device *d = kv->dev;
     if (!io)
         return;
+    lms__pool_destroy(io->pool);
     for (int i = 0; i < KV_IO_MAX_WORKERS; i++) {
-        for (int k = 0; k < KV_WBUFS; k++)
-            if (io->buf[i][k])
-                d->ops->free_host(d, io->buf[i][k]);
-        for (int e = 0; e < 2; e++)
-            if (io->event[i][e])
-                d->ops->event_destroy(d, io->event[i][e]);
+        lms__kv_codec_ctx_free(&io->codec[i]);
+        for (int k = 0; k < KV_SCRATCH; k++)
+            lms__free(io->bufp[k][i]);
+        for (int k = 0; k < KV_IO_SLOTS; k++)
+            if (io->event[i][k])
+                d->ops->event_destroy(d, io->event[i][k]);
         if (io->stream[i])
             d->ops->stream_destroy(d, io->stream[i]);
     }
+    lms__pinned_free(d, io->ring, io->registered);
     lms__free(io);
     kv->io = NULL;
 }
@@ -163,50 +186,93 @@ void lms__kv_io_free(lms_kv *kv)
 static bool pinned_io(const lms_kv *kv)
 {
     const lms_device_ops *o = kv->dev->ops;
-    return !host_arena(kv) && o->alloc_host && o->free_host;
+    return !host_arena(kv) && ((o->alloc_host && o->free_host) || (o->host_register && o->host_unregister));
 }
 
-/* Worker i's buffers (sizes[k] bytes at least) and stream from kv->io, allocated or grown as needed. */
-static int io_worker(lms_kv *kv, int i, const size_t sizes[KV_WBUFS])
+/* kv->io with a pool of `threads` (at least, unless `exact`) and, for each of its workers, a codec
+ * context, scratch buffers of sizes[k] and a ring slots, stream and events
+ * (made or grown; every earlier upload out of the ring completed before
+ * its call returned). The ring has slots for at least every CPU's worker,
+ * so that a save and the resumes after it share one pinning. */
+static int io_prepare(lms_kv *kv, int threads, bool exact, size_t scratch, const size_t sizes[KV_SCRATCH])
 {
     lms_device *d = kv->dev;
     struct lms__kv_io *io = kv->io;
-    for (int k = 0; k < KV_WBUFS; k++) {
-        if (io->size[i][k] >= sizes[k])
-            continue;
-        if (io->buf[i][k])
-            d->ops->free_host(d, io->buf[i][k]);
-        io->buf[i][k] = NULL;
-        io->size[i][k] = 0;
-        void *p = NULL;
-        if (d->ops->alloc_host(d, sizes[k], &p))
+    int rc;
+    if (!io && !(io = kv->io = lms__calloc(1, sizeof *io)))
+        return LMS_ENOMEM;
+    if (io->pool && (lms__pool_threads(io->pool) < threads || (exact && lms__pool_threads(io->pool) != threads))) {
+        lms__pool_destroy(io->pool);
+        io->pool = NULL;
+    }
+    if (!io->pool && (rc = lms__pool_create(threads, &io->pool)))
+        return rc;
+    int n = lms__pool_threads(io->pool);
+    if (io->scratch < scratch)
+        for (int i = 0; i < KV_IO_MAX_WORKERS; i++) {
+            lms__free(io->codec[i].scratch);
+            io->codec[i].scratch = NULL;
+        }
+    io->scratch = LMS_MAX(io->scratch, scratch);
+    for (int i = 0; i < n; i++) {
+        if (!io->codec[i].scratch && !(io->codec[i].scratch = lms__malloc(io->scratch)))
             return LMS_ENOMEM;
-        io->buf[i][k] = p;
-        io->size[i][k] = sizes[k];
+        for (int k = 0; k < KV_SCRATCH; k++) {
+            if (io->size[k][i] >= sizes[k])
+                continue;
+            lms__free(io->bufp[k][i]);
+            io->size[k][i] = 0;
+            if (!(io->bufp[k][i] = lms__malloc(sizes[k])))
+                return LMS_ENOMEM;
+            io->size[k][i] = sizes[k];
+        }
     }
-    if (!io->stream[i] && d->ops->stream_create && d->ops->event_create) {
-        if (d->ops->stream_create(d, &io->stream[i]) || d->ops->event_create(d, &io->event[i][0]) ||
-            d->ops->event_create(d, &io->event[i][1]))
+    size_t slot = (size_t)lms__align_up(max_page(kv), 4096);
+    if (io->workers < n || io->slot_bytes < slot) {
+        double t0 = lms__now();
+        int want = LMS_MAX(LMS_MAX(n, io->workers), LMS_MIN(lms__cpu_count(), KV_IO_MAX_WORKERS));
+        lms__pinned_free(d, io->ring, io->registered);
+        io->ring = NULL;
+        io->workers = 0;
+        void *p = NULL;
+        if ((rc = lms__pinned_alloc(d, (size_t)want * KV_IO_SLOTS * slot, &p, &io->registered)))
+            return rc;
+        io->ring = p;
+        io->slot_bytes = slot;
+        io->workers = want;
+        lms__debug("KV I/O ring: %d x %d slots of %zu KiB pinned in %.1f ms", want, KV_IO_SLOTS, slot >> 10,
+                   (lms__now() - t0) * 1e3);
+    }
+    for (int i = 0; i < n && d->ops->stream_create && d->ops->event_create; i++) {
+        if (!io->stream[i] && d->ops->stream_create(d, &io->stream[i]))
             return LMS_EDEVICE;
+        for (int k = 0; k < KV_IO_SLOTS; k++)
+            if (!io->event[i][k] && d->ops->event_create(d, &io->event[i][k]))
+                return LMS_EDEVICE;
     }
-    for (int k = 0; k < KV_WBUFS; k++) io->bufp[k][i] = io->buf[i][k];
-    io->streamp[i] = io->stream[i];
-    io->eventp[2 * i] = io->event[i][0];
-    io->eventp[2 * i + 1] = io->event[i][1];
     return 0;
 }
 
-/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs, at least 1. */
+/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs and
+ * KV_IO_MAX_WORKERS (per-worker arrays), at least 1. */
 static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
-                          const size_t sizes[KV_WBUFS])
+                          const size_t sizes[KV_SCRATCH])
 {
-    int threads = asked > 0 ? asked : lms__cpu_count();
+    int threads = asked > 0 ? asked : lms__cpu_count(), rc;
     if (threads > (int)jobs)
         threads = jobs ? (int)jobs : 1;
-    if (pinned_io(kv))
-        threads = LMS_MIN(threads, KV_IO_MAX_WORKERS);
-    int rc = lms__pool_create(threads, &w->pool);
-    if (rc)
+    threads = LMS_MIN(threads, KV_IO_MAX_WORKERS);
+    if (pinned_io(kv)) {
+        if ((rc = io_prepare(kv, threads, asked > 0, scratch, sizes)))
+            return rc;
+        w->io = kv->io;
+        w->pool = w->io->pool;
+        w->n = lms__pool_threads(w->pool);
+        w->codec = w->io->codec;
+        for (int k = 0; k < KV_SCRATCH; k++) w->buf[k] = w->io->bufp[k];
+        return 0;
+    }
+    if ((rc = lms__pool_create(threads, &w->pool)))
         return rc;
     w->n = lms__pool_threads(w->pool);
     if (!(w->codec = lms__calloc((size_t)w->n, sizeof *w->codec)))
@@ -214,25 +280,11 @@ static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, s
     for (int i = 0; i < w->n; i++)
         if (!(w->codec[i].scratch = lms__malloc(scratch)))
             return LMS_ENOMEM;
-    if (pinned_io(kv)) {
-        if (!kv->io && !(kv->io = lms__calloc(1, sizeof *kv->io)))
-            return LMS_ENOMEM;
-        for (int i = 0; i < w->n; i++)
-            if ((rc = io_worker(kv, i, sizes)))
-                return rc;
-        w->cached = true;
-        for (int k = 0; k < KV_WBUFS; k++) w->buf[k] = kv->io->bufp[k];
-        if (kv->io->stream[0]) {
-            w->stream = kv->io->streamp;
-            w->event = kv->io->eventp;
-        }
-        return 0;
-    }
-    for (int k = 0; k < KV_WBUFS; k++)
+    for (int k = 0; k < KV_SCRATCH; k++)
         if (!(w->buf[k] = lms__calloc((size_t)w->n, sizeof *w->buf[k])))
             return LMS_ENOMEM;
     for (int i = 0; i < w->n; i++)
-        for (int k = 0; k < KV_WBUFS; k++)
+        for (int k = 0; k < KV_SCRATCH; k++)
             if (sizes[k] && !(w->buf[k][i] = lms__malloc(sizes[k])))
                 return LMS_ENOMEM;
     return 0;
@@ -240,22 +292,32 @@ static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, s
 
 static void workers_free(kv_workers *w)
 {
+    if (w->io)
+        return; /* the cache's */
     lms__pool_destroy(w->pool);
     for (int i = 0; i < w->n; i++) {
         if (w->codec)
             lms__kv_codec_ctx_free(&w->codec[i]);
-        for (int k = 0; k < KV_WBUFS && !w->cached; k++)
+        for (int k = 0; k < KV_SCRATCH; k++)
             if (w->buf[k])
                 lms__free(w->buf[k][i]);
     }
     lms__free(w->codec);
-    for (int k = 0; k < KV_WBUFS && !w->cached; k++)
+    for (int k = 0; k < KV_SCRATCH; k++)
         lms__free(w->buf[k]);
 }
 
 /* ======================================================================================
  * save
  * ==================================================================================== */
+
+/* LMS_KV_CODEC_AUTO: pages sampled, and the ratio (raw / stored) from
+ * which a session is stored shuffle-zstd. At 1.25x the pages decode about
+ * 3x slower than raw ones read (RESULTS.md, issue 5), which a 20% smaller
+ * read from the page cache does not repay; on the GPU a raw resume is bound
+ * by the host link, a compressed one by decoding. */
+#define KV_AUTO_PROBE 8
+#define KV_AUTO_MIN_RATIO 1.25
 
 typedef struct save_page {
     const uint8_t *data;  /* encoded bytes (stored_size): a batch slot or the arena page; valid during its batch */
@@ -275,14 +337,17 @@ typedef struct save_ctx {
     int32_t *tokens;          /* n_tokens, little-endian (the record's form) */
     uint8_t *keys;            /* n_pages x 16 */
     lms__kv_writer *w;        /* holds the store's append lock */
-    kv_workers wk;            /* buf[0]: 2 x the larger page per worker (packed page, device page image) */
+    kv_workers wk;            /* buf[SAVE_PACK]: a packed page; buf[SAVE_IMAGE]: a device page image (no ring) */
     uint8_t **slot;           /* per batch slot: encode bound of a page */
     lms__kv_blob_query *query; /* per batch slot */
     uint32_t n_slots;
     uint32_t batch0;          /* first page of the batch being encoded / written */
+    uint32_t probe[KV_AUTO_PROBE]; /* LMS_KV_CODEC_AUTO: the sample's pages, */
+    size_t probe_raw[KV_AUTO_PROBE], probe_stored[KV_AUTO_PROBE]; /* their raw and shuffle-zstd sizes */
     uint64_t created;
     double t_enc, t_wr;
 } save_ctx;
+enum { SAVE_PACK, SAVE_IMAGE };
 
 /* A page this save writes (the others are stored already or repeat a key). */
 static bool save_encodes(const save_ctx *c, uint32_t i)
@@ -295,7 +360,7 @@ static int save_raw(save_ctx *c, uint32_t g, const lms__kv_save_page *sp, int wo
 {
     lms_kv *kv = c->kv;
     const kv_group *G = &kv->g[g];
-    uint8_t *buf = c->wk.buf[0][worker];
+    uint8_t *buf = c->wk.buf[SAVE_PACK][worker];
     if (host_arena(kv)) {
         const uint8_t *pg = lms__kv_gpage_ptr(G, sp->page);
         if (sp->n_tokens == kv->P) {
@@ -306,11 +371,15 @@ static int save_raw(save_ctx *c, uint32_t g, const lms__kv_save_page *sp, int wo
         *raw = buf;
         return 0;
     }
-    /* the second half of the buffer holds the device page image */
-    uint8_t *img = buf + max_page(kv);
+    /* the device page image: a slot of the worker's pinned ring where there is one */
+    uint8_t *img = c->wk.io ? io_slot(c->wk.io, worker, 0) : c->wk.buf[SAVE_IMAGE][worker];
     int rc = kv->dev->ops->copy_d2h(kv->dev, img, lms__kv_gpage_ptr(G, sp->page), G->page_bytes, NULL);
     if (rc)
         return rc;
+    if (sp->n_tokens == kv->P) {
+        *raw = img;
+        return 0;
+    }
     pack_page(kv, g, img, sp->n_tokens, buf);
     *raw = buf;
     return 0;
@@ -442,7 +511,8 @@ static int save_lookup(save_ctx *c, lms_store *store)
 static int save_buffers(save_ctx *c)
 {
     lms_kv *kv = c->kv;
-    const size_t sizes[KV_WBUFS] = {2 * max_page(kv), 0, 0};
+    const size_t sizes[KV_SCRATCH] = {[SAVE_PACK] = max_page(kv),
+                                      [SAVE_IMAGE] = host_arena(kv) || pinned_io(kv) ? 0 : max_page(kv)};
     int rc = workers_create(&c->wk, kv, c->params.threads, c->to_write, max_page(kv), sizes);
     if (rc)
         return rc;
@@ -452,6 +522,49 @@ static int save_buffers(save_ctx *c)
     for (uint32_t k = 0; k < c->n_slots; k++)
         if (!(c->slot[k] = lms__malloc(lms__kv_encode_bound(max_page(kv)))))
             return LMS_ENOMEM;
+    return 0;
+}
+
+static void save_probe_one(void *arg, size_t k, int worker)
+{
+    save_ctx *c = arg;
+    lms_kv *kv = c->kv;
+    uint32_t i = c->probe[k], g = item_group(c->n0, i);
+    size_t n = raw_size(kv, g, c->at[i].n_tokens), len = n;
+    const uint8_t *raw;
+    /* a page that fails here counts as incompressible: saving it names the error */
+    if (save_raw(c, g, &c->at[i], worker, &raw) ||
+        lms__kv_encode(&c->wk.codec[worker], LMS_KV_CODEC_SHUFFLE_ZSTD, c->params.level, raw, n, kv->elem, c->slot[k],
+                       lms__kv_encode_bound(n), &len))
+        len = n;
+    c->probe_raw[k] = n;
+    c->probe_stored[k] = LMS_MIN(len, n);
+}
+
+/* LMS_KV_CODEC_AUTO: encode a sample of the pages to write (spread over
+ * the session) and choose the session's codec from their ratio. */
+static int save_choose_codec(save_ctx *c)
+{
+    if (c->params.codec != LMS_KV_CODEC_AUTO)
+        return 0;
+    uint32_t np = LMS_MIN(LMS_MIN((uint32_t)KV_AUTO_PROBE, c->to_write), c->n_slots), k = 0;
+    for (uint32_t i = 0, seen = 0; i < c->n_pages && k < np; i++) {
+        if (!save_encodes(c, i))
+            continue;
+        /* the (k+1)-th of np evenly spaced picks among to_write pages */
+        if ((uint64_t)seen++ * np >= (uint64_t)k * c->to_write)
+            c->probe[k++] = i;
+    }
+    lms__pool_run(c->wk.pool, k, save_probe_one, c);
+    size_t raw = 0, stored = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        raw += c->probe_raw[j];
+        stored += c->probe_stored[j];
+    }
+    bool pays = stored && (double)raw >= KV_AUTO_MIN_RATIO * (double)stored;
+    c->params.codec = pays ? LMS_KV_CODEC_SHUFFLE_ZSTD : LMS_KV_CODEC_RAW;
+    lms__debug("KV save '%s': codec %s (a sample of %u pages compresses %.3fx)", c->name,
+               lms_kv_codec_name(c->params.codec), k, stored ? (double)raw / (double)stored : 0.0);
     return 0;
 }
 
@@ -617,14 +730,14 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
     c.kv = kv;
     c.name = name;
     c.params = params ? *params : lms_kv_default_save_params();
-    if (c.params.codec > LMS_KV_CODEC_SHUFFLE_ZSTD)
+    if (c.params.codec > LMS_KV_CODEC_AUTO)
         return lms__err(LMS_EINVAL, "KV save '%s': unknown codec %d", name, (int)c.params.codec);
     if (c.params.level == 0)
         c.params.level = 1;
     c.created = lms__unix_time();
 
     if (!(rc = save_prepare(&c, seq)) && !(rc = save_lookup(&c, store)) && !(rc = save_buffers(&c)) &&
-        !(rc = save_batches(&c)) && !(rc = save_commit(&c)) && stats)
+        !(rc = save_choose_codec(&c)) && !(rc = save_batches(&c)) && !(rc = save_commit(&c)) && stats)
         save_stats(&c, t0, stats);
     save_free(&c);
     return rc;
@@ -637,7 +750,7 @@ int lms_kv_save_ex(lms_kv *kv, const lms_kv_seq *seq, lms_store *store, const ch
 typedef struct res_page {
     uint32_t g;            /* its group */
     uint32_t n_tokens;
-    bool via_host;         /* device arena, free target: decoded in the worker's page image, copied there */
+    bool via_host;         /* device arena, free target: decoded in a worker's page image, uploaded from there */
     uint8_t *dst;          /* where the decoded page goes (arena page or staging slot; NULL when via_host) */
     lms__kv_page_loc loc;  /* its page record and blob */
     int seg;               /* the reader's mapping of the blob's segment */
@@ -645,13 +758,20 @@ typedef struct res_page {
     char err[200];         /* the failing worker's detail (thread-local there) */
 } res_page;
 
+/* Where a worker's time went (seconds, summed over its pages). */
+typedef struct res_times {
+    double wait, read, hash, upload;
+    uint64_t pages;
+    char pad[24]; /* one worker per cache line */
+} res_times;
+
 typedef struct res_ctx {
     lms_kv *kv;
     const char *name;
     lms__kv_reader *rd;   /* the index snapshot, then the segments it mapped */
     lms__session_rec r;   /* the session record (the reader's copy) */
     int32_t *tokens;      /* r.n_tokens */
-    uint32_t n_pages, to_read, n_staged;
+    uint32_t n_pages, to_read, n_staged, n_coded;
     uint32_t n0, wfirst;  /* group-0 pages, first window page (design note 5) */
     res_page *pages;
     /* the plan (kv_arena.c), per page (item) */
@@ -663,35 +783,44 @@ typedef struct res_ctx {
     uint32_t evictable[2]; /* cached pages the plan may evict, per group */
     uint8_t *staging;     /* n_staged host pages (max_page bytes each) */
     size_t max_stored;
-    uint32_t wk_count[KV_IO_MAX_WORKERS]; /* pages each worker uploaded (its image buffer alternates) */
-    kv_workers wk;        /* per worker: buf[RES_UNPACK] a raw partial page, buf[RES_IN] the
-                           * stored bytes of one page, buf[RES_IMAGE] a page image (device arenas) */
+    res_times times[KV_IO_MAX_WORKERS]; /* [worker]; pages each uploaded pick its next ring slot */
+    kv_workers wk;        /* per worker: buf[RES_UNPACK] a raw partial page, buf[RES_IN] the stored bytes
+                           * of one page, buf[RES_IMAGE] a page image (device arenas without a ring) */
 } res_ctx;
-enum { RES_UNPACK, RES_IN, RES_IMAGE, RES_IMAGE2 };
+enum { RES_UNPACK, RES_IN, RES_IMAGE };
 
 /* Read page i's stored bytes and decode them into out (n raw bytes); *h = their checksum. */
 static int res_read(res_ctx *c, const res_page *rp, int worker, uint8_t *out, size_t n, uint64_t *h)
 {
     /* pread from the page cache rather than faulting the mapping in page
      * by page; a raw page reads straight into its destination. */
+    res_times *t = &c->times[worker];
     int rc;
     if (rp->loc.rec.codec == LMS__KV_CODEC_RAW) {
         /* Read and hash in 256 KiB pieces: each is hashed while in cache. */
         rc = lms__kv_hash_begin(&c->wk.codec[worker]);
         for (size_t o = 0; !rc && o < n; o += 256 * 1024) {
             size_t len = LMS_MIN(n - o, (size_t)256 * 1024);
+            double t0 = lms__now();
             rc = lms__kv_read_bytes(c->rd, rp->seg, out + o, len, rp->loc.offset + o);
+            double t1 = lms__now();
             if (!rc)
                 lms__kv_hash_update(&c->wk.codec[worker], out + o, len);
+            t->read += t1 - t0;
+            t->hash += lms__now() - t1;
         }
         if (!rc)
             *h = lms__kv_hash_end(&c->wk.codec[worker]);
         return rc;
     }
     uint8_t *in = c->wk.buf[RES_IN][worker];
+    double t0 = lms__now();
     rc = lms__kv_read_bytes(c->rd, rp->seg, in, rp->loc.size, rp->loc.offset);
+    double t1 = lms__now();
     if (!rc)
         rc = lms__kv_decode(&c->wk.codec[worker], rp->loc.rec.codec, in, rp->loc.size, out, n, rp->loc.rec.elem_size, h);
+    t->read += t1 - t0;
+    t->hash += lms__now() - t1; /* decoding, the checksum fused in */
     return rc;
 }
 
@@ -700,18 +829,22 @@ static void res_decode_one(void *arg, size_t i, int worker)
     res_ctx *c = arg;
     res_page *rp = &c->pages[i];
     lms_kv *kv = c->kv;
+    res_times *t = &c->times[worker];
     if (c->cached[i] != KV_NONE)
         return;
-    /* A page bound for a device arena decodes into one of the worker's two image
-     * buffers: the other may still be uploading. */
-    const int img = rp->via_host ? (int)(c->wk_count[worker] & 1) : 0;
-    uint8_t *dst = rp->via_host ? c->wk.buf[img ? RES_IMAGE2 : RES_IMAGE][worker] : rp->dst;
-    lms_event *ev = c->wk.event && rp->via_host ? c->wk.event[2 * worker + img] : NULL;
+    /* A page bound for a device arena decodes into the worker's next ring
+     * slot, once that slot's previous upload is done. */
+    const struct lms__kv_io *io = c->wk.io;
+    const int slot = (int)(t->pages % KV_IO_SLOTS);
+    uint8_t *dst = !rp->via_host ? rp->dst : io ? io_slot(io, worker, slot) : c->wk.buf[RES_IMAGE][worker];
+    lms_event *ev = io && rp->via_host ? io->event[worker][slot] : NULL;
+    double t0 = lms__now();
     if (ev && kv->dev->ops->event_sync(kv->dev, ev)) {
         rp->rc = LMS_EDEVICE;
         keep_detail(rp->err, sizeof rp->err, rp->rc);
         return;
     }
+    t->wait += lms__now() - t0;
     /* Full pages decode straight to their destination; a partial page is
      * packed, so it decodes to scratch and is spread into page layout. */
     const kv_group *G = &kv->g[rp->g];
@@ -734,14 +867,16 @@ static void res_decode_one(void *arg, size_t i, int worker)
         unpack_page(kv, rp->g, out, rp->n_tokens, dst);
     /* A free target of a device arena takes its bytes now, from this
      * worker (overlapping with the others' decoding, and with this worker's
-     * next page on its own stream): a free page's bytes belong to nobody, so
+     * next pages on its own stream): a free page's bytes belong to nobody, so
      * a later failure leaves nothing to undo. */
     if (rp->via_host) {
-        lms_stream *st = c->wk.stream ? c->wk.stream[worker] : NULL;
+        t0 = lms__now();
+        lms_stream *st = io ? io->stream[worker] : NULL;
         rc = kv->dev->ops->copy_h2d(kv->dev, lms__kv_gpage_ptr(G, c->target[i]), dst, G->page_bytes, st);
         if (!rc && ev)
             rc = kv->dev->ops->event_record(kv->dev, ev, st);
-        c->wk_count[worker]++;
+        t->pages++;
+        t->upload += lms__now() - t0;
         if (rc) {
             keep_detail(rp->err, sizeof rp->err, rc);
             rp->rc = rc;
@@ -870,6 +1005,7 @@ static int res_locate_one(res_ctx *c, uint32_t i)
     }
     if (loc->size > c->max_stored)
         c->max_stored = (size_t)loc->size;
+    c->n_coded += loc->rec.codec != LMS__KV_CODEC_RAW;
     if (loc->offset > seg_size || loc->size > seg_size - loc->offset)
         return lms__err(LMS_EFORMAT,
                         "KV session '%s': page %u: truncated KV segment %s: the page needs bytes [%llu, %llu) but "
@@ -928,22 +1064,37 @@ static int res_plan(res_ctx *c)
     return 0;
 }
 
-/* 5. Verify and decode (threads). */
+/* 5. Verify and decode (threads); device arenas: upload, all done on return. */
 static int res_decode(res_ctx *c, const lms_kv_resume_params *params)
 {
     lms_kv *kv = c->kv;
-    const size_t sizes[KV_WBUFS] = {[RES_UNPACK] = max_page(kv), [RES_IN] = c->max_stored,
-                                    [RES_IMAGE] = host_arena(kv) ? 0 : max_page(kv),
-                                    [RES_IMAGE2] = host_arena(kv) ? 0 : max_page(kv)};
+    lms__kv_resume_times *T = &kv->last_resume;
+    double t0 = lms__now();
+    const size_t sizes[KV_SCRATCH] = {[RES_UNPACK] = max_page(kv), [RES_IN] = c->n_coded ? c->max_stored : 0,
+                                      [RES_IMAGE] = host_arena(kv) || pinned_io(kv) ? 0 : max_page(kv)};
     int rc = workers_create(&c->wk, kv, params ? params->threads : 0, c->to_read, max_page(kv), sizes);
     if (rc)
         return rc;
-    memset(c->wk_count, 0, sizeof c->wk_count);
+    double t1 = lms__now();
     lms__pool_run(c->wk.pool, c->n_pages, res_decode_one, c);
-    /* every upload complete before any page is used */
-    for (int w = 0; c->wk.stream && w < c->wk.n; w++)
-        if (kv->dev->ops->stream_sync(kv->dev, c->wk.stream[w]))
-            return lms__err(LMS_EDEVICE, "KV session '%s': copying pages to the device failed", c->name);
+    double t2 = lms__now();
+    /* every upload complete before any page is used (and before the ring is reused or freed) */
+    bool synced = true;
+    for (int w = 0; c->wk.io && w < c->wk.n; w++)
+        synced = !kv->dev->ops->stream_sync(kv->dev, c->wk.io->stream[w]) && synced;
+    double t3 = lms__now();
+    T->setup = t1 - t0;
+    T->pipeline = t3 - t1;
+    T->sync = t3 - t2;
+    T->threads = c->wk.n;
+    for (int w = 0; w < c->wk.n; w++) {
+        T->wait += c->times[w].wait;
+        T->read += c->times[w].read;
+        T->hash += c->times[w].hash;
+        T->upload += c->times[w].upload;
+    }
+    if (!synced)
+        return lms__err(LMS_EDEVICE, "KV session '%s': copying pages to the device failed", c->name);
     for (uint32_t i = 0; i < c->n_pages; i++) {
         const res_page *rp = &c->pages[i];
         if (rp->rc == LMS_ECORRUPT)
@@ -1038,6 +1189,8 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     c.name = name;
     if (!kv->n_seq_free)
         return lms__err(LMS_ENOSPACE, "KV resume '%s': all %u sequence slots are in use", name, kv->max_seqs);
+    lms__kv_resume_times *T = &kv->last_resume;
+    memset(T, 0, sizeof *T);
 
     if ((rc = res_open(&c, store)) || (rc = res_keys(&c)) || (rc = res_locate(&c)) || (rc = res_plan(&c)))
         goto out;
@@ -1053,10 +1206,16 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     double t_built = lms__now();
     if ((rc = lms__kv_touch(store, name)))
         lms__warn("KV resume '%s': could not update its last-used time: %s", name, lms_last_error());
-    lms__debug("KV resume '%s': %u pages (%u read): prepare %.1f ms, decode %.1f ms (%d threads), build %.1f ms, "
-               "last-used %.1f ms",
-               name, c.n_pages, c.to_read, (t_prep - t0) * 1e3, (t_decoded - t_prep) * 1e3, c.wk.n,
-               (t_built - t_decoded) * 1e3, (lms__now() - t_built) * 1e3);
+    T->prepare = t_prep - t0;
+    T->build = t_built - t_decoded;
+    T->touch = lms__now() - t_built;
+    lms__debug("KV resume '%s': %u pages (%u read): prepare %.1f ms, set-up %.1f ms, pages %.1f ms (%d threads; "
+               "per thread: ring wait %.1f, read %.1f, check %.1f, upload calls %.1f ms; last uploads %.1f ms), "
+               "build %.1f ms, last-used %.1f ms",
+               name, c.n_pages, c.to_read, T->prepare * 1e3, T->setup * 1e3, T->pipeline * 1e3, T->threads,
+               T->wait * 1e3 / LMS_MAX(1, T->threads), T->read * 1e3 / LMS_MAX(1, T->threads),
+               T->hash * 1e3 / LMS_MAX(1, T->threads), T->upload * 1e3 / LMS_MAX(1, T->threads), T->sync * 1e3,
+               T->build * 1e3, T->touch * 1e3);
     if (stats)
         res_stats(&c, t0, stats);
     rc = 0;

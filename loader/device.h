@@ -97,6 +97,15 @@ struct lms_device {
     struct lms__staging *staging;
 };
 
+/* Page-locked host memory of `bytes` for copies to and from dev: huge-page
+ * memory pinned with one host_register where the device can, else the
+ * device's alloc_host (one registration costs far less than the pinned
+ * allocator: RESULTS.md, loader run 3). *registered says which, for
+ * lms__pinned_free. LMS_ENOMEM, LMS_EDEVICE (detail set); *out NULL then.
+ * loader/staging.c. */
+int lms__pinned_alloc(lms_device *dev, size_t bytes, void **out, bool *registered);
+void lms__pinned_free(lms_device *dev, void *p, bool registered); /* NULL ok */
+
 #ifdef __cplusplus
 }
 #endif

@@ -49,13 +49,50 @@ static void staging_free(lms_device *d, lms__staging *s)
     if (!s)
         return;
     assert(!s->lent); /* unpublished and returned: nobody copies out of it */
-    if (s->registered) {
-        (void)d->ops->host_unregister(d, s->base);
-        lms__free(s->base);
-    } else if (s->base) {
-        d->ops->free_host(d, s->base);
-    }
+    lms__pinned_free(d, s->base, s->registered);
     lms__free(s);
+}
+
+int lms__pinned_alloc(lms_device *dev, size_t bytes, void **out, bool *registered)
+{
+    *out = NULL;
+    *registered = false;
+    int rc = LMS_EDEVICE;
+    if (dev->ops->host_register && dev->ops->host_unregister) {
+        /* huge pages registered in one call: far cheaper than the pinned allocator (RESULTS.md, run 3) */
+        void *p = lms__aligned_alloc((size_t)LMS__CHUNK_ALIGN, (size_t)lms__align_up(bytes, LMS__CHUNK_ALIGN));
+        if (!p)
+            return lms__err(LMS_ENOMEM, "device '%s': %zu bytes of host memory to pin", dev->ops->name, bytes);
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, bytes, MADV_HUGEPAGE); /* best effort */
+#endif
+        void *dp = NULL;
+        if ((rc = dev->ops->host_register(dev, p, bytes, 0, &dp)) == 0) {
+            *out = p;
+            *registered = true;
+            return 0;
+        }
+        lms__free(p); /* refused: the pinned allocator below */
+    }
+    if (dev->ops->alloc_host) {
+        lms_clear_error();
+        rc = dev->ops->alloc_host(dev, bytes, out);
+    }
+    if (rc)
+        return lms__err_prefix(rc, "device '%s': pinning %zu bytes of host memory: ", dev->ops->name, bytes);
+    return 0;
+}
+
+void lms__pinned_free(lms_device *dev, void *p, bool registered)
+{
+    if (!p)
+        return;
+    if (registered) {
+        (void)dev->ops->host_unregister(dev, p);
+        lms__free(p);
+    } else {
+        dev->ops->free_host(dev, p);
+    }
 }
 
 int lms_device_reserve_staging(lms_device *dev, size_t bytes)
@@ -79,34 +116,13 @@ int lms_device_reserve_staging(lms_device *dev, size_t bytes)
     if (!s)
         return LMS_ENOMEM;
     s->bytes = bytes;
-    int rc = LMS_EDEVICE;
-    if (dev->ops->host_register && dev->ops->host_unregister) {
-        /* huge pages registered in one call: far cheaper than the pinned allocator (RESULTS.md, run 3) */
-        void *p = lms__aligned_alloc((size_t)LMS__CHUNK_ALIGN, bytes);
-        if (!p) {
-            lms__free(s);
-            return lms__err(LMS_ENOMEM, "device '%s': staging memory of %zu bytes", dev->ops->name, bytes);
-        }
-#ifdef MADV_HUGEPAGE
-        (void)madvise(p, bytes, MADV_HUGEPAGE); /* best effort */
-#endif
-        void *dp = NULL;
-        if ((rc = dev->ops->host_register(dev, p, bytes, 0, &dp)) == 0) {
-            s->base = p;
-            s->registered = true;
-        } else {
-            lms__free(p); /* refused: the pinned allocator below */
-        }
-    }
-    if (rc && dev->ops->alloc_host) {
-        void *p = NULL;
-        if ((rc = dev->ops->alloc_host(dev, bytes, &p)) == 0)
-            s->base = p;
-    }
+    void *p = NULL;
+    int rc = lms__pinned_alloc(dev, bytes, &p, &s->registered);
     if (rc) {
         lms__free(s);
-        return lms__err_prefix(rc, "device '%s': pinning %zu bytes of staging memory: ", dev->ops->name, bytes);
+        return lms__err_prefix(rc, "staging memory: ");
     }
+    s->base = p;
     /* publish it, unless a load borrowed the old pool meanwhile */
     lms__mutex_lock(&staging_mu);
     old = dev->staging;

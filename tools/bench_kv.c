@@ -311,7 +311,7 @@ int lms_bench_kv(int argc, char **argv)
             codecs[n_codecs++] = k;
     } else {
         lms_kv_codec c;
-        if (lms_kv_codec_from_name(codec_s, &c))
+        if (lms_kv_codec_from_name(codec_s, &c) || c == LMS_KV_CODEC_AUTO)
             return lms_cli_usage("bench", "unknown codec '%s' (raw, zstd, shuffle-zstd, all)", codec_s);
         codecs[n_codecs++] = (int)c;
     }

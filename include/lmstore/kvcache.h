@@ -311,14 +311,20 @@ typedef enum lms_kv_codec {
     LMS_KV_CODEC_RAW = 0,          /* bytes as they are in the arena */
     LMS_KV_CODEC_ZSTD = 1,         /* zstd */
     LMS_KV_CODEC_SHUFFLE_ZSTD = 2, /* byte planes (element byte 0 of all elements, then byte 1...), then zstd */
+    /* Save only, never stored: shuffle-zstd for a session whose pages (a
+     * sample of up to 8, spread over it) compress at least 1.25x, else raw.
+     * K/V that compresses less (f16 K/V stores at about 1.13x) resumes
+     * several times faster raw, which on a GPU is bound by the host link
+     * rather than by decoding (bench/RESULTS.md, issue 14). */
+    LMS_KV_CODEC_AUTO = 3,
 } lms_kv_codec;
 
-/* "raw", "zstd", "shuffle-zstd"; NULL for unknown. */
+/* "raw", "zstd", "shuffle-zstd", "auto"; NULL for unknown. */
 LMS_API const char *lms_kv_codec_name(lms_kv_codec c);
 LMS_API int lms_kv_codec_from_name(const char *name, lms_kv_codec *out); /* LMS_EINVAL if unknown */
 
 typedef struct lms_kv_save_params {
-    lms_kv_codec codec;  /* default LMS_KV_CODEC_SHUFFLE_ZSTD */
+    lms_kv_codec codec;  /* default LMS_KV_CODEC_AUTO (chosen per session) */
     int level;           /* zstd level; 0 = 1 (on bf16 K/V level 1 compresses as well as 3 and decodes faster) */
     int threads;         /* compression threads; 0 = online CPUs */
     bool no_replace;     /* fail with LMS_EEXIST if the session exists (default: replace) */

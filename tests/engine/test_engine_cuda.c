@@ -8,7 +8,8 @@
  *    F32 and F16 K/V, prompts in one block and in blocks of 5;
  *  - a session saved on the GPU resumes on the CPU, and one saved on the
  *    CPU resumes on the GPU, continuing with the ids of the uninterrupted
- *    run (F32 K/V);
+ *    run (F32 K/V), stored raw, shuffle-zstd and as the default codec
+ *    chooses;
  *  - an MLX affine model (4- and 8-bit codes) gives the CPU's last logits
  *    within 1e-2 relative and its 24 greedy ids, prefill by GEMM and by GEMV;
  *  - device memory in use does not change over 1,000 generated tokens (no
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine_priv.h"
 #include "lmstore/engine.h"
 #include "lmstore/loader.h"
 #include "lmstore/store.h"
@@ -284,21 +286,40 @@ static void session_moves(const char *family)
     lms_gen_params gp = greedy(24);
     assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &full, NULL), 0);
     rig_close(&g);
-    for (int dir = 0; dir < 2; dir++) {
+    /* the default codec (through the engine), then raw and shuffle-zstd pages (the ring's two paths);
+     * each in a store of its own, as pages are content-addressed: a second save would store nothing */
+    const lms_kv_codec codecs[] = {LMS_KV_CODEC_AUTO, LMS_KV_CODEC_RAW, LMS_KV_CODEC_SHUFFLE_ZSTD};
+    for (int k = 0; k < 6; k++) {
+        int dir = k % 2;
+        lms_kv_codec codec = codecs[k / 2];
+        const char *name = dir == 0 ? "from-gpu" : "from-cpu";
         lms_device *save_on = dir == 0 ? g_dev : NULL, *resume_on = dir == 0 ? NULL : g_dev;
+        if (k > 0 && dir == 0) {
+            lms_test_rmrf(sd);
+            free(sd);
+            sd = store_with(family);
+        }
         rig_open(&g, sd, family, save_on, LMS_DTYPE_F32, 0, 0);
         collect c = {0};
         gp = greedy(10);
         assert_int_equal(lms_generate(g.eng, &gp, r.prompt, r.n_prompt, on_token, &c, NULL), 0);
         assert_memory_equal(c.ids, full.ids, 10 * sizeof(int32_t));
-        assert_int_equal(lms_engine_session_save(g.eng, g.st, dir == 0 ? "from-gpu" : "from-cpu"), 0);
+        if (codec == LMS_KV_CODEC_AUTO) {
+            assert_int_equal(lms_engine_session_save(g.eng, g.st, name), 0);
+        } else {
+            lms_kv_save_params sp = lms_kv_default_save_params();
+            sp.codec = codec;
+            assert_int_equal(lms__engine_flush_pending(g.eng), 0);
+            assert_int_equal(lms_kv_save_ex(g.eng->kv, g.eng->seq, g.st, name, &sp, NULL), 0);
+        }
         rig_close(&g);
         rig_open(&g, sd, family, resume_on, LMS_DTYPE_F32, 0, 0);
-        assert_int_equal(lms_engine_session_load(g.eng, g.st, dir == 0 ? "from-gpu" : "from-cpu"), 0);
+        assert_int_equal(lms_engine_session_load(g.eng, g.st, name), 0);
         collect c2 = {0};
         gp = greedy(14);
         assert_int_equal(lms_generate(g.eng, &gp, NULL, 0, on_token, &c2, NULL), 0);
-        printf("%s %s -> %s: %d ids\n", family, dir == 0 ? "gpu" : "cpu", dir == 0 ? "cpu" : "gpu", c2.n);
+        printf("%s %s -> %s (%s): %d ids\n", family, dir == 0 ? "gpu" : "cpu", dir == 0 ? "cpu" : "gpu",
+               lms_kv_codec_name(codec), c2.n);
         assert_int_equal(c2.n, 14);
         assert_memory_equal(c2.ids, full.ids + 10, 14 * sizeof(int32_t));
         rig_close(&g);

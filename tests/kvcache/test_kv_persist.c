@@ -91,6 +91,108 @@ static void save_then_resume_restores_every_byte_for_each_codec(void **st_)
     free(dir);
 }
 
+/* Overwrite the K/V of positions [0, n) of s: a few repeated values (mode
+ * 0), values whose high byte holds 6 random bits and low byte 8 (1: about
+ * 1.15x smaller by shuffle-zstd), random bits (2). */
+static void overwrite_kv(lms_kv *kv, const lms_kv_seq *s, uint32_t n, int mode)
+{
+    lms_kv_layout L;
+    lms_kv_get_layout(kv, &L);
+    uint64_t x = 88172645463325252ull;
+    for (uint32_t pos = 0; pos < n; pos++)
+        for (uint32_t l = 0; l < L.n_layers; l++)
+            for (uint32_t c = 0; c < 2; c++) {
+                uint32_t page = kvt_page(kv, s, l, pos, L.page_tokens), slot = pos % L.page_tokens;
+                uint16_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
+                for (uint32_t h = 0; h < L.n_kv_heads; h++)
+                    for (uint32_t d = 0; d < L.head_dim; d++) {
+                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                        blk[((size_t)h * L.page_tokens + slot) * L.head_dim + d] =
+                            mode == 2   ? (uint16_t)x
+                            : mode == 1 ? (uint16_t)(0x4000 | (x & 0x3fff))
+                                        : (uint16_t)(0x3c00 + ((h + d) & 3));
+                    }
+            }
+}
+
+/* Digest of the K/V of positions [0, n) of s, position by position. */
+static uint64_t kv_digest(lms_kv *kv, const lms_kv_seq *s, uint32_t n)
+{
+    lms_kv_layout L;
+    lms_kv_get_layout(kv, &L);
+    uint64_t h = 0;
+    for (uint32_t pos = 0; pos < n; pos++)
+        for (uint32_t l = 0; l < L.n_layers; l++)
+            for (uint32_t c = 0; c < 2; c++) {
+                uint32_t page = kvt_page(kv, s, l, pos, L.page_tokens), slot = pos % L.page_tokens;
+                const uint16_t *blk = c ? lms_kv_page_v(kv, l, page) : lms_kv_page_k(kv, l, page);
+                for (uint32_t hd = 0; hd < L.n_kv_heads; hd++)
+                    h = lms__hash64(blk + ((size_t)hd * L.page_tokens + slot) * L.head_dim, L.head_dim * 2, h);
+            }
+    return h;
+}
+
+static int count_codecs(void *ctx, const lms_kv_page_info *p)
+{
+    uint32_t *n = ctx;
+    if (p->present && p->codec <= LMS_KV_CODEC_SHUFFLE_ZSTD)
+        n[p->codec]++;
+    return 0;
+}
+
+/* The default codec (auto) stores a session shuffle-zstd when its pages
+ * compress at least 1.25x and raw when they do not (also when shuffle-zstd
+ * would make them a little smaller); every one resumes exactly. */
+static void auto_codec_compresses_only_sessions_that_pay(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-auto");
+    lms_store *st = open_store(dir);
+    assert_int_equal(lms_kv_default_save_params().codec, LMS_KV_CODEC_AUTO);
+    assert_string_equal(lms_kv_codec_name(LMS_KV_CODEC_AUTO), "auto");
+    for (int mode = 0; mode < 3; mode++) {
+        const char *name = mode == 2 ? "noise" : mode ? "slight" : "pattern";
+        lms_kv *kv = kvt_make(NULL, 64, 0);
+        lms_kv_seq *s;
+        assert_int_equal(lms_kv_seq_new(kv, &s), 0);
+        kvt_fill(kv, s, 40 + mode, 37, 0); /* 9 full pages + 1 partial */
+        overwrite_kv(kv, s, 37, mode);
+        uint64_t want = kv_digest(kv, s, 37);
+        lms_kv_io_stats ss;
+        assert_int_equal(lms_kv_save_ex(kv, s, st, name, NULL, &ss), 0);
+        if (mode)
+            assert_int_equal(ss.stored_bytes, ss.raw_bytes);
+        else
+            assert_true(ss.stored_bytes * 4 < ss.raw_bytes);
+        uint32_t n[3] = {0, 0, 0};
+        assert_int_equal(lms_kv_session(st, name, NULL, count_codecs, n), 0);
+        assert_int_equal(n[mode ? LMS_KV_CODEC_RAW : LMS_KV_CODEC_SHUFFLE_ZSTD], ss.pages);
+        if (mode == 1) {
+            /* shuffle-zstd asked for: a little smaller (other tokens, so other page keys) */
+            lms_kv_seq *o;
+            assert_int_equal(lms_kv_seq_new(kv, &o), 0);
+            kvt_fill(kv, o, 50, 37, 0);
+            overwrite_kv(kv, o, 37, mode);
+            lms_kv_save_params sp = lms_kv_default_save_params();
+            sp.codec = LMS_KV_CODEC_SHUFFLE_ZSTD;
+            lms_kv_io_stats so;
+            assert_int_equal(lms_kv_save_ex(kv, o, st, "slight-asked", &sp, &so), 0);
+            assert_true(so.stored_bytes < so.raw_bytes && 5 * so.stored_bytes > 4 * so.raw_bytes);
+            lms_kv_seq_free(kv, o);
+        }
+        lms_kv_seq_free(kv, s);
+        assert_int_equal(lms_kv_destroy(kv), 0);
+        kv = kvt_make(NULL, 64, 0);
+        assert_int_equal(lms_kv_resume(kv, st, name, &s), 0);
+        assert_true(kv_digest(kv, s, 37) == want);
+        lms_kv_seq_free(kv, s);
+        assert_int_equal(lms_kv_destroy(kv), 0);
+    }
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
 static void save_in_one_process_resume_in_another_restores_bytes_exactly(void **st_)
 {
     (void)st_;
@@ -995,6 +1097,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(save_then_resume_restores_every_byte_for_each_codec),
         cmocka_unit_test(save_in_one_process_resume_in_another_restores_bytes_exactly),
+        cmocka_unit_test(auto_codec_compresses_only_sessions_that_pay),
         cmocka_unit_test(each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged),
         cmocka_unit_test(two_sessions_sharing_a_prefix_store_the_shared_pages_once),
         cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
