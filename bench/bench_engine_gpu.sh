@@ -162,6 +162,12 @@ decode8b() {
     done
     for m in llama8b-mlx4 llama8b-mlx8 llama8b; do
         timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 --json 2>>"$LOG" | jl
+        LMSTORE_CUDA_PDL=1 timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 \
+            --json 2>>"$LOG" | sed 's/^{/{"variant": "PDL", /' | jl
+    done
+    for m in llama8b-mlx4 llama8b-mlx8; do
+        LMSTORE_CUDA_MLX_EXACT=1 timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 \
+            --json 2>>"$LOG" | sed 's/^{/{"variant": "f32 activations", /' | jl
     done
     step_profile llama8b-mlx4 170
     step_profile llama8b 170
@@ -177,6 +183,10 @@ gemma12bdec() {
     timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
     rm -rf "$g"
     timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 --json 2>>"$LOG" | jl
+    LMSTORE_CUDA_PDL=1 timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 \
+        --json 2>>"$LOG" | sed 's/^{/{"variant": "PDL", /' | jl
+    LMSTORE_CUDA_FUSE_ROPE=0 timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 \
+        --json 2>>"$LOG" | sed 's/^{/{"variant": "RoPE not fused", /' | jl
     step_profile gemma12b 250
 }
 

@@ -30,6 +30,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
+
 #include "engine/cuda/kernels.h"
 
 namespace {
@@ -474,10 +476,11 @@ template <> struct mlx_sb<LMS_CU_F32> {
 #define MLXQ_TH 256 /* threads a block */
 #define MLXQ_RW 2   /* rows of a warp */
 #define MLXQ_U 4    /* 16-byte chunks of codes per row and lane in flight */
+#define MLXQ_BLOCKS 2 /* resident blocks per multiprocessor (registers) */
 #define MLXQ_XB 4   /* float4s of x per thread in flight while quantizing */
 
 /* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, then (scale, sum) per group. */
-static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
+__host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
 
 /*
  * y = W . x for MLX affine W (codes of BITS bits, scales and biases of type
@@ -485,21 +488,25 @@ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * s
  *
  *   1. The block quantizes in(x) (x, or x * norm with the RMS scale applied
  *      at the end) to int8 per group of the weights' group size g (scale
- *      dx_g = max |x| / 127) into shared memory, with each group's exact sum
- *      sx_g. 4-bit codes sit in a word as elements 0..7 at bits 4e, so the
- *      bytes of x are laid out in code order: for each word of codes, the
- *      even elements' bytes, then the odd ones' (word & 0x0f0f0f0f and
- *      (word >> 4) & 0x0f0f0f0f meet them with one dp4a each).
- *   2. Each warp takes MLXQ_RW rows (gate row r and up row r with pair_act);
- *      lane l the 16-byte chunks l, l + 32, ... of each, MLXQ_U per row in
- *      flight. Per chunk and row: sum q x_q by dp4a (8 for 32 4-bit codes,
- *      4 for 16 8-bit ones), then s * dx * that + b * sx.
+ *      dx_g = max |x| / 127) into shared memory, with dx_g times the group's
+ *      sum of the rounded values. 4-bit codes sit in a word as elements 0..7
+ *      at bits 4e, so the bytes of x are laid out in code order: for each
+ *      word of codes, the even elements' bytes, then the odd ones' (word &
+ *      0x0f0f0f0f and (word >> 4) & 0x0f0f0f0f meet them with one dp4a each).
+ *   2. A persistent grid (MLXQ_BLOCKS blocks per multiprocessor: x is
+ *      quantized once per block): each warp takes units of MLXQ_RW rows (gate
+ *      row r and up row r with pair_act), lane l the 16-byte chunks l, l + 32,
+ *      ... of each, MLXQ_U per row in flight; the next unit's first loads go
+ *      out before this unit's sums. Per chunk and row: sum q x_q by dp4a (8
+ *      for 32 4-bit codes, 4 for 16 8-bit ones), then s dx (that) + b dx
+ *      (the chunk's share of the group's sum of x_q).
  *   3. Warp sums; lane 0 writes the row (RMS scale, bias, residual add) and
  *      with pair_act act(gate) * up.
  *
- * Exact arithmetic but for x's rounding to 8 bits (|error| <= dx / 2 per
- * element: about 0.4% of a product's typical size). The first chunks' loads
- * are issued before griddepcontrol.wait.
+ * The result is W times x rounded to int8 per group, in exact arithmetic
+ * but for f32 rounding (|x - x_q dx| <= dx / 2 per element: a few 1e-3 of a
+ * product's typical size). The first chunks' loads are issued before
+ * griddepcontrol.wait.
  */
 template <int BITS, int ST>
 __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
@@ -511,33 +518,37 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
     const int K = a.K, gs = a.group, gsh = __ffs(gs) - 1, nch = K / EPC, tid = threadIdx.x, lane = tid & 31,
               warp = tid >> 5; /* gs: a power of two */
     uint8_t *xq = mq_smem;                /* K bytes */
-    float2 *xg = (float2 *)(mq_smem + K); /* [K / gs]: (dx, sum x) */
+    float2 *xg = (float2 *)(mq_smem + K); /* [K / gs]: dx, and dx * sum q * EPC / gs (a chunk's share) */
     const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)(K / gs) * sizeof(typename elem<ST>::t);
 
-    /* this warp's rows */
+    /* the warp's rows: unit gw (gate and up row gw with pair_act, else rows RW gw ..), units
+     * gw, gw + gridDim.x * W, ... (a persistent grid: x is quantized once per block) */
     const bool pair = a.pair_act != 0;
-    const int gw = blockIdx.x * W + warp;
     const int s1 = a.rows[0], s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0), total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
+    const int units = pair ? a.rows[0] : (total + RW - 1) / RW, gstride = gridDim.x * W;
+    int gw = blockIdx.x * W + warp;
     const uint8_t *wr[RW];
     const uint8_t *scr[RW], *bir[RW];
     bool ok[RW];
     int job[RW], lrow[RW];
+    auto setup = [&](int u) {
 #pragma unroll
-    for (int r = 0; r < RW; r++) {
-        if (pair) {
-            job[r] = r, lrow[r] = gw;
-            ok[r] = gw < a.rows[0];
-        } else {
-            const int x = gw * RW + r;
-            const int j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
-            job[r] = j, lrow[r] = x - (j == 0 ? 0 : j == 1 ? s1 : s2);
-            ok[r] = x < total;
+        for (int r = 0; r < RW; r++) {
+            if (pair) {
+                job[r] = r, lrow[r] = u;
+                ok[r] = u < a.rows[0];
+            } else {
+                const int x = u * RW + r;
+                const int j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
+                job[r] = j, lrow[r] = x - (j == 0 ? 0 : j == 1 ? s1 : s2);
+                ok[r] = x < total;
+            }
+            const size_t row = ok[r] ? (size_t)lrow[r] : 0;
+            wr[r] = (const uint8_t *)a.w[job[r]] + row * row_bytes;
+            scr[r] = (const uint8_t *)a.scales[job[r]] + row * srow;
+            bir[r] = (const uint8_t *)a.biases[job[r]] + row * srow;
         }
-        const size_t row = ok[r] ? (size_t)lrow[r] : 0;
-        wr[r] = (const uint8_t *)a.w[job[r]] + row * row_bytes;
-        scr[r] = (const uint8_t *)a.scales[job[r]] + row * srow;
-        bir[r] = (const uint8_t *)a.biases[job[r]] + row * srow;
-    }
+    };
     uint4 w[RW][U];
     mlx_sb<ST> sb[RW][U];
     auto load = [&](int i0) {
@@ -556,6 +567,7 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
             }
         }
     };
+    setup(gw);
     load(0);
     griddep_wait();
 
@@ -582,16 +594,16 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
                 t.x *= n4.x, t.y *= n4.y, t.z *= n4.z, t.w *= n4.w;
             }
             float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
-            float sum = (t.x + t.y) + (t.z + t.w);
-            for (int o = 1; o < gl; o <<= 1) {
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            }
+            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
+            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
+            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
+            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
             if (k >= K)
                 continue;
-            const float inv = amax > 0.f ? 127.f / amax : 0.f;
-            const uint32_t q0 = (uint32_t)__float2int_rn(t.x * inv) & 0xffu, q1 = (uint32_t)__float2int_rn(t.y * inv) & 0xffu;
-            const uint32_t q2 = (uint32_t)__float2int_rn(t.z * inv) & 0xffu, q3 = (uint32_t)__float2int_rn(t.w * inv) & 0xffu;
+            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
+                           q3 = (uint32_t)i3 & 0xffu;
             if (BITS == 8) {
                 *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
             } else { /* elements e0 .. e0 + 3 of a word of codes (e0 0 or 4): even ones to the low
@@ -601,8 +613,8 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
                 *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
                 *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
             }
-            if ((k & (gs - 1)) == 0)
-                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), sum);
+            if ((k & (gs - 1)) == 0) /* each of the group's gs / EPC chunks adds b * its share of the sum */
+                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
         }
     }
     if (a.norm) {
@@ -619,59 +631,69 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
         rs = 1.0f / sqrtf(t / (float)K + a.eps);
     }
 
-    /* 2. the products */
-    float acc[RW];
+    /* 2. the products, unit after unit; the next unit's first loads before this one's sums */
+    for (; gw < units; gw += gstride) {
+        float acc[RW];
 #pragma unroll
-    for (int r = 0; r < RW; r++) acc[r] = 0.f;
-    for (int i0 = 0; i0 * 32 < nch; i0 += U) {
+        for (int r = 0; r < RW; r++) acc[r] = 0.f;
+        for (int i0 = 0; i0 * 32 < nch; i0 += U) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = (i0 + u) * 32 + lane;
-            if (c >= nch)
-                break;
-            const float2 g2 = xg[(c * EPC) >> gsh];
-            const uint4 xa = *(const uint4 *)(xq + (size_t)c * 16);
-            uint4 xb = make_uint4(0, 0, 0, 0);
-            if (BITS == 4)
-                xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
+            for (int u = 0; u < U; u++) {
+                const int c = (i0 + u) * 32 + lane;
+                if (c >= nch)
+                    break;
+                const float2 g2 = xg[(c * EPC) >> gsh];
+                const uint4 xa = *(const uint4 *)(xq + (size_t)c * 16);
+                uint4 xb = make_uint4(0, 0, 0, 0);
+                if (BITS == 4)
+                    xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
 #pragma unroll
-            for (int r = 0; r < RW; r++) {
-                const uint4 q = w[r][u];
-                int s = 0;
-                if (BITS == 4) {
-                    const uint32_t m = 0x0f0f0f0fu;
-                    s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
-                    s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
-                    s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
-                    s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
-                } else {
-                    s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
-                    s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
+                for (int r = 0; r < RW; r++) {
+                    const uint4 q = w[r][u];
+                    int s = 0;
+                    if (BITS == 4) {
+                        const uint32_t m = 0x0f0f0f0fu;
+                        s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
+                        s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
+                        s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
+                        s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
+                    } else {
+                        s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
+                        s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
+                    }
+                    /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
+                    acc[r] = fmaf(sb[r][u].s(), g2.x * (float)s, fmaf(sb[r][u].b(), g2.y, acc[r]));
                 }
-                acc[r] = fmaf(sb[r][u].s(), g2.x * (float)s, fmaf(sb[r][u].b(), g2.y, acc[r]));
             }
+            if ((i0 + U) * 32 < nch)
+                load(i0 + U);
         }
-        if ((i0 + U) * 32 < nch)
-            load(i0 + U);
-    }
-
-    /* 3. the rows */
-    float v[RW];
+        /* 3. the rows */
+        int jb[RW], lr[RW];
+        bool okw[RW];
 #pragma unroll
-    for (int r = 0; r < RW; r++) {
-        v[r] = warp_sum(acc[r]) * rs;
-        if (ok[r] && a.bias[job[r]])
-            v[r] += a.bias[job[r]][lrow[r]];
-    }
-    if (lane == 0) {
+        for (int r = 0; r < RW; r++) jb[r] = job[r], lr[r] = lrow[r], okw[r] = ok[r];
+        if (gw + gstride < units) {
+            setup(gw + gstride);
+            load(0);
+        }
+        float v[RW];
 #pragma unroll
-        for (int r = 0; r < RW; r++)
-            if (ok[r]) {
-                float *y = a.y[job[r]] + (size_t)a.y_row0 * a.ldy[job[r]] + lrow[r];
-                *y = a.acc[job[r]] ? *y + v[r] : v[r];
-            }
-        if (pair && ok[0])
-            a.h[lrow[0]] = act_f(a.pair_act, v[0]) * v[1];
+        for (int r = 0; r < RW; r++) {
+            v[r] = warp_sum(acc[r]) * rs;
+            if (okw[r] && a.bias[jb[r]])
+                v[r] += a.bias[jb[r]][lr[r]];
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+                if (okw[r]) {
+                    float *y = a.y[jb[r]] + (size_t)a.y_row0 * a.ldy[jb[r]] + lr[r];
+                    *y = a.acc[jb[r]] ? *y + v[r] : v[r];
+                }
+            if (pair && okw[0])
+                a.h[lr[0]] = act_f(a.pair_act, v[0]) * v[1];
+        }
     }
 }
 
@@ -1825,7 +1847,15 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
                     (uintptr_t)a->x % 16 == 0 && a->ldx % 4 == 0 && (uintptr_t)a->norm % 16 == 0;
     if (q8) {
         const int wr = MLXQ_TH / 32; /* warps a block */
-        dim3 qgrid(a->pair_act ? (a->rows[0] + wr - 1) / wr : (total + wr * MLXQ_RW - 1) / (wr * MLXQ_RW));
+        static int sms;
+        if (!sms) {
+            int dev = 0;
+            if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1)
+                sms = 132;
+        }
+        const int units = a->pair_act ? a->rows[0] : (total + MLXQ_RW - 1) / MLXQ_RW;
+        /* a persistent grid: MLXQ_BLOCKS per multiprocessor at most */
+        dim3 qgrid((unsigned)std::min((units + wr - 1) / wr, MLXQ_BLOCKS * sms));
 #define LMS_CU_MLXQ(B, S)                                                                                              \
         if (bits == B && stype == S) {                                                                                 \
             int rc = launch(gemv_mlxq_kernel<B, S>, qgrid, dim3(MLXQ_TH), qsm, stream, *a);                           \
