@@ -260,7 +260,7 @@ static void pair_close(pair *p)
 /* ---- comparing ------------------------------------------------------------------------------------ */
 
 /* One-row MLX products' tolerance (mm_tol) and the largest error they showed. */
-#define MLXQ_TOL 1e-2
+#define MLXQ_TOL 2e-2
 static double g_mlxq_max; /* the largest error seen on one-row MLX products */
 
 static double rel_err(const float *a, const float *ref, size_t n, size_t *bad_at)
@@ -299,8 +299,9 @@ static void check(const char *what, const shape *s, uint32_t nb, uint32_t pos0, 
  * on the GEMV path, and for split 16-bit inputs (up to 64 rows); longer
  * steps round the activations to the weights' 16-bit type. One-row MLX
  * products round the activations to int8 per group (dp4a on the codes): about
- * 0.4% of a typical output element, so 1e-2 of the largest (a wrong code,
- * scale, group or layout gives errors of order 1). */
+ * 0.4% of a typical output element, up to 1.3e-2 of the largest over a
+ * vocabulary's logits (seen on an H200), so 2e-2 (a wrong code, scale, group
+ * or layout gave errors of 0.1 to 1e3). */
 static double mm_tol(const shape *s, uint32_t nb)
 {
     if (s->wdt == LMS_DTYPE_MLX_AFFINE && nb == 1)
