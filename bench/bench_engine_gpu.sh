@@ -173,15 +173,21 @@ decode8b() {
     step_profile llama8b 170
 }
 
-gemma12bdec() {
+# The gemma-3-12b-shaped bf16 model in the store as gemma12b (the 8B model's
+# files are removed first for disk space).
+make12b() {
     local g=$W/gemma3-12b-shape
-    say "gemma-3-12b-shaped model, decode"
+    say "gemma-3-12b-shaped model"
     rm -rf "$HF" "$ST"
     [ -f "$g/config.json" ] || timeout 500 $PY tests/gen_model.py "$g" --arch gemma3 --hidden 3840 --intermediate 15360 \
         --layers 48 --heads 16 --kv-heads 8 --head-dim 256 --vocab 262144 --tied --window 1024 --max-pos 8192 \
         --shard-size 4G --pooled 2>&1 | tail -1 | tee -a "$LOG"
     timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
     rm -rf "$g"
+}
+
+gemma12bdec() {
+    make12b
     timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 --json 2>>"$LOG" | jl
     LMSTORE_CUDA_PDL=1 timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 \
         --json 2>>"$LOG" | sed 's/^{/{"variant": "PDL", /' | jl
@@ -204,14 +210,7 @@ mlx8b() {
 }
 
 gemma12b() {
-    local g=$W/gemma3-12b-shape
-    say "gemma-3-12b-shaped model"
-    rm -rf "$HF" "$ST"
-    [ -f "$g/config.json" ] || timeout 500 $PY tests/gen_model.py "$g" --arch gemma3 --hidden 3840 --intermediate 15360 \
-        --layers 48 --heads 16 --kv-heads 8 --head-dim 256 --vocab 262144 --tied --window 1024 --max-pos 8192 \
-        --shard-size 4G --pooled 2>&1 | tail -1 | tee -a "$LOG"
-    timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
-    rm -rf "$g"
+    make12b
     for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 3"; do
         timeout 300 "$LMS" bench engine gemma12b --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
     done
