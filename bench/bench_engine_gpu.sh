@@ -34,6 +34,13 @@
 #                    transformers as a whole process
 #   profile          per-kernel times and DRAM traffic (Nsight Compute) of
 #                    decode steps and of a 2048-token prefill
+#   decode8b         decode only (128 tokens of context) of llama8b and its
+#                    MLX 4- and 8-bit quantizations (made if missing), then
+#                    per-kernel times of one decode step of llama8b and of
+#                    llama8b-mlx4 (Nsight Compute)
+#   gemma12bdec      the gemma-3-12b-shaped model as in gemma12b, decode at
+#                    128 tokens of context only, then per-kernel times of one
+#                    decode step
 #
 # Every measurement is one JSON line in $OUT/results.jsonl; logs in $OUT.
 # Usage, from the repository root, with a CUDA build's binaries in $LMS_BIN_DIR
@@ -148,6 +155,66 @@ batch8b() {
         --kv-dtype f32 --check --json 2>>"$LOG" | jl
 }
 
+# Per-kernel times of one decode step of model $1 (a 1-token prompt: every
+# launch is a one-row step; graphs off so that each kernel is seen), the first
+# $2 launches.
+step_profile() {
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { echo "no ncu" | tee -a "$LOG"; return; }
+    say "ncu: one decode step of $1"
+    LMSTORE_CUDA_GRAPH=0 timeout 200 "$ncu" --clock-control none --csv --page raw -c "$2" \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum "$LMS" run "$1" --store "$ST" \
+        --device cuda --prompt-ids 1 --max-tokens 2 --ignore-eos >"$OUT/ncu_step_$1.csv" 2>>"$LOG"
+    $PY bench/ncu_summary.py "$OUT/ncu_step_$1.csv" | tee -a "$LOG"
+}
+
+decode8b() {
+    say "decode of llama8b, bf16 and MLX 4/8-bit"
+    $PY bench/bench_engine_hf.py hbm 16 | jl
+    local t
+    for ty in mlx4 mlx8; do
+        "$LMS" info llama8b-$ty --store "$ST" >/dev/null 2>&1 && continue
+        t=$(date +%s%N)
+        timeout 400 "$LMS" quantize llama8b llama8b-$ty --type $ty --store "$ST" 2>&1 | tail -1 | tee -a "$LOG"
+        echo "{\"what\": \"quantize\", \"type\": \"$ty\", \"s\": $(( ($(date +%s%N) - t) / 1000000 )).0e-3}" | jl
+    done
+    for m in llama8b-mlx4 llama8b-mlx8 llama8b; do
+        timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 --json 2>>"$LOG" | jl
+        LMSTORE_CUDA_PDL=1 timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 \
+            --json 2>>"$LOG" | sed 's/^{/{"variant": "PDL", /' | jl
+    done
+    for m in llama8b-mlx4 llama8b-mlx8; do
+        LMSTORE_CUDA_MLX_EXACT=1 timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 \
+            --json 2>>"$LOG" | sed 's/^{/{"variant": "f32 activations", /' | jl
+    done
+    step_profile llama8b-mlx4 170
+    step_profile llama8b 170
+}
+
+# The gemma-3-12b-shaped bf16 model in the store as gemma12b (the 8B model's
+# files are removed first for disk space).
+make12b() {
+    local g=$W/gemma3-12b-shape
+    say "gemma-3-12b-shaped model"
+    rm -rf "$HF" "$ST"
+    [ -f "$g/config.json" ] || timeout 500 $PY tests/gen_model.py "$g" --arch gemma3 --hidden 3840 --intermediate 15360 \
+        --layers 48 --heads 16 --kv-heads 8 --head-dim 256 --vocab 262144 --tied --window 1024 --max-pos 8192 \
+        --shard-size 4G --pooled 2>&1 | tail -1 | tee -a "$LOG"
+    timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
+    rm -rf "$g"
+}
+
+gemma12bdec() {
+    make12b
+    timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 --json 2>>"$LOG" | jl
+    LMSTORE_CUDA_PDL=1 timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 \
+        --json 2>>"$LOG" | sed 's/^{/{"variant": "PDL", /' | jl
+    LMSTORE_CUDA_FUSE_ROPE=0 timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 \
+        --json 2>>"$LOG" | sed 's/^{/{"variant": "RoPE not fused", /' | jl
+    step_profile gemma12b 250
+}
+
 mlx8b() {
     say "llama8b as MLX 4-bit and 8-bit"
     local t
@@ -162,14 +229,7 @@ mlx8b() {
 }
 
 gemma12b() {
-    local g=$W/gemma3-12b-shape
-    say "gemma-3-12b-shaped model"
-    rm -rf "$HF" "$ST"
-    [ -f "$g/config.json" ] || timeout 500 $PY tests/gen_model.py "$g" --arch gemma3 --hidden 3840 --intermediate 15360 \
-        --layers 48 --heads 16 --kv-heads 8 --head-dim 256 --vocab 262144 --tied --window 1024 --max-pos 8192 \
-        --shard-size 4G --pooled 2>&1 | tail -1 | tee -a "$LOG"
-    timeout 400 "$LMS" import "$g" --store "$ST" --name gemma12b 2>&1 | tail -1 | tee -a "$LOG"
-    rm -rf "$g"
+    make12b
     for args in "--prompt 128 --gen 128" "--prompt 128 --ctx 4096 --gen 128" "--prompt 2048 --gen 16 --reps 3"; do
         timeout 300 "$LMS" bench engine gemma12b --store "$ST" --device cuda $args --json 2>>"$LOG" | jl
     done
@@ -200,6 +260,8 @@ while [ $# -gt 0 ]; do
     profile) profile ;;
     mlx8b) mlx8b ;;
     gemma12b) gemma12b ;;
+    decode8b) decode8b ;;
+    gemma12bdec) gemma12bdec ;;
     coldstart) coldstart ;;
     *) echo "unknown phase $1" >&2; exit 2 ;;
     esac

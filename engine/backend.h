@@ -165,6 +165,9 @@ typedef struct lms__fwd_ops {
     void (*attention)(lms__bk *bk, uint32_t layer, uint32_t window, float scale, float softcap);
     /* y[b] += RMSNorm(x[b]) * w (widths n_embd). */
     void (*norm_add)(lms__bk *bk, lms__buf y, lms__buf x, const float *w);
+    /* (optional) matmul(job) then norm_add(y, job->y, w): one job without acc whose
+     * output (width n_embd) a post-norm adds to the residual y (Gemma 3). */
+    void (*matmul_norm_add)(lms__bk *bk, const lms__mm *job, lms__buf y, const float *w);
     /* Logits of rows [row0, row0 + n) of the step: job's W . RMSNorm(x) (the job names
      * W, x and norm; y is ignored), capped to softcap * tanh(l / softcap) when
      * softcap > 0, written to host_out (n x rows of W, f32): at once for

@@ -117,6 +117,22 @@ double lms__fwd_membw(lms__fwd *f, size_t bytes) { return f->ops->membw ? f->ops
 
 /* ---- one layer ------------------------------------------------------------------------------ */
 
+/* The attention's or the MLP's output product into the residual X: added in the
+ * product's epilogue, or with post-norms into T and then normalized into X (one
+ * operation where the backend fuses them). */
+static void product_out(lms__fwd *f, const lms__mm *job, const float *post_norm)
+{
+    const lms__fwd_ops *o = f->ops;
+    if (!f->hp->post_norms)
+        o->matmul(f->bk, job, 1);
+    else if (o->matmul_norm_add)
+        o->matmul_norm_add(f->bk, job, LMS__B_X, post_norm);
+    else {
+        o->matmul(f->bk, job, 1);
+        o->norm_add(f->bk, LMS__B_X, LMS__B_T, post_norm);
+    }
+}
+
 static void layer(lms__fwd *f, uint32_t l)
 {
     const lms__fwd_ops *o = f->ops;
@@ -137,9 +153,7 @@ static void layer(lms__fwd *f, uint32_t l)
     o->qk_rope(b, l, L->q_norm, L->k_norm, local ? LMS__ROPE_LOCAL : LMS__ROPE_GLOBAL);
     o->attention(b, l, local ? hp->window : 0, hp->attn_scale, hp->attn_softcap);
     lms__mm wo = {&L->wo, LMS__B_ATT, NULL, LMS__ACT_NONE, 0, out, L->bo, !hp->post_norms};
-    o->matmul(b, &wo, 1);
-    if (hp->post_norms)
-        o->norm_add(b, LMS__B_X, LMS__B_T, L->post_attn_norm);
+    product_out(f, &wo, L->post_attn_norm);
 
     lms__mm gu[2] = {
         {&L->w_gate, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_G, NULL, false},
@@ -147,9 +161,7 @@ static void layer(lms__fwd *f, uint32_t l)
     };
     o->matmul(b, gu, 2);
     lms__mm down = {&L->w_down, LMS__B_G, NULL, hp->act, LMS__B_U, out, NULL, !hp->post_norms};
-    o->matmul(b, &down, 1);
-    if (hp->post_norms)
-        o->norm_add(b, LMS__B_X, LMS__B_T, L->post_ffn_norm);
+    product_out(f, &down, L->post_ffn_norm);
 }
 
 /* ---- a block ---------------------------------------------------------------------------------- */

@@ -16,7 +16,8 @@
  * CUDA graph per kind of output and replayed afterwards: kernels read the
  * token, the position and the block table from device memory that begin()
  * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
- * turns graphs off, LMSTORE_CUDA_PDL=0 programmatic dependent launch.
+ * turns graphs off, LMSTORE_CUDA_PDL=0 programmatic dependent launch,
+ * LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products.
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -87,6 +88,7 @@ struct lms__bk {
         int rope;
     } rope;
     bool no_fuse;       /* LMSTORE_CUDA_FUSE_ROPE=0 */
+    bool mlx_exact;     /* LMSTORE_CUDA_MLX_EXACT=1: one-row MLX products on f32 activations */
     float *dvec;        /* mirror of w->vec_store */
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
@@ -95,6 +97,7 @@ struct lms__bk {
     float *hlogits;     /* pinned [logit_rows][V] */
     int32_t *did, *hid; /* argmax */
     void *amax_scratch;
+    float *nadd_ws;     /* a GEMV's post-norm sums and ticket (kernels.h), zero between launches */
     float *part;        /* split-attention partials */
     int *counters;      /* [B][n_kv] */
     int splits, chunk;
@@ -212,6 +215,7 @@ static void cuda_destroy(lms__bk *b)
     cudaFree(b->dlogits);
     cudaFree(b->did);
     cudaFree(b->amax_scratch);
+    cudaFree(b->nadd_ws);
     cudaFree(b->part);
     cudaFree(b->counters);
     cudaFree(b->blas_ws);
@@ -275,6 +279,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
                (hp->head_dim == 64 || hp->head_dim == 128 || hp->head_dim == 256);
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
+    b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
     lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
     if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||
         (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) || (e = lms_cu_kernels_init())) {
@@ -321,6 +326,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     ALLOC(b->did, 4);
     ALLOC(b->amax_scratch, LMS_CU_ARGMAX_SCRATCH);
     cudaMemset(b->amax_scratch, 0, LMS_CU_ARGMAX_SCRATCH);
+    ALLOC(b->nadd_ws, 16 * 4);
+    cudaMemset(b->nadd_ws, 0, 16 * 4);
     ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits * G * (hd + 4) * 4);
     ALLOC(b->counters, B * hp->n_kv_heads * 4);
     ALLOC(b->blas_ws, BLAS_WS);
@@ -559,9 +566,11 @@ static void mm_mlx(lms__bk *b, const lms__wt *w, int cols, float beta, float *c,
     }
 }
 
-/* One matrix product group on rows [row0, row0 + n) (n == 0: the step's rows). */
-static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, uint32_t n, float *y_override,
-                   int ldy_override)
+/* One matrix product group on rows [row0, row0 + n) (n == 0: the step's rows). With
+ * nadd_y (one job), the GEMV path also adds RMSNorm(its output) * nadd_w to nadd_y
+ * and returns true; false: the caller does that. */
+static bool mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, uint32_t n, float *y_override,
+                   int ldy_override, float *nadd_y, const float *nadd_w)
 {
     const lms__mm *j0 = &jobs[0];
     uint32_t K = j0->w->cols, nb = n ? n : b->st->nb;
@@ -616,15 +625,22 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         a.nb_fixed = n ? (int)n : 0;
         a.row0 = 0;
         a.y_row0 = y_override ? 0 : (int)row0;
+        if (nadd_y) {
+            assert(n_jobs == 1 && !jobs[0].acc && !y_override && row0 == 0 && !pair);
+            a.nadd_y = nadd_y;
+            a.nadd_w = nadd_w;
+            a.nadd_ws = b->nadd_ws;
+        }
         if (q0) {
             a.group = (int)q0->group;
+            a.exact = b->mlx_exact;
             CU_TRY(b, lms_cu_gemv_mlx_launch(&a, (int)q0->bits, cu_type(q0->sdt), b->stream), "matrix-vector product");
         } else {
             CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
         }
         b->h_valid = pair;
         b->h_act = a.pair_act;
-        return;
+        return true;
     }
     b->h_valid = false;
     /* GEMM: the input transformed once into the weights' type, then cuBLAS per job.
@@ -663,6 +679,7 @@ static void mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
             CU_TRY(b, lms_cu_bias_launch(y, ldy, dv(b, j->bias), (int)j->w->rows, b->dstep, (int)nb, b->stream),
                    "bias");
     }
+    return false;
 }
 
 static void cuda_matmul(lms__bk *b, const lms__mm *jobs, int n)
@@ -670,7 +687,7 @@ static void cuda_matmul(lms__bk *b, const lms__mm *jobs, int n)
     flush_rope(b);
     assert(n >= 1 && n <= LMS_CU_GEMV_JOBS);
     for (int i = 1; i < n; i++) assert(jobs[i].x == jobs[0].x && jobs[i].norm == jobs[0].norm && jobs[i].act == jobs[0].act);
-    mm_run(b, jobs, n, 0, 0, NULL, 0);
+    mm_run(b, jobs, n, 0, 0, NULL, 0, NULL, NULL);
 }
 
 /* The geometry of layer's group and the layer's index within it; in a step of
@@ -809,6 +826,16 @@ static void cuda_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
            "norm add");
 }
 
+/* Decode steps: the post-norm in the product's last block (kernels.h: nadd_y); prefill:
+ * the GEMM, then norm_add. */
+static void cuda_matmul_norm_add(lms__bk *b, const lms__mm *job, lms__buf y, const float *w)
+{
+    flush_rope(b);
+    assert(!job->acc && b->width[job->y] == b->hp->n_embd && b->width[y] == b->hp->n_embd);
+    if (!mm_run(b, job, 1, 0, 0, NULL, 0, b->buf[y], dv(b, w)))
+        cuda_norm_add(b, y, job->y, w);
+}
+
 static void cuda_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, float softcap, float *host_out)
 {
     flush_rope(b);
@@ -819,7 +846,7 @@ static void cuda_head(lms__bk *b, const lms__mm *j, uint32_t row0, uint32_t n, f
     assert(n >= 1 && row0 + n <= b->st->nb && (now || n <= b->logit_rows));
     for (uint32_t r = 0; r < n && !b->err; r += b->logit_rows) {
         uint32_t cn = LMS_MIN(b->logit_rows, n - r);
-        mm_run(b, j, 1, row0 + r, cn, b->dlogits, (int)V);
+        mm_run(b, j, 1, row0 + r, cn, b->dlogits, (int)V, NULL, NULL);
         if (softcap > 0)
             CU_TRY(b, lms_cu_softcap_launch(b->dlogits, (size_t)cn * V, softcap, b->stream), "softcap");
         CU_TRY(b, cudaMemcpyAsync(b->hlogits, b->dlogits, (size_t)cn * V * 4, cudaMemcpyDeviceToHost, b->stream),
@@ -851,7 +878,7 @@ static void cuda_head_argmax(lms__bk *b, const lms__mm *j, float softcap, int32_
     flush_rope(b);
     size_t V = j->w->rows;
     (void)id; /* delivered by end() into step.argmax */
-    mm_run(b, j, 1, b->st->nb - 1, 1, b->dlogits, (int)V);
+    mm_run(b, j, 1, b->st->nb - 1, 1, b->dlogits, (int)V, NULL, NULL);
     if (softcap > 0)
         CU_TRY(b, lms_cu_softcap_launch(b->dlogits, V, softcap, b->stream), "softcap");
     CU_TRY(b, lms_cu_argmax_launch(b->dlogits, (int)V, b->did, b->amax_scratch, b->stream), "argmax");
@@ -919,6 +946,7 @@ const lms__fwd_ops lms__fwd_cuda_ops = {
     .qk_rope = cuda_qk_rope,
     .attention = cuda_attention,
     .norm_add = cuda_norm_add,
+    .matmul_norm_add = cuda_matmul_norm_add,
     .head = cuda_head,
     .head_argmax = cuda_head_argmax,
     .gather = cuda_gather,

@@ -30,6 +30,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
+
 #include "engine/cuda/kernels.h"
 
 namespace {
@@ -227,9 +229,77 @@ __device__ __forceinline__ void gemv_load(uint4 (&w)[GEMV_R][GEMV_U], const uint
 }
 
 /*
+ * With a.nadd_y, after a GEMV's rows are written: y2[b] += RMSNorm(y[b]) *
+ * nadd_w, y = job 0's output (all rows[0] of it), y2 = nadd_y, both of width
+ * rows[0]. Every block adds the squares of the rows it wrote (sq, thread r *
+ * NB + b of warp 0, 0 elsewhere) to nadd_ws[b] and takes a ticket; the block
+ * that finishes last reads them, adds the normalized rows and resets
+ * nadd_ws for the next launch (stream order: no launch overlaps it). A
+ * post-norm (Gemma 3) costs no launch of its own.
+ */
+template <int NB>
+__device__ __forceinline__ void gemv_norm_add(const lms_cu_gemv &a, int nb, float sq)
+{
+    __shared__ bool last;
+    const int tid = threadIdx.x;
+    unsigned *ticket = (unsigned *)(a.nadd_ws + 8);
+    if (tid < 32) {
+#pragma unroll
+        for (int o = NB; o < 32; o <<= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (tid < NB && tid < nb)
+            atomicAdd(a.nadd_ws + tid, sq);
+    }
+    __threadfence(); /* this block's rows and sums before its ticket */
+    __syncthreads();
+    if (tid == 0)
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int n = a.rows[0], th = blockDim.x;
+    for (int b = 0; b < nb; b++) {
+        const float r = 1.0f / sqrtf(__ldcg(a.nadd_ws + b) / (float)n + a.eps);
+        const float *t = a.y[0] + (size_t)(a.y_row0 + b) * a.ldy[0];
+        float *y = a.nadd_y + (size_t)b * n;
+        if (n % 4 == 0 && ((uintptr_t)t | (uintptr_t)y | (uintptr_t)a.nadd_w) % 16 == 0) {
+            /* 16-byte accesses, every load of a round issued before its first use: this block
+             * runs alone after all the others, so its latency is the launch's */
+            const int n4 = n / 4;
+            for (int i = tid; i < n4; i += 4 * th) {
+                float4 tv[4], yv[4], wv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (i + u * th < n4) {
+                        tv[u] = __ldcg((const float4 *)t + i + u * th);
+                        yv[u] = __ldcg((const float4 *)y + i + u * th);
+                        wv[u] = __ldg((const float4 *)a.nadd_w + i + u * th);
+                    }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (i + u * th < n4) {
+                        float4 o = yv[u];
+                        o.x += wv[u].x * (tv[u].x * r), o.y += wv[u].y * (tv[u].y * r);
+                        o.z += wv[u].z * (tv[u].z * r), o.w += wv[u].w * (tv[u].w * r);
+                        ((float4 *)y)[i + u * th] = o;
+                    }
+            }
+        } else {
+            for (int i = tid; i < n; i += th) y[i] += a.nadd_w[i] * (__ldcg(t + i) * r);
+        }
+    }
+    __syncthreads(); /* every read of the sums done */
+    if (tid < NB)
+        a.nadd_ws[tid] = 0.f;
+    if (tid == 0)
+        *ticket = 0u;
+}
+
+/*
  * The end of a GEMV block: partial sums (and sums of x^2 with a norm)
  * reduced over the block, then thread (r, b) writes row r of token b:
- * the RMS scale, bias, residual add, and with pair_act act(gate) * up.
+ * the RMS scale, bias, residual add, and with pair_act act(gate) * up;
+ * with nadd_y, the post-norm (gemv_norm_add).
  * red: WARPS x (GEMV_R*NB + NB) floats of shared memory (WARPS: the block's warps).
  */
 template <int NB, int WARPS = GEMV_WARPS>
@@ -253,38 +323,42 @@ __device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_row
         }
     }
     __syncthreads();
-    if (tid >= GEMV_R * NB)
-        return;
-    const int r = tid / NB, b = tid % NB;
-    const bool live = NB == 1 || b < nb;
-    float v = 0.f, sq = 0.f;
+    float t2 = 0.f; /* with nadd_y: the square of the row this thread wrote */
+    if (tid < GEMV_R * NB) {
+        const int r = tid / NB, b = tid % NB;
+        const bool live = NB == 1 || b < nb;
+        float v = 0.f, sq = 0.f;
 #pragma unroll
-    for (int i = 0; i < WARPS; i++) {
-        v += red[i][r * NB + b];
+        for (int i = 0; i < WARPS; i++) {
+            v += red[i][r * NB + b];
+            if (a.norm)
+                sq += red[i][GEMV_R * NB + b];
+        }
         if (a.norm)
-            sq += red[i][GEMV_R * NB + b];
-    }
-    if (a.norm)
-        v *= 1.0f / sqrtf(sq / (float)a.K + a.eps);
-    int j, lr;
-    const bool okr = gr.at(a, g, r, &j, &lr);
-    if (okr) {
-        v += a.bias[j] ? a.bias[j][lr] : 0.f;
-        if (live) {
-            float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
-            *y = a.acc[j] ? *y + v : v;
+            v *= 1.0f / sqrtf(sq / (float)a.K + a.eps);
+        int j, lr;
+        const bool okr = gr.at(a, g, r, &j, &lr);
+        if (okr) {
+            v += a.bias[j] ? a.bias[j][lr] : 0.f;
+            if (live) {
+                float *y = a.y[j] + (size_t)(a.y_row0 + b) * a.ldy[j] + lr;
+                *y = a.acc[j] ? *y + v : v;
+                t2 = v * v;
+            }
+        }
+        if (gr.pair) {
+            /* gate rows are r = 0, 1 and up rows r = 2, 3: exchanged through red[0] (each thread
+             * writes only the slot it alone read) */
+            const unsigned mask = 0xffffffffu >> (32 - GEMV_R * NB);
+            __syncwarp(mask);
+            red[0][tid] = v;
+            __syncwarp(mask);
+            if (r < 2 && okr && live)
+                a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, v) * red[0][(r + 2) * NB + b];
         }
     }
-    if (gr.pair) {
-        /* gate rows are r = 0, 1 and up rows r = 2, 3: exchanged through red[0] (each thread
-         * writes only the slot it alone read) */
-        const unsigned mask = 0xffffffffu >> (32 - GEMV_R * NB);
-        __syncwarp(mask);
-        red[0][tid] = v;
-        __syncwarp(mask);
-        if (r < 2 && okr && live)
-            a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, v) * red[0][(r + 2) * NB + b];
-    }
+    if (a.nadd_y)
+        gemv_norm_add<NB>(a, nb, t2);
 }
 
 /* Code k (of BITS bits) of word wd as the float 1 + q / 2^BITS: the code moved
@@ -389,6 +463,262 @@ __global__ void __launch_bounds__(TH, NB == 1 ? 768 / TH : 1) gemv_mlx_kernel(co
             gemv_load<TH>(w, wr, ok, c0 + GEMV_U * TH, nch);
     }
     gemv_finish<NB, TH / 32>(a, gr, g, nb, acc, ss, red);
+}
+
+/* ---- MLX affine GEMV on int8 activations (one row of x: decode) -------------------------- */
+
+/* a . b over 4 bytes, a's bytes unsigned (codes), b's signed (quantized x), plus c */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* A row's scale and bias of one group: 16-bit types packed in one register (scale low). */
+template <int ST> struct mlx_sb {
+    uint32_t v;
+    __device__ __forceinline__ void load(const uint8_t *sc, const uint8_t *bi, int grp)
+    {
+        v = (uint32_t)__ldg((const unsigned short *)sc + grp) | (uint32_t)__ldg((const unsigned short *)bi + grp) << 16;
+    }
+    __device__ __forceinline__ void zero() { v = 0; }
+    __device__ __forceinline__ float s() const { return ST == LMS_CU_BF16 ? bf16_lo(v) : f16_lo(v); }
+    __device__ __forceinline__ float b() const { return ST == LMS_CU_BF16 ? bf16_hi(v) : f16_hi(v); }
+};
+template <> struct mlx_sb<LMS_CU_F32> {
+    float sv, bv;
+    __device__ __forceinline__ void load(const uint8_t *sc, const uint8_t *bi, int grp)
+    {
+        sv = __ldg((const float *)sc + grp), bv = __ldg((const float *)bi + grp);
+    }
+    __device__ __forceinline__ void zero() { sv = bv = 0.f; }
+    __device__ __forceinline__ float s() const { return sv; }
+    __device__ __forceinline__ float b() const { return bv; }
+};
+
+#define MLXQ_TH 256 /* threads a block */
+#define MLXQ_RW 2   /* rows of a warp */
+#define MLXQ_U 4    /* 16-byte chunks of codes per row and lane in flight */
+#define MLXQ_BLOCKS 2 /* resident blocks per multiprocessor (registers) */
+#define MLXQ_XB 4   /* float4s of x per thread in flight while quantizing */
+
+/* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, then (scale, sum) per group. */
+__host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
+
+/*
+ * y = W . x for MLX affine W (codes of BITS bits, scales and biases of type
+ * ST) and one row of x, on products of integers:
+ *
+ *   1. The block quantizes in(x) (x, or x * norm with the RMS scale applied
+ *      at the end) to int8 per group of the weights' group size g (scale
+ *      dx_g = max |x| / 127) into shared memory, with dx_g times the group's
+ *      sum of the rounded values. 4-bit codes sit in a word as elements 0..7
+ *      at bits 4e, so the bytes of x are laid out in code order: for each
+ *      word of codes, the even elements' bytes, then the odd ones' (word &
+ *      0x0f0f0f0f and (word >> 4) & 0x0f0f0f0f meet them with one dp4a each).
+ *   2. A persistent grid (MLXQ_BLOCKS blocks per multiprocessor: x is
+ *      quantized once per block): each warp takes units of MLXQ_RW rows (gate
+ *      row r and up row r with pair_act), lane l the 16-byte chunks l, l + 32,
+ *      ... of each, MLXQ_U per row in flight; the next unit's first loads go
+ *      out before this unit's sums. Per chunk and row: sum q x_q by dp4a (8
+ *      for 32 4-bit codes, 4 for 16 8-bit ones), then s dx (that) + b dx
+ *      (the chunk's share of the group's sum of x_q).
+ *   3. Warp sums; lane 0 writes the row (RMS scale, bias, residual add) and
+ *      with pair_act act(gate) * up.
+ *
+ * The result is W times x rounded to int8 per group, in exact arithmetic
+ * but for f32 rounding (|x - x_q dx| <= dx / 2 per element: a few 1e-3 of a
+ * product's typical size). The first chunks' loads are issued before
+ * griddepcontrol.wait.
+ */
+template <int BITS, int ST>
+__global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
+{
+    constexpr int EPC = 128 / BITS, W = MLXQ_TH / 32, RW = MLXQ_RW, U = MLXQ_U;
+    extern __shared__ __align__(16) uint8_t mq_smem[];
+    __shared__ float red[W];
+    griddep_launch();
+    const int K = a.K, gs = a.group, gsh = __ffs(gs) - 1, nch = K / EPC, tid = threadIdx.x, lane = tid & 31,
+              warp = tid >> 5; /* gs: a power of two */
+    uint8_t *xq = mq_smem;                /* K bytes */
+    float2 *xg = (float2 *)(mq_smem + K); /* [K / gs]: dx, and dx * sum q * EPC / gs (a chunk's share) */
+    const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)(K / gs) * sizeof(typename elem<ST>::t);
+
+    /* the warp's rows: unit gw (gate and up row gw with pair_act, else rows RW gw ..), units
+     * gw, gw + gridDim.x * W, ... (a persistent grid: x is quantized once per block) */
+    const bool pair = a.pair_act != 0;
+    const int s1 = a.rows[0], s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0), total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
+    const int units = pair ? a.rows[0] : (total + RW - 1) / RW, gstride = gridDim.x * W;
+    int gw = blockIdx.x * W + warp;
+    const uint8_t *wr[RW];
+    const uint8_t *scr[RW], *bir[RW];
+    bool ok[RW];
+    int job[RW], lrow[RW];
+    auto setup = [&](int u) {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            if (pair) {
+                job[r] = r, lrow[r] = u;
+                ok[r] = u < a.rows[0];
+            } else {
+                const int x = u * RW + r;
+                const int j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
+                job[r] = j, lrow[r] = x - (j == 0 ? 0 : j == 1 ? s1 : s2);
+                ok[r] = x < total;
+            }
+            const size_t row = ok[r] ? (size_t)lrow[r] : 0;
+            wr[r] = (const uint8_t *)a.w[job[r]] + row * row_bytes;
+            scr[r] = (const uint8_t *)a.scales[job[r]] + row * srow;
+            bir[r] = (const uint8_t *)a.biases[job[r]] + row * srow;
+        }
+    };
+    uint4 w[RW][U];
+    mlx_sb<ST> sb[RW][U];
+    auto load = [&](int i0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = (i0 + u) * 32 + lane, grp = (c * EPC) >> gsh;
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                if (ok[r] && c < nch) {
+                    w[r][u] = ld_stream(wr[r] + (size_t)c * 16);
+                    sb[r][u].load(scr[r], bir[r], grp);
+                } else {
+                    w[r][u] = make_uint4(0, 0, 0, 0);
+                    sb[r][u].zero();
+                }
+            }
+        }
+    };
+    setup(gw);
+    load(0);
+    griddep_wait();
+
+    /* 1. quantize: thread t takes 4 elements at a time, gs / 4 consecutive threads a group */
+    const float *x = a.x + (size_t)a.row0 * a.ldx;
+    const int gl = gs / 4; /* lanes of a group: 8, 16 or 32 */
+    float ss = 0.f;
+    for (int base = 0; base < K; base += MLXQ_XB * 4 * MLXQ_TH) {
+        float4 v[MLXQ_XB];
+#pragma unroll
+        for (int i = 0; i < MLXQ_XB; i++) {
+            const int k = base + (i * MLXQ_TH + tid) * 4;
+            v[i] = k < K ? __ldg((const float4 *)(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < MLXQ_XB; i++) {
+            const int k = base + (i * MLXQ_TH + tid) * 4;
+            if (base + i * MLXQ_TH * 4 >= K) /* the same for the whole block: no thread waits at a shuffle alone */
+                break;
+            float4 t = v[i];
+            if (a.norm && k < K) {
+                const float4 n4 = __ldg((const float4 *)(a.norm + k));
+                ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
+                t.x *= n4.x, t.y *= n4.y, t.z *= n4.z, t.w *= n4.w;
+            }
+            float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
+            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
+            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
+            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
+            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+            if (k >= K)
+                continue;
+            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
+                           q3 = (uint32_t)i3 & 0xffu;
+            if (BITS == 8) {
+                *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
+            } else { /* elements e0 .. e0 + 3 of a word of codes (e0 0 or 4): even ones to the low
+                      * word's bytes e0 / 2, e0 / 2 + 1, odd ones to the high word's */
+                const int c = k >> 5, i8 = (k & 31) >> 3, e0 = k & 7;
+                uint8_t *p = xq + (i8 >> 1) * (K >> 1) + c * 16 + (i8 & 1) * 8 + (e0 >> 1);
+                *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
+                *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
+            }
+            if ((k & (gs - 1)) == 0) /* each of the group's gs / EPC chunks adds b * its share of the sum */
+                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
+        }
+    }
+    if (a.norm) {
+        ss = warp_sum(ss);
+        if (lane == 0)
+            red[warp] = ss;
+    }
+    __syncthreads();
+    float rs = 1.f;
+    if (a.norm) {
+        float t = 0.f;
+#pragma unroll
+        for (int i = 0; i < W; i++) t += red[i];
+        rs = 1.0f / sqrtf(t / (float)K + a.eps);
+    }
+
+    /* 2. the products, unit after unit; the next unit's first loads before this one's sums */
+    for (; gw < units; gw += gstride) {
+        float acc[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) acc[r] = 0.f;
+        for (int i0 = 0; i0 * 32 < nch; i0 += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = (i0 + u) * 32 + lane;
+                if (c >= nch)
+                    break;
+                const float2 g2 = xg[(c * EPC) >> gsh];
+                const uint4 xa = *(const uint4 *)(xq + (size_t)c * 16);
+                uint4 xb = make_uint4(0, 0, 0, 0);
+                if (BITS == 4)
+                    xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    const uint4 q = w[r][u];
+                    int s = 0;
+                    if (BITS == 4) {
+                        const uint32_t m = 0x0f0f0f0fu;
+                        s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
+                        s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
+                        s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
+                        s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
+                    } else {
+                        s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
+                        s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
+                    }
+                    /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
+                    acc[r] = fmaf(sb[r][u].s(), g2.x * (float)s, fmaf(sb[r][u].b(), g2.y, acc[r]));
+                }
+            }
+            if ((i0 + U) * 32 < nch)
+                load(i0 + U);
+        }
+        /* 3. the rows */
+        int jb[RW], lr[RW];
+        bool okw[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) jb[r] = job[r], lr[r] = lrow[r], okw[r] = ok[r];
+        if (gw + gstride < units) {
+            setup(gw + gstride);
+            load(0);
+        }
+        float v[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            v[r] = warp_sum(acc[r]) * rs;
+            if (okw[r] && a.bias[jb[r]])
+                v[r] += a.bias[jb[r]][lr[r]];
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+                if (okw[r]) {
+                    float *y = a.y[jb[r]] + (size_t)a.y_row0 * a.ldy[jb[r]] + lr[r];
+                    *y = a.acc[jb[r]] ? *y + v[r] : v[r];
+                }
+            if (pair && okw[0])
+                a.h[lr[0]] = act_f(a.pair_act, v[0]) * v[1];
+        }
+    }
 }
 
 /* hi[r][k] + lo[r][k] = s * q + b of rows [r0, r0 + n) of an MLX affine matrix:
@@ -600,6 +930,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_kernel(const lms_cu_
     }
 }
 
+int gemv_norm_add_launch(const lms_cu_gemv *a, void *stream);
+
 template <int T, int NB>
 int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
 {
@@ -612,7 +944,8 @@ int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
     int groups = a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R;
     if (vec)
         return launch(gemv_vec_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
-    return launch(gemv_scalar_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
+    int rc = launch(gemv_scalar_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
+    return rc ? rc : gemv_norm_add_launch(a, stream); /* the scalar kernel leaves the post-norm */
 }
 
 /* out[b] = RMSNorm(x[row0 + b]) * w (rows of n floats; b < nb, from step or n_rows). */
@@ -773,6 +1106,15 @@ __global__ void norm_add_kernel(float *y, const float *x, const float *w, int n,
     ss = block_sum(ss, red);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[(size_t)b * n + i] += w[i] * (xr[i] * r);
+}
+
+/* The post-norm of a GEMV whose kernel does not do it (a.nadd_y; nothing without). */
+int gemv_norm_add_launch(const lms_cu_gemv *a, void *stream)
+{
+    if (!a->nadd_y)
+        return 0;
+    return launch(norm_add_kernel, dim3(a->nb_max), dim3(256), 0, stream, a->nadd_y,
+                  (const float *)a->y[0] + (size_t)a->y_row0 * a->ldy[0], a->nadd_w, a->rows[0], a->eps, a->step);
 }
 
 __global__ void bias_kernel(float *y, int ldy, const float *bias, int rows, const int32_t *step)
@@ -1544,6 +1886,33 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
     constexpr int T4 = 128, T8 = 256;
     dim3 grid(a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R);
     bool one = a->nb_max == 1;
+    /* one row of x: products on int8 activations (gemv_mlxq_kernel), where x can be read as
+     * float4s and the group is a power of two from 32 to 128 */
+    const int g = a->group;
+    const size_t qsm = mlxq_smem(a->K, g > 0 ? g : 1);
+    const bool q8 = one && !a->exact && (g == 32 || g == 64 || g == 128) && a->K % g == 0 && qsm <= 48 * 1024 &&
+                    (uintptr_t)a->x % 16 == 0 && a->ldx % 4 == 0 && (uintptr_t)a->norm % 16 == 0;
+    if (q8) {
+        const int wr = MLXQ_TH / 32; /* warps a block */
+        static int sms;
+        if (!sms) {
+            int dev = 0;
+            if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1)
+                sms = 132;
+        }
+        const int units = a->pair_act ? a->rows[0] : (total + MLXQ_RW - 1) / MLXQ_RW;
+        /* a persistent grid: MLXQ_BLOCKS per multiprocessor at most */
+        dim3 qgrid((unsigned)std::min((units + wr - 1) / wr, MLXQ_BLOCKS * sms));
+#define LMS_CU_MLXQ(B, S)                                                                                              \
+        if (bits == B && stype == S) {                                                                                 \
+            int rc = launch(gemv_mlxq_kernel<B, S>, qgrid, dim3(MLXQ_TH), qsm, stream, *a);                           \
+            return rc ? rc : gemv_norm_add_launch(a, stream);                                                          \
+        }
+        LMS_CU_MLXQ(4, LMS_CU_BF16) LMS_CU_MLXQ(4, LMS_CU_F16) LMS_CU_MLXQ(4, LMS_CU_F32)
+        LMS_CU_MLXQ(8, LMS_CU_BF16) LMS_CU_MLXQ(8, LMS_CU_F16) LMS_CU_MLXQ(8, LMS_CU_F32)
+#undef LMS_CU_MLXQ
+        return (int)cudaErrorInvalidValue;
+    }
 #define LMS_CU_MLX(B, S)                                                                                               \
     if (bits == B && stype == S)                                                                                       \
         return one ? launch(gemv_mlx_kernel<B, S, 1, B == 4 ? T4 : T8>, grid, dim3(B == 4 ? T4 : T8), 0, stream, *a)   \

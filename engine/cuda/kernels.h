@@ -74,6 +74,7 @@ typedef struct lms_cu_gemv {
     /* MLX affine weights (lms_cu_gemv_mlx_launch): per job scales and biases [rows][K / group] */
     const void *scales[LMS_CU_GEMV_JOBS], *biases[LMS_CU_GEMV_JOBS];
     int group;
+    int exact;          /* MLX, one row: 1 multiplies f32 activations; 0 (default) int8 ones (kernels.cu) */
     float *h;           /* [nb][ldh] */
     int ldh;
     const int32_t *step; /* device step parameters (nb) */
@@ -81,11 +82,20 @@ typedef struct lms_cu_gemv {
     int nb_fixed;       /* > 0: exactly this many rows; 0: as many as the step has */
     int row0;           /* first row of x (head of one position) */
     int y_row0;         /* first row of y */
+    /* A post-norm after the product (one job, acc 0, rows[0] wide): nadd_y[b] +=
+     * RMSNorm(y_0[b]) * nadd_w (eps), rows of rows[0] floats; nadd_ws: 9 words of
+     * device memory, zero between launches. NULL: none. */
+    float *nadd_y;
+    const float *nadd_w;
+    float *nadd_ws;
 } lms_cu_gemv;
 int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream);
 /* The same over MLX affine weights (w: bits-bit codes packed in little-endian 32-bit words,
  * x = s * q + b per group), bits 4 or 8, scales/biases of stype (LMS_CU_*). The input
- * sum per group multiplies b: a product costs the codes, not a dequantized copy. */
+ * sum per group multiplies b: a product costs the codes, not a dequantized copy. Steps of
+ * one row (nb_max 1, !exact) quantize in(x) to int8 per group of the weights' group size
+ * and multiply codes by dp4a: the result differs from the exact product by x's rounding
+ * (a few 1e-3 of its size). */
 int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype, void *stream);
 /* Rows [r0, r0 + n) of an MLX affine matrix dequantized to bf16 pairs (n x K each): hi, the
  * value rounded, and lo, the rounding error; hi + lo is a GEMM's weights to about 16 bits. */
