@@ -76,6 +76,15 @@ static inline int32_t zload32(const int8_t *p)
     return v;
 }
 
+/* Ask for the lines of [p, p + n) ahead of their use: the next panel's
+ * rows are fetched while this panel is computed (16 row streams at once
+ * are more than the hardware prefetchers follow). */
+static inline void zprefetch(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 64)
+        _mm_prefetch((const char *)p + i, _MM_HINT_T1);
+}
+
 /* Masked store of 16 results of one vector (lanes past nr untouched). */
 static INLINE T void zstore(float *y, __mmask16 m, __m512 v, bool acc)
 {
@@ -166,9 +175,12 @@ static INLINE T bool zgemm32(lms_dtype t, const void *W, size_t ldw, const uint8
     uint8_t *P = lms__qscratch_slot(1, (size_t)nblk * ZREC32);
     if (!P)
         return false;
+    zprefetch(W, (size_t)LMS_MIN(ZROWS, rows) * ldw);
     for (int r0 = 0; r0 < rows; r0 += ZROWS) {
         const int nr = LMS_MIN(ZROWS, rows - r0);
         zpack32(t, (const uint8_t *)W + (size_t)r0 * ldw, ldw, nr, nblk, P);
+        if (r0 + ZROWS < rows) /* the next panel's rows, while this one is computed */
+            zprefetch((const uint8_t *)W + (size_t)(r0 + ZROWS) * ldw, (size_t)LMS_MIN(ZROWS, rows - r0 - ZROWS) * ldw);
         zgemm32_panel(t, P, nblk, X, xr, y + r0, ldy, nr, nb, acc);
     }
     return true;
@@ -306,9 +318,12 @@ static INLINE T bool zgemmk(lms_dtype t, const void *W, size_t ldw, const uint8_
     uint8_t *P = lms__qscratch_slot(1, (size_t)nsb * zreck(t));
     if (!P)
         return false;
+    zprefetch(W, (size_t)LMS_MIN(ZROWS, rows) * ldw);
     for (int r0 = 0; r0 < rows; r0 += ZROWS) {
         const int nr = LMS_MIN(ZROWS, rows - r0);
         zpackk(t, (const uint8_t *)W + (size_t)r0 * ldw, ldw, nr, nsb, P);
+        if (r0 + ZROWS < rows) /* the next panel's rows, while this one is computed */
+            zprefetch((const uint8_t *)W + (size_t)(r0 + ZROWS) * ldw, (size_t)LMS_MIN(ZROWS, rows - r0 - ZROWS) * ldw);
         zgemmk_panel(t, P, nsb, X, xr, y + r0, ldy, nr, nb, acc);
     }
     return true;
