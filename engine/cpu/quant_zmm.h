@@ -328,3 +328,121 @@ static INLINE T bool zgemmk(lms_dtype t, const void *W, size_t ldw, const uint8_
     }
     return true;
 }
+
+/* ---- K super-blocks against one vector (decode) ------------------------------------------------------------
+ *
+ * One row at a time (one sequential stream per thread), a super-block's
+ * codes on 512-bit registers: Q4_K as two 64-byte loads of nibbles (the low
+ * nibbles of bytes 0-63 are sub-blocks 0 and 2, the high ones 1 and 3),
+ * against the activation codes reordered to match once per call (a 256-byte
+ * record a super-block); Q6_K as four registers of 64 codes in element
+ * order (low nibbles and their two high bits merged by masks), against the
+ * activation as it is. Every vpdpbusd lane (4 products, |sum| <= 4 x 63 x
+ * 128 < 2^15) fits int16, so two such results are packed to int16 and
+ * their group scales applied by one vpdpwssd, exact in int32. The
+ * minimums (Q4_K) or the offset 32 (Q6_K) go with the activation's 16-sums
+ * as in the prefill kernel.
+ */
+
+/* The int16 scale pattern of packs(D_lo, D_hi) for sub-blocks / groups:
+ * 128-bit lane k, int16 i: group lo[k] for i < 4, hi[k] otherwise. */
+static INLINE T __m512i zscale16(__m256i s16, const int16_t idx[32])
+{
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), _mm512_castsi256_si512(s16));
+}
+
+static INLINE T float zdot_q4k_1(const uint8_t *w, const lms__q8k *x, const int8_t *P, int nsb)
+{
+    /* for half h the scales of sub-blocks 4h + {0, 1, 2, 3} in the packs order */
+    static const int16_t i0[32] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1,
+                                   2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3};
+    static const int16_t i1[32] = {4, 4, 4, 4, 5, 5, 5, 5, 4, 4, 4, 4, 5, 5, 5, 5,
+                                   6, 6, 6, 6, 7, 7, 7, 7, 6, 6, 6, 6, 7, 7, 7, 7};
+    const __m512i m15 = _mm512_set1_epi8(15);
+    __m512 f = _mm512_setzero_ps();
+    __m256 fm = _mm256_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+        const uint8_t *p = w + (size_t)b * 144;
+        const int8_t *xq = P + 256 * b;
+        __m128i sm = k4_scales(p);
+        __m256i s16 = _mm256_cvtepu8_epi16(sm);
+        __m512i acc = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i n = _mm512_loadu_si512(p + 16 + 64 * h);
+            __m512i lo = _mm512_and_si512(n, m15), hi = _mm512_and_si512(_mm512_srli_epi16(n, 4), m15);
+            __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq + 128 * h));
+            __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(xq + 128 * h + 64));
+            acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(dl, dh), zscale16(s16, h ? i1 : i0));
+        }
+        __m128i mins = _mm_unpackhi_epi64(sm, sm);
+        __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[b].bsums),
+                                       _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(h2f(p) * x[b].d), f);
+        fm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(h2f(p + 2) * x[b].d), fm);
+    }
+    return _mm512_reduce_add_ps(f) - hsum_ps(fm);
+}
+
+/* The activation codes of each super-block in Q4_K's nibble order: per
+ * half h, elements 128h + {0-31, 64-95, 32-63, 96-127}. */
+static T void zq4k_panel(const lms__q8k *x, int nsb, int8_t *P)
+{
+    static const int src[4] = {0, 64, 32, 96};
+    for (int b = 0; b < nsb; b++)
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                memcpy(P + 256 * b + 128 * h + 32 * i, x[b].q + 128 * h + src[i], 32);
+}
+
+static INLINE T float zdot_q6k_1(const uint8_t *w, const lms__q8k *x, int nsb)
+{
+    /* for half h the groups 8h + {k, 4 + k} of 128-bit lane k */
+    static const int16_t i0[32] = {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5,
+                                   2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7};
+    static const int16_t i1[32] = {8,  8,  8,  8,  12, 12, 12, 12, 9,  9,  9,  9,  13, 13, 13, 13,
+                                   10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15};
+    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(0x30);
+    __m512 f = _mm512_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+        const uint8_t *p = w + (size_t)b * 210;
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+        __m512i acc = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i l = _mm512_loadu_si512(p + 64 * h);
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+            __m512i hx = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+            /* elements 128h + 0..63: low nibbles, high bits 0-1 (2-3 for the second 32) */
+            __m512i qlo = _mm512_or_si512(_mm512_and_si512(l, m15), _mm512_and_si512(_mm512_slli_epi16(hx, 4), m48));
+            /* elements 128h + 64..127: high nibbles, high bits 4-5 (6-7) */
+            __m512i qhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m15), _mm512_and_si512(hx, m48));
+            __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qlo, _mm512_loadu_si512(x[b].q + 128 * h));
+            __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qhi, _mm512_loadu_si512(x[b].q + 128 * h + 64));
+            acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(dl, dh), zscale16(s16, h ? i1 : i0));
+        }
+        /* the offset: -32 x sum over groups of scale x 16-sum */
+        __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[b].bsums), s16);
+        acc = _mm512_sub_epi32(acc, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(h2f(p + 208) * x[b].d), f);
+    }
+    return _mm512_reduce_add_ps(f);
+}
+
+/* Q4_K / Q6_K against one vector; false when the panel's memory is not to be had. */
+static INLINE T bool zdeck(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, float *y, int rows, int cols,
+                           bool acc)
+{
+    const int nsb = cols / 256;
+    const lms__q8k *x = (const lms__q8k *)X;
+    if (t == LMS_DTYPE_Q6_K) {
+        for (int r = 0; r < rows; r++)
+            store_y(y + r, zdot_q6k_1((const uint8_t *)W + (size_t)r * ldw, x, nsb), acc);
+        return true;
+    }
+    int8_t *P = lms__qscratch_slot(1, (size_t)nsb * 256);
+    if (!P)
+        return false;
+    zq4k_panel(x, nsb, P);
+    for (int r = 0; r < rows; r++)
+        store_y(y + r, zdot_q4k_1((const uint8_t *)W + (size_t)r * ldw, x, P, nsb), acc);
+    return true;
+}
