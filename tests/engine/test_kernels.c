@@ -159,7 +159,8 @@ static void axpyn_equals_axpy_row_by_row(void **state)
                     int n = ns[ni], nv = nvs[vi];
                     size_t ldv = (size_t)n * es + 36; /* rows apart, as value rows in a KV page */
                     uint8_t *v = malloc(ldv * (size_t)nv);
-                    float *a = malloc((size_t)nv * 4), *y = malloc((size_t)(n + 1) * 4), *yr = malloc((size_t)(n + 1) * 4);
+                    float *a = malloc((size_t)nv * 4), *y = malloc((size_t)(n + 1) * 4);
+                    float *yr = malloc((size_t)(n + 1) * 4);
                     for (int j = 0; j < nv; j++) {
                         a[j] = frand();
                         for (int i = 0; i < n; i++) {
