@@ -105,8 +105,59 @@ static INLINE T bool zpanel_type32(lms_dtype t)
 
 static INLINE T int zoff32(lms_dtype t) { return t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16; }
 
+/* Q4_0: the 16 nibble bytes of 16 rows transposed as 32-bit words first
+ * (rows p, p + 4, p + 8, p + 12 share a register; two exchanges of index
+ * bits, as zt16x8), then split: word g's low nibbles are codes 4g..4g+3,
+ * its high nibbles codes 16 + 4g.. (half the shuffles of unpacking first). */
+static T void zpack_q4_0(const uint8_t *W, size_t ldw, int nr, int nblk, uint8_t *P)
+{
+    static const int32_t idx[2][2][16] = {
+        {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+         {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}},
+        {{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+         {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}},
+    };
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const uint8_t *rp[ZROWS];
+    for (int r = 0; r < ZROWS; r++)
+        rp[r] = W + (size_t)LMS_MIN(r, nr - 1) * ldw + 2;
+    for (int b = 0; b < nblk; b++) {
+        uint8_t *rec = P + (size_t)b * ZREC32;
+        const size_t o = (size_t)b * 18;
+        __m512i z[4];
+        uint16_t h[ZROWS];
+        for (int p = 0; p < 4; p++) {
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[p] + o)));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[p + 4] + o)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[p + 8] + o)), 2);
+            z[p] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[p + 12] + o)), 3);
+        }
+        for (int s = 0; s < 2; s++) {
+            const __m512i ia = _mm512_loadu_si512(idx[s][0]), ib = _mm512_loadu_si512(idx[s][1]);
+            for (int p = 0; p < 4; p++) {
+                if (p & (1 << s))
+                    continue;
+                __m512i a = z[p], c = z[p | (1 << s)];
+                z[p] = _mm512_permutex2var_epi32(a, ia, c);
+                z[p | (1 << s)] = _mm512_permutex2var_epi32(a, ib, c);
+            }
+        }
+        for (int g = 0; g < 4; g++) {
+            _mm512_store_si512(rec + 64 * g, _mm512_and_si512(z[g], m15));
+            _mm512_store_si512(rec + 64 * (g + 4), _mm512_and_si512(_mm512_srli_epi16(z[g], 4), m15));
+        }
+        for (int r = 0; r < ZROWS; r++)
+            memcpy(&h[r], rp[r] + o - 2, 2);
+        _mm512_store_ps(rec + 512, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+    }
+}
+
 static T void zpack32(lms_dtype t, const uint8_t *W, size_t ldw, int nr, int nblk, uint8_t *P)
 {
+    if (t == LMS_DTYPE_Q4_0) {
+        zpack_q4_0(W, ldw, nr, nblk, P);
+        return;
+    }
     const size_t bb = block_bytes32(t);
     _Alignas(64) uint8_t tmp[ZROWS][32];
     for (int b = 0; b < nblk; b++) {
