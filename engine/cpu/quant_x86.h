@@ -18,8 +18,12 @@
  * prefetchers' best case: two rows in step, or a per-row activation record
  * larger than the weights, measured half the bandwidth on the 2-core
  * Zen 5 VM); with several (prefill) each weight block is unpacked once for
- * four of them, or, in the 512-bit section, once for eight, two rows at a
- * time. The activations of every set are quantized here too (->qx), to the
+ * four of them, or, in the 512-bit section (quant_zmm.h), weights are
+ * repacked 16 rows at a time into panels that one vpdpbusd multiplies with
+ * 4 codes of one vector for all 16 rows, in tiles of 16 rows x 8 vectors.
+ * The 512-bit section also holds the decode kernels of Q8_0 / Q4_0 / Q5_0
+ * (below) and Q4_K / Q6_K (quant_zmm.h). The activations of every set are
+ * quantized here too (->qx), to the
  * portable quantizer's bytes. Layouts: quant/quant.h; contract:
  * engine/cpu/quant.h.
  *
@@ -298,17 +302,16 @@ static INLINE T void dotk_n(lms_dtype t, const uint8_t *w, const lms__q8k *const
 
 
 #ifdef QX_ZMM
-/* One vector (decode) on 256-bit registers, the codes made unsigned as
- * above (no sign juggling), each block's correction -off * sum(x) from a
+/* One vector (decode) on 256-bit registers, the codes made unsigned for
+ * vpdpbusd (Q8_0: q + 128; Q4_0 / Q5_0: the stored codes, offset 8 / 16;
+ * no sign juggling), each block's correction -off * sum(x) from a
  * small panel of int32 (the accumulation's start, in lane 0); one row at
  * a time, four blocks in flight, as dot32_1. */
 static T void zpanel1(lms_dtype t, const lms__q8a *x, int nblk, int32_t *corr)
 {
     const int off = t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16;
-    const __m256i ones = _mm256_set1_epi8(1);
     for (int b = 0; b < nblk; b++)
-        corr[b] = -off * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
-                                                        _mm256_loadu_si256((const __m256i *)x[b].q)));
+        corr[b] = -off * x[b].sum;
 }
 
 static INLINE T __m256i ucodes(lms_dtype t, const uint8_t *p)
