@@ -347,69 +347,80 @@ static INLINE T float udot_1(lms_dtype t, const uint8_t *w, const lms__q8a *x, c
 
 
 /*
- * Q4_0 against one vector, four blocks (72 bytes of one row: one sequential
- * stream) a step: two loads (the second masked to the 8 bytes left, so
- * nothing past the row is read), one 16-bit permutation gathering the four
- * blocks' 16 nibble bytes side by side and one their four f16 scales, each
- * four times (blocks start on even bytes), so that the low nibbles are
- * codes 0-15 of blocks 0-3 in 128-bit lanes 0-3 and the high nibbles codes
- * 16-31. The activation panel has each four blocks' codes in that order,
- * their corrections -8 * sum(x) (int32 lane 4i: the accumulation's start)
- * and d_x four times each. The blocks past the last four go through uacc.
+ * Q4_0 against one vector, two blocks a 512-bit register from one row (one
+ * sequential stream): the 16 nibble bytes of blocks b0 and b1 side by side,
+ * their low nibbles then their high ones, so that the 128-bit lanes hold
+ * b0's codes 0-15, b1's 0-15, b0's 16-31, b1's 16-31. The activation panel
+ * has each pair's codes in that order, the corrections -8 * sum(x) of b0
+ * and b1 in int32 lanes 0 and 4 (a 32-byte record, zero-extended), and
+ * d_x of both. An odd last block goes through uacc.
  */
 typedef struct zq4rec {
-    int8_t lo[64], hi[64];
-    int32_t corr[16];
-    float dx[16];
+    int8_t q[64];
+    int32_t corr[8];
+    float dx[2], pad[6];
 } zq4rec;
 
 static T void zq4panel(const lms__q8a *x, int nblk, zq4rec *P)
 {
-    for (int p = 0; p < nblk / 4; p++) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int p = 0; p < nblk / 2; p++) {
+        const lms__q8a *x0 = x + 2 * p, *x1 = x0 + 1;
         zq4rec *z = P + p;
+        memcpy(z->q, x0->q, 16);
+        memcpy(z->q + 16, x1->q, 16);
+        memcpy(z->q + 32, x0->q + 16, 16);
+        memcpy(z->q + 48, x1->q + 16, 16);
         memset(z->corr, 0, sizeof z->corr);
-        for (int i = 0; i < 4; i++) {
-            const lms__q8a *xb = x + 4 * p + i;
-            memcpy(z->lo + 16 * i, xb->q, 16);
-            memcpy(z->hi + 16 * i, xb->q + 16, 16);
-            z->corr[4 * i] = -8 * xb->sum;
-            for (int j = 0; j < 4; j++)
-                z->dx[4 * i + j] = xb->d;
-        }
+        z->corr[0] = -8 * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                         _mm256_loadu_si256((const __m256i *)x0->q)));
+        z->corr[4] = -8 * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                         _mm256_loadu_si256((const __m256i *)x1->q)));
+        z->dx[0] = x0->d;
+        z->dx[1] = x1->d;
     }
 }
 
-static INLINE T __m512 zq4acc4(const uint8_t *p, const zq4rec *z, __m512 a)
+static INLINE T void zq4acc(const uint8_t *p0, const zq4rec *z, __m512 *a)
 {
-    /* 16-bit words: block i's qs are words 9i + 1 .. 9i + 8 and its d word 9i */
-    static const int16_t iq[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
-                                   19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
-    static const int16_t id[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
-    const __m512i m15 = _mm512_set1_epi8(15);
-    __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_maskz_loadu_epi8(0xff, p + 64);
-    __m512i n = _mm512_permutex2var_epi16(v0, _mm512_loadu_si512(iq), v1);
-    __m256i d = _mm512_castsi512_si256(_mm512_permutex2var_epi16(v0, _mm512_loadu_si512(id), v1));
-    __m512i i = _mm512_dpbusd_epi32(_mm512_load_si512(z->corr), _mm512_and_si512(n, m15), _mm512_load_si512(z->lo));
-    i = _mm512_dpbusd_epi32(i, _mm512_and_si512(_mm512_srli_epi16(n, 4), m15), _mm512_load_si512(z->hi));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_cvtph_ps(d), _mm512_load_ps(z->dx)), a);
+    const uint8_t *p1 = p0 + 18;
+    __m256i n = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 2))),
+                                        _mm_loadu_si128((const __m128i *)(p1 + 2)), 1);
+    __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n), _mm256_srli_epi16(n, 4), 1),
+                                 _mm512_set1_epi8(15));
+    __m512i i = _mm512_dpbusd_epi32(_mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)z->corr)), u,
+                                    _mm512_load_si512(z->q));
+    uint16_t h0, h1;
+    memcpy(&h0, p0, 2);
+    memcpy(&h1, p1, 2);
+    __m128 f = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16))),
+                          _mm_castpd_ps(_mm_load_sd((const double *)z->dx)));
+    __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1),
+                                      _mm512_castps128_ps512(f));
+    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sc, *a);
 }
 
-static INLINE T float zq4dot_1(const uint8_t *w, const lms__q8a *x, const zq4rec *z, const int32_t *corr, int nblk)
+static INLINE T float zq4dot_1(const uint8_t *w, const lms__q8a *x, const zq4rec *z, int nblk)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-    const int ng = nblk / 4;
-    int g = 0;
-    for (; g + 2 <= ng; g += 2) {
-        a0 = zq4acc4(w + (size_t)g * 72, z + g, a0);
-        a1 = zq4acc4(w + (size_t)g * 72 + 72, z + g + 1, a1);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const int np = nblk / 2;
+    int p = 0;
+    for (; p + 4 <= np; p += 4) {
+        const uint8_t *q = w + (size_t)p * 36;
+        zq4acc(q, z + p, &a0);
+        zq4acc(q + 36, z + p + 1, &a1);
+        zq4acc(q + 72, z + p + 2, &a2);
+        zq4acc(q + 108, z + p + 3, &a3);
     }
-    if (g < ng)
-        a0 = zq4acc4(w + (size_t)g * 72, z + g, a0);
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    if (nblk % 4) { /* the blocks past the last four */
+    for (; p < np; p++)
+        zq4acc(w + (size_t)p * 36, z + p, &a0);
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    if (nblk % 2) { /* the odd last block */
+        const lms__q8a *xb = x + nblk - 1;
+        int32_t corr = -8 * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
+                                                           _mm256_loadu_si256((const __m256i *)xb->q)));
         __m256 a = _mm256_setzero_ps();
-        for (int b = 4 * ng; b < nblk; b++)
-            uacc(LMS_DTYPE_Q4_0, w + (size_t)b * 18, x + b, corr + (b - 4 * ng), &a);
+        uacc(LMS_DTYPE_Q4_0, w + (size_t)(nblk - 1) * 18, xb, &corr, &a);
         r += hsum_ps(a);
     }
     return r;
@@ -418,16 +429,12 @@ static INLINE T float zq4dot_1(const uint8_t *w, const lms__q8a *x, const zq4rec
 static INLINE T bool zq4_1(const void *W, size_t ldw, const uint8_t *X, float *y, int rows, int cols, bool acc)
 {
     const int nblk = cols / 32;
-    const lms__q8a *x = (const lms__q8a *)X;
-    zq4rec *P = lms__qscratch_slot(1, (size_t)(nblk / 4 + 1) * sizeof(zq4rec));
+    zq4rec *P = lms__qscratch_slot(1, (size_t)(nblk / 2 + 1) * sizeof(zq4rec));
     if (!P)
         return false;
-    zq4panel(x, nblk, P);
-    int32_t corr[3]; /* of the blocks past the last four */
-    for (int b = 4 * (nblk / 4); b < nblk; b++)
-        corr[b % 4] = -8 * x[b].sum;
+    zq4panel((const lms__q8a *)X, nblk, P);
     for (int r = 0; r < rows; r++)
-        store_y(y + r, zq4dot_1((const uint8_t *)W + (size_t)r * ldw, x, P, corr, nblk), acc);
+        store_y(y + r, zq4dot_1((const uint8_t *)W + (size_t)r * ldw, (const lms__q8a *)X, P, nblk), acc);
     return true;
 }
 
