@@ -203,23 +203,6 @@ typedef struct kblock {
     float d, dmin; /* Q6_K: dmin = d (the offset term is subtracted) */
 } kblock;
 
-/* A Q4_K / Q5_K super-block's 12 scale bytes -> 8 six-bit scales (bytes
- * 0-7) and 8 minimums (bytes 8-15): sub-blocks 0-3 in the low 6 bits of
- * bytes 0-3 / 4-7, sub-blocks 4-7 in the nibbles of bytes 8-11 with their
- * top 2 bits in the top bits of bytes 0-3 / 4-7 (lms__k4_scale_min, four
- * at a time). */
-static INLINE T __m128i k4_scales(const uint8_t *b)
-{
-    uint32_t u[4], a0, a1, a2;
-    memcpy(u, b + 4, 12);
-    a0 = u[0], a1 = u[1], a2 = u[2];
-    u[0] = a0 & 0x3f3f3f3f;
-    u[1] = (a2 & 0x0f0f0f0f) | ((a0 >> 6) & 0x03030303) << 4;
-    u[2] = a1 & 0x3f3f3f3f;
-    u[3] = ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 6) & 0x03030303) << 4;
-    return _mm_loadu_si128((const __m128i *)u);
-}
-
 static INLINE T void kunpack(lms_dtype t, const uint8_t *b, kblock *k)
 {
     if (t == LMS_DTYPE_Q6_K) {
@@ -246,7 +229,18 @@ static INLINE T void kunpack(lms_dtype t, const uint8_t *b, kblock *k)
         return;
     }
     const bool five = t == LMS_DTYPE_Q5_K;
-    __m128i sm = k4_scales(b);
+    /* the 12 scale bytes -> 8 six-bit scales (bytes 0-7 of u) and 8 minimums
+     * (bytes 8-15): sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7,
+     * sub-blocks 4-7 in the nibbles of bytes 8-11 with their top 2 bits in
+     * the top bits of bytes 0-3 / 4-7 (lms__k4_scale_min, four at a time) */
+    uint32_t u[4], a0, a1, a2;
+    memcpy(u, b + 4, 12);
+    a0 = u[0], a1 = u[1], a2 = u[2];
+    u[0] = a0 & 0x3f3f3f3f;
+    u[1] = (a2 & 0x0f0f0f0f) | ((a0 >> 6) & 0x03030303) << 4;
+    u[2] = a1 & 0x3f3f3f3f;
+    u[3] = ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 6) & 0x03030303) << 4;
+    __m128i sm = _mm_loadu_si128((const __m128i *)u);
     __m256i scv = _mm256_cvtepu8_epi32(sm);
     const uint8_t *qs = b + (five ? 48 : 16);
     const __m256i m15 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
@@ -567,8 +561,7 @@ static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
     (zpanel_type32(DT) && ((nb) == 1 ? zmm32_1(DT, W, ldw, X, y, rows, cols, acc)                            \
                                      : zgemm32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
 #define ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                 \
-    (zpanel_typek(DT) && ((nb) >= 2 ? zgemmk(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                 \
-                                    : (DT) != LMS_DTYPE_Q5_K && zdeck(DT, W, ldw, X, y, rows, cols, acc)))
+    (zpanel_typek(DT) && (nb) >= 2 && zgemmk(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))
 #else
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
 #define ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
