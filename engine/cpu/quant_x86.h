@@ -22,7 +22,7 @@
  * repacked 16 rows at a time into panels that one vpdpbusd multiplies with
  * 4 codes of one vector for all 16 rows, in tiles of 16 rows x 8 vectors.
  * The 512-bit section also holds the decode kernels of Q8_0 / Q4_0 / Q5_0
- * (below) and Q4_K / Q6_K (quant_zmm.h). The activations of every set are
+ * (below). The activations of every set are
  * quantized here too (->qx), to the
  * portable quantizer's bytes. Layouts: quant/quant.h; contract:
  * engine/cpu/quant.h.
@@ -559,9 +559,9 @@ static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
 #ifdef QX_ZMM
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                \
     (zpanel_type32(DT) && ((nb) == 1 ? zmm32_1(DT, W, ldw, X, y, rows, cols, acc)                            \
-                                     : zgemm32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
+                                     : zgemm(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
 #define ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                 \
-    (zpanel_typek(DT) && (nb) >= 2 && zgemmk(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))
+    (zpanel_typek(DT) && (nb) >= 2 && zgemm(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))
 #else
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
 #define ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false

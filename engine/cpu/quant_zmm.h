@@ -217,26 +217,6 @@ static T void zgemm32_panel(lms_dtype t, const uint8_t *P, int nblk, const uint8
     }
 }
 
-/* Q8_0 / Q4_0 / Q5_0 against nb vectors; false (nothing done) when the
- * panel's memory is not to be had. */
-static INLINE T bool zgemm32(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, size_t xr, float *y,
-                             size_t ldy, int rows, int nb, int cols, bool acc)
-{
-    const int nblk = cols / 32;
-    uint8_t *P = lms__qscratch_slot(1, (size_t)nblk * ZREC32);
-    if (!P)
-        return false;
-    zprefetch(W, (size_t)LMS_MIN(ZROWS, rows) * ldw);
-    for (int r0 = 0; r0 < rows; r0 += ZROWS) {
-        const int nr = LMS_MIN(ZROWS, rows - r0);
-        zpack32(t, (const uint8_t *)W + (size_t)r0 * ldw, ldw, nr, nblk, P);
-        if (r0 + ZROWS < rows) /* the next panel's rows, while this one is computed */
-            zprefetch((const uint8_t *)W + (size_t)(r0 + ZROWS) * ldw, (size_t)LMS_MIN(ZROWS, rows - r0 - ZROWS) * ldw);
-        zgemm32_panel(t, P, nblk, X, xr, y + r0, ldy, nr, nb, acc);
-    }
-    return true;
-}
-
 /* ---- K super-blocks (Q4_K, Q5_K, Q6_K) against lms__q8k --------------------------------------------------- */
 
 /* A super-block's panel record: 64 code registers (4 codes of 16 rows
@@ -361,21 +341,31 @@ static T void zgemmk_panel(lms_dtype t, const uint8_t *P, int nsb, const uint8_t
     }
 }
 
-/* Q4_K / Q5_K / Q6_K against nb vectors; false when the panel's memory is not to be had. */
-static INLINE T bool zgemmk(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, size_t xr, float *y,
-                            size_t ldy, int rows, int nb, int cols, bool acc)
+/* Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K against nb vectors, 16-row
+ * panels one after the other; false (nothing done) when the panel's memory
+ * is not to be had. */
+static INLINE T bool zgemm(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, size_t xr, float *y, size_t ldy,
+                           int rows, int nb, int cols, bool acc)
 {
-    const int nsb = cols / 256;
-    uint8_t *P = lms__qscratch_slot(1, (size_t)nsb * zreck(t));
+    const bool k = zpanel_typek(t);
+    const int nblk = cols / (k ? 256 : 32);
+    uint8_t *P = lms__qscratch_slot(1, (size_t)nblk * (k ? zreck(t) : ZREC32));
     if (!P)
         return false;
     zprefetch(W, (size_t)LMS_MIN(ZROWS, rows) * ldw);
     for (int r0 = 0; r0 < rows; r0 += ZROWS) {
         const int nr = LMS_MIN(ZROWS, rows - r0);
-        zpackk(t, (const uint8_t *)W + (size_t)r0 * ldw, ldw, nr, nsb, P);
+        const uint8_t *w = (const uint8_t *)W + (size_t)r0 * ldw;
+        if (k)
+            zpackk(t, w, ldw, nr, nblk, P);
+        else
+            zpack32(t, w, ldw, nr, nblk, P);
         if (r0 + ZROWS < rows) /* the next panel's rows, while this one is computed */
-            zprefetch((const uint8_t *)W + (size_t)(r0 + ZROWS) * ldw, (size_t)LMS_MIN(ZROWS, rows - r0 - ZROWS) * ldw);
-        zgemmk_panel(t, P, nsb, X, xr, y + r0, ldy, nr, nb, acc);
+            zprefetch(w + ZROWS * ldw, (size_t)LMS_MIN(ZROWS, rows - r0 - ZROWS) * ldw);
+        if (k)
+            zgemmk_panel(t, P, nblk, X, xr, y + r0, ldy, nr, nb, acc);
+        else
+            zgemm32_panel(t, P, nblk, X, xr, y + r0, ldy, nr, nb, acc);
     }
     return true;
 }
