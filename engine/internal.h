@@ -216,6 +216,11 @@ typedef void (*lms__gemm_fn)(const void *W, size_t ldw, const float *x, size_t l
                              int rows, int nb, int cols, bool acc);
 /* y[k] += a * v[k], v of dtype dt. */
 typedef void (*lms__axpy_fn)(float *y, const void *v, float a, int n);
+/* y[k] += sum over j in [0, nv) of a[j] * v_j[k], row v_j of dtype dt at
+ * (const uint8_t *)v + j * ldv (ldv in bytes), the rows added in order
+ * (the bits of nv axpy calls) with y held in registers across them: the
+ * attention's weighted sum of value rows. */
+typedef void (*lms__axpyn_fn)(float *y, const void *v, size_t ldv, const float *a, int nv, int n);
 
 /*
  * The product of BF16 weights with activations rounded to bf16 (AVX-512
@@ -232,6 +237,7 @@ typedef struct lms__kernels {
     lms__axpy_fn axpy[3];
     lms__gemm_xbf16_fn gemm_xbf16; /* NULL: BF16 weights go through gemm[2] with f32 x */
     void (*to_bf16)(const float *x, uint16_t *out, int n);
+    lms__axpyn_fn axpyn[3];       /* (optional) NULL: axpy row by row */
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)

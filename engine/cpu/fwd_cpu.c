@@ -276,8 +276,12 @@ static void att_task(void *arg, size_t item, int worker)
         for (uint32_t g = 0; g < G; g++) {
             const float *s = sc + (size_t)g * bk->n_ctx;
             float *o = out + (size_t)g * hd;
-            for (uint32_t p = p0; p < p1; p++)
-                bk->k->axpy[dti](o, V + (p - i * pt) * kv->token_bytes, s[p], (int)hd);
+            if (bk->k->axpyn[dti])
+                bk->k->axpyn[dti](o, V + (p0 - i * pt) * kv->token_bytes, kv->token_bytes, s + p0, (int)(p1 - p0),
+                                  (int)hd);
+            else
+                for (uint32_t p = p0; p < p1; p++)
+                    bk->k->axpy[dti](o, V + (p - i * pt) * kv->token_bytes, s[p], (int)hd);
         }
     }
 }

@@ -92,7 +92,7 @@ static const lms__kernels kernels_generic = {
     {gemm_f32, gemm_f16, gemm_bf16},
     {axpy_f32, axpy_f16, axpy_bf16},
     NULL,
-    NULL,
+    NULL,    {NULL, NULL, NULL}, /* axpy row by row */
 };
 
 /* ---- dispatch ---------------------------------------------------------------------------- */

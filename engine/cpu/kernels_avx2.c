@@ -98,6 +98,6 @@ const lms__kernels lms__kernels_avx2 = {
     {gemm_f32, gemm_f16, gemm_bf16},
     {axpy_f32, axpy_f16, axpy_bf16},
     NULL,
-    NULL,
+    NULL,    {NULL, NULL, NULL}, /* axpy row by row */
 };
 #endif

@@ -373,12 +373,48 @@ AXPY_IMPL(axpy_f32, ld_f32, ldm_f32)
 AXPY_IMPL(axpy_f16, ld_f16, ldm_f16)
 AXPY_IMPL(axpy_bf16, ld_bf16, ldm_bf16)
 
+/* 64 columns of y in four registers across all nv rows, then the next 64;
+ * a tail of under 64 by masked 16s. */
+#define AXPYN_IMPL(NAME, LD, LDM)                                                                    \
+    static T void NAME(float *y, const void *v, size_t ldv, const float *a, int nv, int n)            \
+    {                                                                                                 \
+        int k = 0;                                                                                    \
+        for (; k + 64 <= n; k += 64) {                                                                \
+            __m512 y0 = _mm512_loadu_ps(y + k), y1 = _mm512_loadu_ps(y + k + 16);                      \
+            __m512 y2 = _mm512_loadu_ps(y + k + 32), y3 = _mm512_loadu_ps(y + k + 48);                 \
+            for (int j = 0; j < nv; j++) {                                                            \
+                const uint8_t *vj = (const uint8_t *)v + (size_t)j * ldv;                             \
+                __m512 aj = _mm512_set1_ps(a[j]);                                                     \
+                y0 = _mm512_fmadd_ps(LD(vj, k), aj, y0);                                              \
+                y1 = _mm512_fmadd_ps(LD(vj, k + 16), aj, y1);                                         \
+                y2 = _mm512_fmadd_ps(LD(vj, k + 32), aj, y2);                                         \
+                y3 = _mm512_fmadd_ps(LD(vj, k + 48), aj, y3);                                         \
+            }                                                                                         \
+            _mm512_storeu_ps(y + k, y0);                                                              \
+            _mm512_storeu_ps(y + k + 16, y1);                                                         \
+            _mm512_storeu_ps(y + k + 32, y2);                                                         \
+            _mm512_storeu_ps(y + k + 48, y3);                                                         \
+        }                                                                                             \
+        for (; k < n; k += 16) {                                                                      \
+            __mmask16 m = (__mmask16)(n - k >= 16 ? 0xffff : (1u << (n - k)) - 1);                   \
+            __m512 acc = _mm512_maskz_loadu_ps(m, y + k);                                             \
+            for (int j = 0; j < nv; j++)                                                              \
+                acc = _mm512_fmadd_ps(LDM((const uint8_t *)v + (size_t)j * ldv, k, m), _mm512_set1_ps(a[j]), acc); \
+            _mm512_mask_storeu_ps(y + k, m, acc);                                                     \
+        }                                                                                             \
+    }
+
+AXPYN_IMPL(axpyn_f32, ld_f32, ldm_f32)
+AXPYN_IMPL(axpyn_f16, ld_f16, ldm_f16)
+AXPYN_IMPL(axpyn_bf16, ld_bf16, ldm_bf16)
+
 const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
     {axpy_f32, axpy_f16, axpy_bf16},
     NULL,
     NULL,
+    {axpyn_f32, axpyn_f16, axpyn_bf16},
 };
 
 /* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
@@ -466,5 +502,6 @@ const lms__kernels lms__kernels_avx512bf16 = {
     {axpy_f32, axpy_f16, axpy_bf16},
     gemm_xbf16,
     to_bf16,
+    {axpyn_f32, axpyn_f16, axpyn_bf16},
 };
 #endif

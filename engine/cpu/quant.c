@@ -62,6 +62,10 @@ static void q8a_row(const float *x, lms__q8a *out, int cols)
             out[b].q[j] = (int8_t)LMS_MAX(-128, LMS_MIN(127, q));
             sum += (uint32_t)q;
         }
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++)
+            isum += out[b].q[j];
+        out[b].sum = isum;
         out[b].d = lms__f16_to_f32(lms__f32_to_f16(d));
         out[b].s = lms__f16_to_f32(lms__f32_to_f16(d * (float)(int32_t)sum));
     }

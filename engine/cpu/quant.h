@@ -53,6 +53,7 @@ extern "C" {
 typedef struct lms__q8a {
     float d;      /* amax / 127 rounded to f16, as ggml stores it */
     float s;      /* (amax / 127) * sum of q rounded to f16 (Q4_1 / Q5_1's minimum term) */
+    int32_t sum;  /* the exact sum of q as stored (the offset correction of unsigned-code products) */
     int8_t q[32];
 } lms__q8a;
 

@@ -18,8 +18,12 @@
  * prefetchers' best case: two rows in step, or a per-row activation record
  * larger than the weights, measured half the bandwidth on the 2-core
  * Zen 5 VM); with several (prefill) each weight block is unpacked once for
- * four of them, or, in the 512-bit section, once for eight, two rows at a
- * time. The activations of every set are quantized here too (->qx), to the
+ * four of them, or, in the 512-bit section (quant_zmm.h), weights are
+ * repacked 16 rows at a time into panels that one vpdpbusd multiplies with
+ * 4 codes of one vector for all 16 rows, in tiles of 16 rows x 8 vectors.
+ * The 512-bit section also holds the decode kernels of Q8_0 / Q4_0 / Q5_0
+ * (below). The activations of every set are
+ * quantized here too (->qx), to the
  * portable quantizer's bytes. Layouts: quant/quant.h; contract:
  * engine/cpu/quant.h.
  *
@@ -292,165 +296,16 @@ static INLINE T void dotk_n(lms_dtype t, const uint8_t *w, const lms__q8k *const
 
 
 #ifdef QX_ZMM
-/* ---- AVX-512: several activation vectors (prefill) on 512-bit registers ---------------------------------
- *
- * Two weight blocks per register (64 codes), made unsigned for vpdpbusd:
- * Q8_0 by q ^ 0x80 (= q + 128), Q4_0 / Q5_0 as their stored codes 0..15 /
- * 0..31, so that a block's integer sum is dpbusd(u, x) - off * sum(x) with
- * off = 128, 8, 16 (the exact dot of q - off with x). The activations are
- * first laid out per call as a panel, each pair of blocks of each vector
- * as one 192-byte record {its 64 codes; the correction -off * sum(x) of
- * each block in lanes 0 and 8; d_x of each block in lanes 0-7 and 8-15},
- * where the accumulation starts from the correction. Tiles of two weight
- * rows x up to eight vectors: each row's block pair is loaded and its
- * scales widened once for eight vectors, each vector's record once for
- * two rows. Per block the float work is the portable set's: isum (exact)
- * x (d_w x d_x) added into float lanes.
- */
-typedef struct zrec {
-    int8_t q[64];
-    int32_t corr[16];
-    float dx[16];
-} zrec;
-
-static INLINE T bool zmm_type(lms_dtype t)
-{
-    return t == LMS_DTYPE_Q8_0 || t == LMS_DTYPE_Q4_0 || t == LMS_DTYPE_Q5_0;
-}
-
-/* The panel of nb vectors (q8a rows xr bytes apart): npair x nb records. */
-static T void zpanel(lms_dtype t, const uint8_t *X, size_t xr, int nb, int nblk, zrec *P)
-{
-    const int off = t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16, npair = (nblk + 1) / 2;
-    const __m256i ones = _mm256_set1_epi8(1);
-    for (int c = 0; c < nb; c++) {
-        const lms__q8a *x = (const lms__q8a *)(X + (size_t)c * xr);
-        for (int p = 0; p < npair; p++) {
-            zrec *z = P + (size_t)p * nb + c;
-            memset(z->corr, 0, sizeof z->corr);
-            for (int h = 0; h < 2; h++) {
-                int b = 2 * p + h;
-                __m256i q = b < nblk ? _mm256_loadu_si256((const __m256i *)x[b].q) : _mm256_setzero_si256();
-                _mm256_storeu_si256((__m256i *)(z->q + 32 * h), q);
-                z->corr[8 * h] = -off * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q));
-                _mm256_storeu_ps(z->dx + 8 * h, _mm256_set1_ps(b < nblk ? x[b].d : 0.f));
-            }
-        }
-    }
-}
-
-/* One row's block pair p as vpdpbusd's unsigned operand, and its two
- * scales widened to lanes 0-7 / 8-15 (the second 0 past an odd row's end). */
-static INLINE T void zweights(lms_dtype t, const uint8_t *w, int p, int nblk, __m512i *u, __m512 *dw)
-{
-    const size_t bb = block_bytes32(t);
-    const uint8_t *b0 = w + (size_t)(2 * p) * bb, *b1 = b0 + bb;
-    const bool two = 2 * p + 1 < nblk;
-    __m256i lo, hi;
-    if (t == LMS_DTYPE_Q8_0) {
-        lo = _mm256_loadu_si256((const __m256i *)(b0 + 2));
-        hi = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_set1_epi8((char)0x80);
-        *u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
-    } else {
-        lo = codes32(t, b0);
-        hi = two ? codes32(t, b1) : _mm256_setzero_si256();
-        *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
-    uint16_t h0, h1 = 0;
-    memcpy(&h0, b0, 2);
-    if (two)
-        memcpy(&h1, b1, 2);
-    *dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
-                                                  _mm_set1_epi16((short)h1), 1));
-}
-
-/* Rows w0 (and w1 when NR == 2) against NC records of each pair. */
-static INLINE T void ztile(lms_dtype t, const uint8_t *w0, const uint8_t *w1, const zrec *P, int nb, int nblk,
-                           const int NR, const int NC, float out[2][8])
-{
-    __m512 acc[2][8];
-    for (int r = 0; r < NR; r++)
-        for (int c = 0; c < NC; c++)
-            acc[r][c] = _mm512_setzero_ps();
-    const int npair = (nblk + 1) / 2;
-    for (int p = 0; p < npair; p++) {
-        __m512i u[2];
-        __m512 dw[2];
-        zweights(t, w0, p, nblk, &u[0], &dw[0]);
-        if (NR == 2)
-            zweights(t, w1, p, nblk, &u[1], &dw[1]);
-        const zrec *z = P + (size_t)p * nb;
-        for (int c = 0; c < NC; c++) {
-            __m512i xq = _mm512_load_si512(z[c].q), corr = _mm512_load_si512(z[c].corr);
-            __m512 dx = _mm512_load_ps(z[c].dx);
-            for (int r = 0; r < NR; r++) {
-                __m512i i = _mm512_dpbusd_epi32(corr, u[r], xq);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw[r], dx), acc[r][c]);
-            }
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int c = 0; c < NC; c++)
-            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-#define ZTILE_CASE(NR_, NC_)                                                                                 \
-    case NC_: ztile(t, w0, w1, Pc, nb, nblk, NR_, NC_, out); break;
-
-/* The product over the panel: rows two at a time, vectors eight at a time. */
-static INLINE T void zgemm(lms_dtype t, const void *W, size_t ldw, const zrec *P, float *y, size_t ldy, int rows,
-                           int nb, int nblk, bool acc)
-{
-    for (int r = 0; r < rows; r += 2) {
-        const uint8_t *w0 = (const uint8_t *)W + (size_t)r * ldw, *w1 = w0 + ldw;
-        const int nr = r + 1 < rows ? 2 : 1;
-        for (int c0 = 0; c0 < nb; c0 += 8) {
-            const int nc = LMS_MIN(8, nb - c0);
-            const zrec *Pc = P + c0;
-            float out[2][8];
-            if (nr == 2) {
-                switch (nc) {
-                    ZTILE_CASE(2, 1) ZTILE_CASE(2, 2) ZTILE_CASE(2, 3) ZTILE_CASE(2, 4)
-                    ZTILE_CASE(2, 5) ZTILE_CASE(2, 6) ZTILE_CASE(2, 7) default: ztile(t, w0, w1, Pc, nb, nblk, 2, 8, out);
-                }
-            } else {
-                switch (nc) {
-                    ZTILE_CASE(1, 1) ZTILE_CASE(1, 2) ZTILE_CASE(1, 3) ZTILE_CASE(1, 4)
-                    ZTILE_CASE(1, 5) ZTILE_CASE(1, 6) ZTILE_CASE(1, 7) default: ztile(t, w0, w1, Pc, nb, nblk, 1, 8, out);
-                }
-            }
-            for (int i = 0; i < nr; i++)
-                for (int c = 0; c < nc; c++)
-                    store_y(y + (size_t)(c0 + c) * ldy + r + i, out[i][c], acc);
-        }
-    }
-}
-
-/* Q8_0 / Q4_0 / Q5_0 against nb >= 2 vectors; false (nothing done) when
- * the panel's memory is not to be had. */
-static INLINE T bool zmm32(lms_dtype t, const void *W, size_t ldw, const uint8_t *X, size_t xr, float *y, size_t ldy,
-                           int rows, int nb, int cols, bool acc)
-{
-    const int nblk = cols / 32;
-    zrec *P = lms__qscratch_slot(1, (size_t)((nblk + 1) / 2) * (size_t)nb * sizeof(zrec));
-    if (!P)
-        return false;
-    zpanel(t, X, xr, nb, nblk, P);
-    zgemm(t, W, ldw, P, y, ldy, rows, nb, nblk, acc);
-    return true;
-}
-
-/* One vector (decode) on 256-bit registers, the codes made unsigned as
- * above (no sign juggling), each block's correction -off * sum(x) from a
+/* One vector (decode) on 256-bit registers, the codes made unsigned for
+ * vpdpbusd (Q8_0: q + 128; Q4_0 / Q5_0: the stored codes, offset 8 / 16;
+ * no sign juggling), each block's correction -off * sum(x) from a
  * small panel of int32 (the accumulation's start, in lane 0); one row at
  * a time, four blocks in flight, as dot32_1. */
 static T void zpanel1(lms_dtype t, const lms__q8a *x, int nblk, int32_t *corr)
 {
     const int off = t == LMS_DTYPE_Q8_0 ? 128 : t == LMS_DTYPE_Q4_0 ? 8 : 16;
-    const __m256i ones = _mm256_set1_epi8(1);
     for (int b = 0; b < nblk; b++)
-        corr[b] = -off * hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
-                                                        _mm256_loadu_si256((const __m256i *)x[b].q)));
+        corr[b] = -off * x[b].sum;
 }
 
 static INLINE T __m256i ucodes(lms_dtype t, const uint8_t *p)
@@ -592,6 +447,7 @@ static INLINE T bool zmm32_1(lms_dtype t, const void *W, size_t ldw, const uint8
         store_y(y + r, udot_1(t, (const uint8_t *)W + (size_t)r * ldw, (const lms__q8a *)X, P, nblk), acc);
     return true;
 }
+#include "engine/cpu/quant_zmm.h"
 #endif
 
 
@@ -602,6 +458,14 @@ static INLINE T __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d)
 {
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
     return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The sum of 32 signed bytes: byte sums of q + 128 by vpsadbw, less 32 x 128. */
+static INLINE T int32_t sum_i8(__m256i q)
+{
+    __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
 }
 
 /* quant.c's q8a_row: 127 / amax, x * that rounded to nearest even (the
@@ -624,7 +488,9 @@ static T void qx32_row(const float *x, lms__q8a *out, int cols)
         __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s)),
                 q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
         int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
-        _mm256_storeu_si256((__m256i *)out[b].q, pack32(q0, q1, q2, q3));
+        __m256i p = pack32(q0, q1, q2, q3);
+        _mm256_storeu_si256((__m256i *)out[b].q, p);
+        out[b].sum = sum_i8(p);
         out[b].d = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
         out[b].s = _cvtsh_ss(_cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT));
     }
@@ -692,10 +558,13 @@ static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
 
 #ifdef QX_ZMM
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                \
-    (zmm_type(DT) && ((nb) == 1 ? zmm32_1(DT, W, ldw, X, y, rows, cols, acc)                                 \
-                                : zmm32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
+    (zpanel_type32(DT) && ((nb) == 1 ? zmm32_1(DT, W, ldw, X, y, rows, cols, acc)                            \
+                                     : zgemm(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)))
+#define ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc)                                                 \
+    (zpanel_typek(DT) && (nb) >= 2 && zgemm(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))
 #else
 #define ZMM32(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
+#define ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc) false
 #endif
 
 #define Q32(NAME, DT)                                                                                        \
@@ -729,6 +598,8 @@ static T void k_qx(lms_dtype t, const float *x, int cols, void *out)
     {                                                                                                        \
         size_t xr = lms__qx_row_bytes(DT, cols);                                                             \
         const uint8_t *X = xq;                                                                               \
+        if (ZMMK(DT, W, ldw, X, xr, y, ldy, rows, nb, cols, acc))                                            \
+            return;                                                                                          \
         for (int r = 0; r < rows; r++) {                                                                     \
             const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw;                                         \
             int b = 0;                                                                                       \

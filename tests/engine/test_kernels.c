@@ -9,7 +9,9 @@
  *   - gemm_xbf16 (AVX-512 BF16) equals the double-precision dot with x
  *     rounded to bf16 by to_bf16 (round to nearest even, checked against
  *     lms__f32_to_bf16), within the same slack;
- *   - acc adds to y, other outputs are left alone.
+ *   - acc adds to y, other outputs are left alone;
+ *   - axpyn (the attention's weighted sum of value rows) gives the bits of
+ *     axpy row by row, on widths that are not whole 64s or 16s.
  */
 #include <math.h>
 #include <stdio.h>
@@ -135,11 +137,65 @@ static void packed_prefill_spans_column_and_row_blocks(void **state)
     }
 }
 
+/* axpyn over nv rows of width n (ldv apart) equals nv axpy calls bit for bit. */
+static void axpyn_equals_axpy_row_by_row(void **state)
+{
+    (void)state;
+    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const lms_dtype dts[] = {LMS_DTYPE_F32, LMS_DTYPE_F16, LMS_DTYPE_BF16};
+    const int ns[] = {1, 15, 64, 100, 128, 130}, nvs[] = {1, 2, 7, 33};
+    int ran = 0;
+    for (size_t s = 0; s < LMS_ARRAY_LEN(names); s++) {
+        const lms__kernels *k = lms__kernels_by_name(names[s]);
+        if (!k)
+            continue;
+        for (size_t d = 0; d < LMS_ARRAY_LEN(dts); d++) {
+            if (!k->axpyn[d])
+                continue;
+            ran++;
+            size_t es = dts[d] == LMS_DTYPE_F32 ? 4 : 2;
+            for (size_t ni = 0; ni < LMS_ARRAY_LEN(ns); ni++)
+                for (size_t vi = 0; vi < LMS_ARRAY_LEN(nvs); vi++) {
+                    int n = ns[ni], nv = nvs[vi];
+                    size_t ldv = (size_t)n * es + 36; /* rows apart, as value rows in a KV page */
+                    uint8_t *v = malloc(ldv * (size_t)nv);
+                    float *a = malloc((size_t)nv * 4), *y = malloc((size_t)(n + 1) * 4);
+                    float *yr = malloc((size_t)(n + 1) * 4);
+                    for (int j = 0; j < nv; j++) {
+                        a[j] = frand();
+                        for (int i = 0; i < n; i++) {
+                            float f = frand() * 3;
+                            uint8_t *p = v + (size_t)j * ldv + (size_t)i * es;
+                            if (es == 4)
+                                memcpy(p, &f, 4);
+                            else
+                                lms__put_u16(p, dts[d] == LMS_DTYPE_F16 ? lms__f32_to_f16(f) : lms__f32_to_bf16(f));
+                        }
+                    }
+                    for (int i = 0; i <= n; i++)
+                        y[i] = yr[i] = frand();
+                    k->axpyn[d](y, v, ldv, a, nv, n);
+                    for (int j = 0; j < nv; j++)
+                        k->axpy[d](yr, v + (size_t)j * ldv, a[j], n);
+                    if (memcmp(y, yr, (size_t)(n + 1) * 4))
+                        fail_msg("%s %s axpyn n %d nv %d differs from axpy row by row", k->name,
+                                 lms_dtype_name(dts[d]), n, nv);
+                    free(v);
+                    free(a);
+                    free(y);
+                    free(yr);
+                }
+        }
+    }
+    printf("axpyn checked for %d kernel set x dtype pairs\n", ran);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernels_equal_the_double_dot_on_awkward_shapes),
         cmocka_unit_test(packed_prefill_spans_column_and_row_blocks),
+        cmocka_unit_test(axpyn_equals_axpy_row_by_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,6 +63,56 @@ static void make_weights(lms_dtype t, uint8_t *w, int rows, int cols, size_t ldw
     free(f);
 }
 
+/* y (the set's gemm), yg (the portable set's), yq (the set's gemm_q):
+ * each within the 8-bit activation bound of the float dot of the
+ * dequantized weights with x (y started at 0.25 with acc), y equal to yg
+ * up to float summation order and to yq bit for bit (yg, yq may be NULL). */
+static void check_against_dequantized(const lms__qkernels *ks, lms_dtype t, const uint8_t *w, size_t ldw, int rows,
+                                      int cols, const float *x, size_t ldx,
+                                      int nb, const float *y, const float *yg, const float *yq, size_t ldy, bool acc)
+{
+    bool k = lms_dtype_block_elems(t, 0) == 256;
+    float *deq = malloc((size_t)cols * 4);
+    int be = k ? 256 : 32;
+    for (int r = 0; r < rows; r++) {
+        assert_int_equal(lms__dequant_row(t, w + (size_t)r * ldw, deq, (size_t)cols), 0);
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)b * ldx;
+            double ref = acc ? 0.25 : 0, mag = 0, bound = 0;
+            for (int blk = 0; blk < cols / be; blk++) {
+                double amax = 0, w1 = 0;
+                for (int i = blk * be; i < (blk + 1) * be; i++) {
+                    ref += (double)deq[i] * xb[i];
+                    mag += fabs((double)deq[i] * xb[i]);
+                    amax = fmax(amax, fabs(xb[i]));
+                    w1 += fabs(deq[i]);
+                }
+                if (k) {
+                    bound += w1 * amax / 127 * 0.5;
+                } else { /* 32-element blocks: d in f16, and the minimum's d * sum(q) too */
+                    bound += w1 * amax / 127 * (0.5 + 127.0 / 2048);
+                    if (t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1) {
+                        const uint8_t *wb = w + (size_t)r * ldw + (size_t)blk * lms_dtype_block_bytes(t, 0);
+                        bound += fabs(lms__f16_to_f32(lms__get_u16(wb + 2))) * 32 * amax / 2048;
+                    }
+                }
+            }
+            float got = y[(size_t)b * ldy + r];
+            double slack = 2e-5 * mag + 1e-6;
+            if (fabs(got - ref) > bound + slack)
+                fail_msg("%s %s rows %d cols %d nb %d: y[%d][%d] = %.7g, dequantized dot %.7g "
+                         "(bound %.3g)",
+                         ks->name, lms_dtype_name(t), rows, cols, nb, b, r, got, ref, bound);
+            if (yg && fabs(got - yg[(size_t)b * ldy + r]) > slack)
+                fail_msg("%s %s: %.7g differs from the portable kernel's %.7g", ks->name,
+                         lms_dtype_name(t), got, yg[(size_t)b * ldy + r]);
+            if (yq && memcmp(&got, &yq[(size_t)b * ldy + r], 4))
+                fail_msg("%s %s: gemm_q (or the 2-thread split) gives other bits", ks->name, lms_dtype_name(t));
+        }
+    }
+    free(deq);
+}
+
 static void check_set(const lms__qkernels *ks, const lms__qkernels *gen)
 {
     static const int rowss[] = {1, 3, 7, 33};
@@ -85,7 +135,6 @@ static void check_set(const lms__qkernels *ks, const lms__qkernels *gen)
                     size_t ldx = (size_t)cols + 3, ldy = (size_t)rows + 2;
                     float *x = malloc((size_t)nb * ldx * 4), *y = malloc((size_t)nb * ldy * 4);
                     float *yg = malloc((size_t)nb * ldy * 4), *yq = malloc((size_t)nb * ldy * 4);
-                    float *deq = malloc((size_t)cols * 4);
                     for (size_t i = 0; i < (size_t)nb * ldx; i++)
                         x[i] = frand() * (i % 13 == 0 ? 5.f : 1.f);
                     for (size_t i = 0; i < (size_t)nb * ldy; i++)
@@ -96,43 +145,7 @@ static void check_set(const lms__qkernels *ks, const lms__qkernels *gen)
                     void *xq = malloc(lms__qx_row_bytes(t, cols) * (size_t)nb);
                     lms__qx_quantize(t, x, ldx, nb, cols, xq);
                     ks->gemm_q[t](w, ldw, xq, yq, ldy, rows, nb, cols, acc);
-                    int be = k ? 256 : 32;
-                    for (int r = 0; r < rows; r++) {
-                        assert_int_equal(lms__dequant_row(t, w + (size_t)r * ldw, deq, (size_t)cols), 0);
-                        for (int b = 0; b < nb; b++) {
-                            const float *xb = x + (size_t)b * ldx;
-                            double ref = acc ? 0.25 : 0, mag = 0, bound = 0;
-                            for (int blk = 0; blk < cols / be; blk++) {
-                                double amax = 0, w1 = 0;
-                                for (int i = blk * be; i < (blk + 1) * be; i++) {
-                                    ref += (double)deq[i] * xb[i];
-                                    mag += fabs((double)deq[i] * xb[i]);
-                                    amax = fmax(amax, fabs(xb[i]));
-                                    w1 += fabs(deq[i]);
-                                }
-                                if (k) {
-                                    bound += w1 * amax / 127 * 0.5;
-                                } else { /* 32-element blocks: d in f16, and the minimum's d * sum(q) too */
-                                    bound += w1 * amax / 127 * (0.5 + 127.0 / 2048);
-                                    if (t == LMS_DTYPE_Q4_1 || t == LMS_DTYPE_Q5_1) {
-                                        const uint8_t *wb = w + (size_t)r * ldw + (size_t)blk * lms_dtype_block_bytes(t, 0);
-                                        bound += fabs(lms__f16_to_f32(lms__get_u16(wb + 2))) * 32 * amax / 2048;
-                                    }
-                                }
-                            }
-                            float got = y[(size_t)b * ldy + r], g = yg[(size_t)b * ldy + r];
-                            double slack = 2e-5 * mag + 1e-6;
-                            if (fabs(got - ref) > bound + slack)
-                                fail_msg("%s %s rows %d cols %d nb %d: y[%d][%d] = %.7g, dequantized dot %.7g "
-                                         "(bound %.3g)",
-                                         ks->name, lms_dtype_name(t), rows, cols, nb, b, r, got, ref, bound);
-                            if (fabs(got - g) > slack)
-                                fail_msg("%s %s: %.7g differs from the portable kernel's %.7g", ks->name,
-                                         lms_dtype_name(t), got, g);
-                            if (memcmp(&got, &yq[(size_t)b * ldy + r], 4))
-                                fail_msg("%s %s: gemm_q gives other bits", ks->name, lms_dtype_name(t));
-                        }
-                    }
+                    check_against_dequantized(ks, t, w, ldw, rows, cols, x, ldx, nb, y, yg, yq, ldy, acc);
                     for (int b = 0; b < nb; b++) /* nothing past the rows is touched */
                         assert_true(y[(size_t)b * ldy + rows] == 0.25f && y[(size_t)b * ldy + rows + 1] == 0.25f);
                     free(w);
@@ -140,7 +153,6 @@ static void check_set(const lms__qkernels *ks, const lms__qkernels *gen)
                     free(y);
                     free(yg);
                     free(yq);
-                    free(deq);
                     free(xq);
                 }
     }
@@ -226,6 +238,90 @@ static void every_set_matches_the_dequantized_dot(void **state)
     assert_false(lms__qkernel_supported(LMS_DTYPE_BF16));
 }
 
+/* The products as the engine runs them: x quantized once, rows split into
+ * chunks over a pool of `threads` workers (each with its own panel
+ * scratch), chunk boundaries not on 16-row panels. */
+typedef struct split_run {
+    const lms__qkernels *ks;
+    lms_dtype t;
+    const uint8_t *w;
+    size_t ldw, ldy;
+    const void *xq;
+    float *y;
+    int rows, nb, cols, chunk;
+    bool acc;
+} split_run;
+
+static void split_task(void *arg, size_t i, int worker)
+{
+    split_run *r = arg;
+    (void)worker;
+    int r0 = (int)i * r->chunk, n = r->rows - r0 < r->chunk ? r->rows - r0 : r->chunk;
+    r->ks->gemm_q[r->t](r->w + (size_t)r0 * r->ldw, r->ldw, r->xq, r->y + r0, r->ldy, n, r->nb, r->cols, r->acc);
+}
+
+static void panels_match_the_dequantized_product_on_awkward_shapes(void **state)
+{
+    (void)state;
+    static const lms_dtype ptypes[] = {LMS_DTYPE_Q8_0, LMS_DTYPE_Q4_0, LMS_DTYPE_Q5_0,
+                                       LMS_DTYPE_Q4_K, LMS_DTYPE_Q5_K, LMS_DTYPE_Q6_K};
+    /* rows: under a panel, one, one plus one, several plus 15; vectors: one
+     * (decode), the register tile's 8 and past it; 32-element rows of 5, 7,
+     * 33 blocks (not a multiple of the 4-block decode step), K rows of 1 and
+     * 3 super-blocks */
+    static const int rowss[] = {15, 16, 17, 47}, nbs[] = {1, 2, 8, 9, 23};
+    static const char *const names[] = {"generic", "avx2", "avx512"};
+    lms_pool *pools[2];
+    assert_int_equal(lms__pool_create(1, &pools[0]), 0);
+    assert_int_equal(lms__pool_create(2, &pools[1]), 0);
+    for (size_t si = 0; si < 3; si++) {
+        const lms__qkernels *ks = lms__qkernels_by_name(names[si]);
+        if (!ks)
+            continue;
+        for (size_t ti = 0; ti < sizeof ptypes / sizeof ptypes[0]; ti++) {
+            lms_dtype t = ptypes[ti];
+            bool k = lms_dtype_block_elems(t, 0) == 256;
+            const int colss[] = {k ? 256 : 160, k ? 768 : 224, k ? 768 : 1056};
+            for (size_t ri = 0; ri < 4; ri++)
+                for (size_t ci = 0; ci < 3; ci++)
+                    for (size_t ni = 0; ni < 5; ni++) {
+                        int rows = rowss[ri], cols = colss[ci], nb = nbs[ni];
+                        uint64_t rb, cc = (uint64_t)cols;
+                        assert_int_equal(lms_dtype_nbytes(t, 0, &cc, 1, &rb), 0);
+                        size_t ldw = (size_t)rb, ldx = (size_t)cols + 5, ldy = (size_t)rows + 1;
+                        uint8_t *w = malloc((size_t)rows * ldw); /* packed: the last row ends the buffer */
+                        make_weights(t, w, rows, cols, ldw);
+                        float *x = malloc((size_t)nb * ldx * 4), *y[2];
+                        for (size_t i = 0; i < (size_t)nb * ldx; i++)
+                            x[i] = frand() * (i % 17 == 0 ? 6.f : 1.f);
+                        void *xq = malloc(lms__qx_row_bytes(t, cols) * (size_t)nb);
+                        lms__qx_quantize(t, x, ldx, nb, cols, xq);
+                        bool acc = ni % 2 == 1;
+                        for (int p = 0; p < 2; p++) {
+                            y[p] = malloc((size_t)nb * ldy * 4);
+                            for (size_t i = 0; i < (size_t)nb * ldy; i++)
+                                y[p][i] = 0.25f;
+                            /* chunks of 13 rows over 2 workers; one call over 1 */
+                            split_run r = {ks, t, w, ldw, ldy, xq, y[p], rows, nb, cols, p ? 13 : rows, acc};
+                            lms__pool_run(pools[p], (size_t)((rows + r.chunk - 1) / r.chunk), split_task, &r);
+                        }
+                        check_against_dequantized(ks, t, w, ldw, rows, cols, x, ldx, nb, y[0], NULL, y[1], ldy,
+                                                  acc);
+                        for (int b = 0; b < nb; b++)
+                            assert_true(y[0][(size_t)b * ldy + rows] == 0.25f);
+                        free(w);
+                        free(x);
+                        free(xq);
+                        free(y[0]);
+                        free(y[1]);
+                    }
+        }
+        printf("kernel set %s: panel and decode paths within bounds, 1 and 2 threads alike\n", ks->name);
+    }
+    lms__pool_destroy(pools[0]);
+    lms__pool_destroy(pools[1]);
+}
+
 /* A row of 1024 of edge blocks for block size be (32 or 256), then random values. */
 static void edge_row(float *x, int n, int be, int seed_case)
 {
@@ -275,6 +371,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_set_matches_the_dequantized_dot),
+        cmocka_unit_test(panels_match_the_dequantized_product_on_awkward_shapes),
         cmocka_unit_test(activation_quantizers_write_the_portable_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
