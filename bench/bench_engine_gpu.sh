@@ -21,6 +21,9 @@
 #                    forward pass per step over every running sequence) against
 #                    the single-sequence rate; then 16 requests with F32 K/V,
 #                    each request's ids checked against lms_generate alone
+#   serve8b          `lmstore serve --device cuda` over the 8B shape (given
+#                    Llama 3's real tokenizer from tests/fixtures): aggregate
+#                    decode of 1/4/16/64 streaming clients (bench/serve_load.py)
 #   mlx8b            llama8b quantized by `lmstore quantize --type mlx4` (and
 #                    mlx8): decode at 128 tokens of context against the HBM
 #                    roofline of its own bytes, prefill of 2048 (dequantized
@@ -215,6 +218,43 @@ gemma12bdec() {
     step_profile gemma12b 250
 }
 
+# lmstore serve on the GPU: the 8B shape with Llama 3's tokenizer (its vocabulary
+# is the shape's 128256), imported as llama8b-tok; for C clients a server with
+# --parallel C, warmed by one request, then C streaming greedy clients
+# (bench/serve_load.py) for 10 s after 3 s of warm-up.
+serve8b() {
+    say "lmstore serve --device cuda (llama8b with Llama 3's tokenizer)"
+    [ -f "$HF/config.json" ] || timeout 500 $PY bench/bench_load_hf.py make "$HF" | jl
+    for f in tokenizer.json tokenizer_config.json; do
+        gzip -dc "tests/fixtures/tokenizers/llama3.$f.gz" >"$HF/$f"
+    done
+    "$LMS" info llama8b-tok --store "$ST" >/dev/null 2>&1 ||
+        timeout 400 "$LMS" import "$HF" --store "$ST" --name llama8b-tok 2>&1 | tail -1 | tee -a "$LOG"
+    local c port pid
+    for c in 1 4 16 64; do
+        port=$((18000 + c))
+        "$LMS" serve llama8b-tok --store "$ST" --device cuda --parallel "$c" --ctx 512 --port "$port" \
+            --no-prefix-store 2>>"$LOG" &
+        pid=$!
+        $PY - "$port" <<'EOF' 2>>"$LOG"
+import json, sys, time, urllib.request
+u = "http://127.0.0.1:%s" % sys.argv[1]
+for _ in range(240):
+    try:
+        urllib.request.urlopen(u + "/health", timeout=2)
+        break
+    except Exception:
+        time.sleep(0.5)
+r = urllib.request.Request(u + "/v1/completions", json.dumps({"prompt": "Hello", "max_tokens": 8}).encode(),
+                           {"Content-Type": "application/json"})
+urllib.request.urlopen(r, timeout=120).read()
+EOF
+        timeout 60 $PY bench/serve_load.py "http://127.0.0.1:$port" --clients "$c" --seconds 10 --warmup 3 \
+            --model llama8b-tok | sed 's/^{/{"what": "serve_cuda", /' | jl
+        kill "$pid"; wait "$pid"
+    done
+}
+
 mlx8b() {
     say "llama8b as MLX 4-bit and 8-bit"
     local t
@@ -255,6 +295,7 @@ while [ $# -gt 0 ]; do
     make8b) make8b ;;
     bench8b) bench8b ;;
     batch8b) batch8b ;;
+    serve8b) serve8b ;;
     peers8b) peers8b ;;
     smollm2) smollm2 "$2"; shift ;;
     profile) profile ;;
