@@ -264,16 +264,9 @@ int lms_bench_batch(int argc, char **argv)
     lms_engine *e = NULL;
     int32_t *prompts = NULL, *out = NULL, *alone = NULL;
     double *single = calloc((size_t)reps, sizeof(double)), *agg = calloc((size_t)reps, sizeof(double));
-    const char *path = lms_cli_store_path(store_opt);
     names before = {0};
-    if ((rc = lms_store_open(path, restart ? 0 : LMS_STORE_RDONLY, NULL, &st))) {
-        lms_cli_fail("bench batch", rc, path);
+    if ((rc = lms_bench_open("bench batch", store_opt, restart > 0, devname, &st, &dev)))
         goto out;
-    }
-    if (devname && strcmp(devname, "cpu") && (rc = lms_device_open_name(devname, &dev))) {
-        lms_cli_fail("bench batch", rc, NULL);
-        goto out;
-    }
     lms_model_params mp = lms_model_default_params();
     mp.device = dev;
     if ((rc = lms_model_open(st, model, &mp, &m))) {

@@ -62,6 +62,28 @@ static int quiet(void *u, int32_t id, const char *p, size_t l)
     return 0;
 }
 
+int lms_bench_open(const char *cmd, const char *store_opt, bool writable, const char *devname, lms_store **st,
+                   lms_device **dev)
+{
+    const char *path = lms_cli_store_path(store_opt);
+    int rc;
+    *st = NULL;
+    *dev = NULL;
+    if ((rc = lms_store_open(path, writable ? 0 : LMS_STORE_RDONLY, NULL, st))) {
+        *st = NULL;
+        lms_cli_fail(cmd, rc, path);
+        return rc;
+    }
+    if (devname && strcmp(devname, "cpu") && (rc = lms_device_open_name(devname, dev))) {
+        *dev = NULL;
+        lms_cli_fail(cmd, rc, NULL);
+        lms_store_close(*st);
+        *st = NULL;
+        return rc;
+    }
+    return LMS_OK;
+}
+
 int lms_bench_engine(int argc, char **argv)
 {
     const char *store_opt = NULL, *model = NULL, *devname = NULL, *v;
@@ -107,15 +129,8 @@ int lms_bench_engine(int argc, char **argv)
     lms_engine *e = NULL;
     int32_t *toks = NULL;
     double *pf = NULL, *dec = NULL;
-    const char *path = lms_cli_store_path(store_opt);
-    if ((rc = lms_store_open(path, session ? 0 : LMS_STORE_RDONLY, NULL, &st))) {
-        lms_cli_fail("bench engine", rc, path);
+    if ((rc = lms_bench_open("bench engine", store_opt, session > 0, devname, &st, &dev)))
         goto out;
-    }
-    if (devname && strcmp(devname, "cpu") && (rc = lms_device_open_name(devname, &dev))) {
-        lms_cli_fail("bench engine", rc, NULL);
-        goto out;
-    }
     lms_model_params mp = lms_model_default_params();
     mp.device = dev;
     double t0 = lms__now();

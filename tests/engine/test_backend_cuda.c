@@ -192,6 +192,18 @@ static void model_free(model *m)
     free(m->w.vec_store);
 }
 
+/* The end of a CPU-against-CUDA comparison: both forward passes, the pool, both
+ * KV arenas (host and device) and the model. */
+static void pair_free(lms__fwd *fc, lms__fwd *fg, lms_pool *pool, uint8_t *ac, void *ag, model *m)
+{
+    lms__fwd_free(fc);
+    lms__fwd_free(fg);
+    lms__pool_destroy(pool);
+    free(ac);
+    g_dev->ops->free(g_dev, ag);
+    model_free(m);
+}
+
 /* ---- both backends over one model, with K/V arenas of equal content --------------------------------- */
 
 #define N_PAGES 40
@@ -670,12 +682,7 @@ static void test_forward_shape(const shape *s)
         }
     }
     free(l1), free(l2);
-    lms__fwd_free(fc);
-    lms__fwd_free(fg);
-    lms__pool_destroy(pool);
-    free(ac);
-    g_dev->ops->free(g_dev, ag);
-    model_free(&m);
+    pair_free(fc, fg, pool, ac, ag, &m);
 }
 
 /* ---- sliding-window layers in the cache's window group -------------------------------------------------- */
@@ -761,14 +768,9 @@ static void test_window_shape(const shape *s)
             poison_window(&kc, &kg, pos);
         }
     }
-    free(l1), free(l2);
-    lms__fwd_free(fc);
-    lms__fwd_free(fg);
-    lms__pool_destroy(pool);
-    free(ac), free(wc);
-    g_dev->ops->free(g_dev, ag);
+    free(l1), free(l2), free(wc);
     g_dev->ops->free(g_dev, wg);
-    model_free(&m);
+    pair_free(fc, fg, pool, ac, ag, &m);
 }
 
 /* ---- steps of several sequences ------------------------------------------------------------------------ */
@@ -866,12 +868,7 @@ static void test_segments_shape(const shape *s)
     check("segments k/v", s, 0, 0, a2, a1, n, tol);
     free(a1), free(a2), free(g);
     free(l1), free(l2);
-    lms__fwd_free(fc);
-    lms__fwd_free(fg);
-    lms__pool_destroy(pool);
-    free(ac);
-    g_dev->ops->free(g_dev, ag);
-    model_free(&m);
+    pair_free(fc, fg, pool, ac, ag, &m);
 }
 
 /* ---- the shapes -------------------------------------------------------------------------------------- */
