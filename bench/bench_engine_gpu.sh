@@ -121,6 +121,10 @@ coldstart() {
     $PY bench/cold_start.py --reps 5 --label lmstore_cuda_warm -- "$LMS" run llama8b --store "$ST" --device cuda \
         --prompt-ids "$ids" --max-tokens 1 --json | jl
     $PY bench/cold_start.py --reps 3 --label transformers_warm -- $PY bench/bench_engine_hf.py first "$HF" 32 | jl
+    # where the time went: the engine made while the weights arrive, the first
+    # step's layers run as they arrive (debug lines of one more warm run)
+    LMSTORE_LOG=debug "$LMS" run llama8b --store "$ST" --device cuda --prompt-ids "$ids" --max-tokens 1 --json \
+        2>&1 >/dev/null | grep -E "engine created|weights arrived|resident" | tee -a "$LOG"
     if [ "${LMS_BENCH_DROP:-0}" = 1 ]; then
         local s e
         sync; echo 3 >/proc/sys/vm/drop_caches

@@ -351,8 +351,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         e = cudaMemcpy(b->dvec, b->w->vec_store, b->w->vec_len * 4, cudaMemcpyHostToDevice);
     if (!e)
         e = cudaMemset(b->counters, 0, B * hp->n_kv_heads * 4);
-    if (!e)
-        e = cudaDeviceSynchronize();
+    if (!e) /* the default stream's memsets; not the device: a resident load may still be copying */
+        e = cudaStreamSynchronize(0);
     if (e) {
         rc = cu_err(e, "engine setup copies");
         goto out_fail;
