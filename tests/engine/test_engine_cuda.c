@@ -88,14 +88,15 @@ typedef struct rig {
     lms_engine *eng;
 } rig;
 
-/* dev NULL: the CPU */
-static void rig_open(rig *g, const char *sd, const char *name, lms_device *dev, lms_dtype kvdt, uint32_t block,
-                     uint32_t n_ctx)
+/* dev NULL: the CPU. sync: the load is complete when the model is open. */
+static void rig_open_ex(rig *g, const char *sd, const char *name, lms_device *dev, lms_dtype kvdt, uint32_t block,
+                        uint32_t n_ctx, bool sync)
 {
     memset(g, 0, sizeof *g);
     assert_int_equal(lms_store_open(sd, 0, NULL, &g->st), 0);
     lms_model_params mp = lms_model_default_params();
     mp.device = dev;
+    mp.sync = sync;
     if (dev)
         mp.placement = LMS_PLACE_RESIDENT;
     int rc = lms_model_open(g->st, name, &mp, &g->model);
@@ -109,6 +110,12 @@ static void rig_open(rig *g, const char *sd, const char *name, lms_device *dev, 
     ep.device = dev;
     if ((rc = lms_engine_create(g->model, &ep, &g->eng)))
         fail_msg("engine create: %s", lms_last_error());
+}
+
+static void rig_open(rig *g, const char *sd, const char *name, lms_device *dev, lms_dtype kvdt, uint32_t block,
+                     uint32_t n_ctx)
+{
+    rig_open_ex(g, sd, name, dev, kvdt, block, n_ctx, false);
 }
 
 static void rig_close(rig *g)
@@ -380,30 +387,16 @@ static void behind_load(const char *sd, const char *name, const int32_t *p, int 
 {
     float a[512], b[512];
     for (int sync = 0; sync < 2; sync++) {
-        lms_store *st;
-        lms_model *m;
-        lms_engine *e;
-        assert_int_equal(lms_store_open(sd, 0, NULL, &st), 0);
-        lms_model_params mp = lms_model_default_params();
-        mp.device = g_dev;
-        mp.placement = LMS_PLACE_RESIDENT;
-        mp.sync = sync;
-        if (lms_model_open(st, name, &mp, &m))
-            fail_msg("model open: %s", lms_last_error());
-        lms_engine_params ep = lms_engine_default_params();
-        ep.device = g_dev;
-        if (lms_engine_create(m, &ep, &e))
-            fail_msg("engine create: %s", lms_last_error());
-        bool all_in = lms_model_layer_ready(m, LMS_LAYER_ALL);
+        rig g;
+        rig_open_ex(&g, sd, name, g_dev, 0, 0, 0, sync);
+        bool all_in = lms_model_layer_ready(g.model, LMS_LAYER_ALL);
         lms_engine_info info;
-        lms_engine_get_info(e, &info);
+        lms_engine_get_info(g.eng, &info);
         assert_true(info.n_vocab <= 512);
-        assert_int_equal(lms_engine_eval(e, p, (size_t)n, sync ? b : a, LMS_EVAL_LAST), 0);
+        assert_int_equal(lms_engine_eval(g.eng, p, (size_t)n, sync ? b : a, LMS_EVAL_LAST), 0);
         printf("%s: sync %d, every weight in when the engine was made: %d\n", name, sync, all_in);
         assert_true(!sync || all_in);
-        lms_engine_free(e);
-        lms_model_close(m);
-        assert_int_equal(lms_store_close(st), 0);
+        rig_close(&g);
         if (sync)
             assert_memory_equal(a, b, sizeof(float) * info.n_vocab);
     }
