@@ -721,6 +721,292 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
     }
 }
 
+/* ---- the same, codes streamed through shared memory (cp.async) ---------------------------- */
+
+#define MLXP_TH 256  /* threads a block */
+#define MLXP_RW 2    /* rows of a unit (a warp's rows at a time) */
+#define MLXP_U 2     /* 16-byte chunks of codes per row and lane in a stage */
+#define MLXP_S 3     /* stages a warp: S - 1 in flight while one is multiplied */
+#define MLXP_XB 8    /* float4s of x (and of the norm) per thread in flight while quantizing */
+#define MLXP_SMEM_MAX (227 * 1024) /* the most shared memory a block may have (sm_90) */
+
+/* 4 bytes global -> shared, asynchronous; src_bytes 0 writes zeros. */
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+/* defined with the attention kernels */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes);
+__device__ __forceinline__ void cp_async_commit();
+template <int N> __device__ __forceinline__ void cp_async_wait();
+
+/* One stage of a warp: lane l's chunks of codes, and the 32-bit words holding their
+ * groups' scale and bias (a 16-bit value is the word's low or high half). Each lane
+ * reads back only what it copied itself. */
+struct mlxp_stage {
+    uint4 w[MLXP_RW][MLXP_U][32];
+    uint32_t s[MLXP_RW][MLXP_U][32], b[MLXP_RW][MLXP_U][32];
+};
+
+/* Shared memory of gemv_mlxp_kernel for rows of K (group gs): the warps' stages, the int8
+ * input, then (scale, sum) per group. */
+__host__ __device__ static size_t mlxp_smem(int K, int gs)
+{
+    return (size_t)(MLXP_TH / 32) * MLXP_S * sizeof(mlxp_stage) + (size_t)K + (size_t)(K / gs) * sizeof(float2);
+}
+
+template <int BITS, int ST> __global__ void gemv_mlxp_kernel(const lms_cu_gemv a);
+
+/* Shared memory beyond 48 KB for gemv_mlxp_kernel, and all of a multiprocessor's
+ * carve-out for it (lms_cu_kernels_init) */
+cudaError_t mlxp_init()
+{
+    cudaError_t e = cudaSuccess;
+#define LMS_CU_MLXP_ATTR(B, S)                                                                                         \
+    if (!e) e = cudaFuncSetAttribute(gemv_mlxp_kernel<B, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, MLXP_SMEM_MAX); \
+    if (!e) e = cudaFuncSetAttribute(gemv_mlxp_kernel<B, S>, cudaFuncAttributePreferredSharedMemoryCarveout,           \
+                                     (int)cudaSharedmemCarveoutMaxShared);
+    LMS_CU_MLXP_ATTR(4, LMS_CU_BF16) LMS_CU_MLXP_ATTR(4, LMS_CU_F16) LMS_CU_MLXP_ATTR(4, LMS_CU_F32)
+    LMS_CU_MLXP_ATTR(8, LMS_CU_BF16) LMS_CU_MLXP_ATTR(8, LMS_CU_F16) LMS_CU_MLXP_ATTR(8, LMS_CU_F32)
+#undef LMS_CU_MLXP_ATTR
+    return e;
+}
+
+/* The value of type ST at p out of the 32-bit word holding it (copied from p & ~3). */
+template <int ST> __device__ __forceinline__ float mlxp_val(uint32_t word, const uint8_t *p)
+{
+    if (ST == LMS_CU_F32)
+        return __uint_as_float(word);
+    const uint32_t h = ((uintptr_t)p & 2) ? word >> 16 : word & 0xffffu;
+    return ST == LMS_CU_BF16 ? __uint_as_float(h << 16) : __half2float(__ushort_as_half((unsigned short)h));
+}
+
+/*
+ * gemv_mlxq_kernel's product (int8 x per group, dp4a on the codes, the same x
+ * layout and sums) with the codes streamed through shared memory, so that no
+ * register holds a load in flight:
+ *
+ *   1. Each warp walks a flat list of stages: units gw, gw + gridDim.x * W,
+ *      ... (MLXQ_RW rows each, gate and up row with pair_act), each unit
+ *      ceil(K / EPC / (32 MLXP_U)) stages of MLXP_U chunks per row and lane.
+ *      A stage's codes, scales and biases go to the warp's ring of MLXP_S
+ *      slots by cp.async (zeros past a row's end or the last row), one
+ *      commit group per stage; while stage t is multiplied, stages t + 1 ..
+ *      t + S - 1 are in flight, also across units (no wait between rows).
+ *      The first S - 1 stages are issued before griddepcontrol.wait.
+ *   2. x is quantized once per block as in gemv_mlxq_kernel, with x and the
+ *      norm loaded together, MLXP_XB float4s each per thread at a time.
+ *   3. After a unit's last stage: warp sums, lane 0 writes the rows (RMS
+ *      scale, bias, residual add, act(gate) * up with pair_act).
+ *
+ * Invariants: (1) a lane reads only the slot words it copied itself, after
+ * cp.async.wait_group has seen their group complete, and copies into a slot
+ * only after its own reads of that slot (program order); (2) every thread
+ * commits one group per stage issued, empty ones included, so that
+ * wait_group(S - 1) after issuing stage t + S - 1 means stage t is in; (3)
+ * the loop bounds and warp sums are the same for every lane of a warp; the
+ * bound checks on chunks only skip work.
+ */
+template <int BITS, int ST>
+__global__ void __launch_bounds__(MLXP_TH, 2) gemv_mlxp_kernel(const lms_cu_gemv a)
+{
+    constexpr int EPC = 128 / BITS, W = MLXP_TH / 32, RW = MLXP_RW, U = MLXP_U, S = MLXP_S;
+    constexpr int SB = (int)sizeof(typename elem<ST>::t);
+    extern __shared__ __align__(16) uint8_t mp_smem[];
+    __shared__ float red[W];
+    griddep_launch();
+    const int K = a.K, gs = a.group, gsh = __ffs(gs) - 1, nch = K / EPC, tid = threadIdx.x, lane = tid & 31,
+              warp = tid >> 5;
+    mlxp_stage *ring = (mlxp_stage *)mp_smem + warp * S;
+    uint8_t *xq = mp_smem + (size_t)W * S * sizeof(mlxp_stage); /* K bytes */
+    float2 *xg = (float2 *)(xq + K); /* [K / gs]: dx, and dx * sum q * EPC / gs (a chunk's share) */
+    const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)(K / gs) * SB;
+
+    const bool pair = a.pair_act != 0;
+    const int s1 = a.rows[0], s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0), total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
+    const int units = pair ? a.rows[0] : (total + RW - 1) / RW, gstride = gridDim.x * W;
+    const int nib = (nch + U * 32 - 1) / (U * 32); /* stages of a unit */
+    const int gw = blockIdx.x * W + warp;
+    const int nit = gw < units ? (units - gw + gstride - 1) / gstride * nib : 0; /* the warp's stages */
+
+    /* row r of unit u: its job and row in the job; false past the last row */
+    auto row_of = [&](int u, int r, int &j, int &lr) -> bool {
+        if (pair) {
+            j = r, lr = u;
+            return u < a.rows[0];
+        }
+        const int x = u * RW + r;
+        j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
+        lr = x - (j == 0 ? 0 : j == 1 ? s1 : s2);
+        return x < total;
+    };
+    /* stage t of the warp into slot t % S (nothing past the last stage; one commit group always) */
+    auto issue = [&](int t) {
+        if (t < nit) {
+            const int u = gw + t / nib * gstride, ib = t % nib;
+            mlxp_stage &st = ring[t % S];
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                int j, lr;
+                const bool ok = row_of(u, r, j, lr);
+                const size_t row = ok ? (size_t)lr : 0;
+                const uint8_t *wr = (const uint8_t *)a.w[j] + row * row_bytes;
+                const uint8_t *sc = (const uint8_t *)a.scales[j] + row * srow;
+                const uint8_t *bi = (const uint8_t *)a.biases[j] + row * srow;
+#pragma unroll
+                for (int uu = 0; uu < U; uu++) {
+                    const int c = (ib * U + uu) * 32 + lane;
+                    const bool v = ok && c < nch;
+                    const int cc = v ? c : 0;
+                    const size_t go = (size_t)((cc * EPC) >> gsh) * SB;
+                    cp_async16(&st.w[r][uu][lane], wr + (size_t)cc * 16, v ? 16 : 0);
+                    cp_async4(&st.s[r][uu][lane], (const void *)((uintptr_t)(sc + go) & ~(uintptr_t)3), v ? 4 : 0);
+                    cp_async4(&st.b[r][uu][lane], (const void *)((uintptr_t)(bi + go) & ~(uintptr_t)3), v ? 4 : 0);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int t = 0; t < S - 1; t++) issue(t);
+    griddep_wait();
+
+    /* 1. quantize: thread t takes 4 elements at a time, gs / 4 consecutive threads a group */
+    const float *x = a.x + (size_t)a.row0 * a.ldx;
+    const int gl = gs / 4; /* lanes of a group: 8, 16 or 32 */
+    float ss = 0.f;
+    for (int base = 0; base < K; base += MLXP_XB * 4 * MLXP_TH) {
+        float4 v[MLXP_XB], n[MLXP_XB];
+#pragma unroll
+        for (int i = 0; i < MLXP_XB; i++) {
+            const int k = base + (i * MLXP_TH + tid) * 4;
+            v[i] = k < K ? __ldg((const float4 *)(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            n[i] = a.norm && k < K ? __ldg((const float4 *)(a.norm + k)) : make_float4(1.f, 1.f, 1.f, 1.f);
+        }
+#pragma unroll
+        for (int i = 0; i < MLXP_XB; i++) {
+            const int k = base + (i * MLXP_TH + tid) * 4;
+            if (base + i * MLXP_TH * 4 >= K) /* the same for the whole block: no thread waits at a shuffle alone */
+                break;
+            float4 t = v[i];
+            if (a.norm) {
+                ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
+                t.x *= n[i].x, t.y *= n[i].y, t.z *= n[i].z, t.w *= n[i].w;
+            }
+            float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
+            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
+            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
+            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
+            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+            if (k >= K)
+                continue;
+            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
+                           q3 = (uint32_t)i3 & 0xffu;
+            if (BITS == 8) {
+                *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
+            } else { /* gemv_mlxq_kernel's layout */
+                const int c = k >> 5, i8 = (k & 31) >> 3, e0 = k & 7;
+                uint8_t *p = xq + (i8 >> 1) * (K >> 1) + c * 16 + (i8 & 1) * 8 + (e0 >> 1);
+                *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
+                *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
+            }
+            if ((k & (gs - 1)) == 0)
+                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
+        }
+    }
+    if (a.norm) {
+        ss = warp_sum(ss);
+        if (lane == 0)
+            red[warp] = ss;
+    }
+    __syncthreads();
+    float rs = 1.f;
+    if (a.norm) {
+        float t = 0.f;
+#pragma unroll
+        for (int i = 0; i < W; i++) t += red[i];
+        rs = 1.0f / sqrtf(t / (float)K + a.eps);
+    }
+
+    /* 2. the stages: stage t + S - 1 out, stage t in, stage t multiplied */
+    float acc[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) acc[r] = 0.f;
+    for (int t = 0; t < nit; t++) {
+        issue(t + S - 1);
+        cp_async_wait<S - 1>();
+        const int u = gw + t / nib * gstride, ib = t % nib;
+        int jb[RW], lr[RW];
+        bool ok[RW];
+        const uint8_t *sc[RW], *bi[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            ok[r] = row_of(u, r, jb[r], lr[r]);
+            const size_t row = ok[r] ? (size_t)lr[r] : 0;
+            sc[r] = (const uint8_t *)a.scales[jb[r]] + row * srow;
+            bi[r] = (const uint8_t *)a.biases[jb[r]] + row * srow;
+        }
+        const mlxp_stage &st = ring[t % S];
+#pragma unroll
+        for (int uu = 0; uu < U; uu++) {
+            const int c = (ib * U + uu) * 32 + lane;
+            if (c >= nch)
+                break;
+            const int grp = (c * EPC) >> gsh;
+            const float2 g2 = xg[grp];
+            const uint4 xa = *(const uint4 *)(xq + (size_t)c * 16);
+            uint4 xb = make_uint4(0, 0, 0, 0);
+            if (BITS == 4)
+                xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                const uint4 q = st.w[r][uu][lane];
+                int s = 0;
+                if (BITS == 4) {
+                    const uint32_t m = 0x0f0f0f0fu;
+                    s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
+                    s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
+                    s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
+                    s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
+                } else {
+                    s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
+                    s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
+                }
+                const float sv = mlxp_val<ST>(st.s[r][uu][lane], sc[r] + (size_t)grp * SB);
+                const float bv = mlxp_val<ST>(st.b[r][uu][lane], bi[r] + (size_t)grp * SB);
+                /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share); rows past the
+                 * last have zero scale and bias */
+                acc[r] = fmaf(sv, g2.x * (float)s, fmaf(bv, g2.y, acc[r]));
+            }
+        }
+        if (ib == nib - 1) { /* 3. the unit's rows */
+            float v[RW];
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                v[r] = warp_sum(acc[r]) * rs;
+                acc[r] = 0.f;
+                if (ok[r] && a.bias[jb[r]])
+                    v[r] += a.bias[jb[r]][lr[r]];
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < RW; r++)
+                    if (ok[r]) {
+                        float *y = a.y[jb[r]] + (size_t)a.y_row0 * a.ldy[jb[r]] + lr[r];
+                        *y = a.acc[jb[r]] ? *y + v[r] : v[r];
+                    }
+                if (pair && ok[0])
+                    a.h[lr[0]] = act_f(a.pair_act, v[0]) * v[1];
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
 /* hi[r][k] + lo[r][k] = s * q + b of rows [r0, r0 + n) of an MLX affine matrix:
  * the value rounded to bf16, and what that rounding lost, also bf16 (a GEMM
  * over both carries about 16 bits of the weights, as the f32 CPU path does).
@@ -1886,20 +2172,41 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
     constexpr int T4 = 128, T8 = 256;
     dim3 grid(a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R);
     bool one = a->nb_max == 1;
-    /* one row of x: products on int8 activations (gemv_mlxq_kernel), where x can be read as
+    /* one row of x: products on int8 activations (gemv_mlxp_kernel, or gemv_mlxq_kernel), where x can be read as
      * float4s and the group is a power of two from 32 to 128 */
     const int g = a->group;
     const size_t qsm = mlxq_smem(a->K, g > 0 ? g : 1);
-    const bool q8 = one && !a->exact && (g == 32 || g == 64 || g == 128) && a->K % g == 0 && qsm <= 48 * 1024 &&
+    const bool q8 = one && a->exact != 1 && (g == 32 || g == 64 || g == 128) && a->K % g == 0 &&
                     (uintptr_t)a->x % 16 == 0 && a->ldx % 4 == 0 && (uintptr_t)a->norm % 16 == 0;
-    if (q8) {
-        const int wr = MLXQ_TH / 32; /* warps a block */
-        static int sms;
-        if (!sms) {
-            int dev = 0;
-            if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1)
-                sms = 132;
+    static int sms;
+    if (q8 && !sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1)
+            sms = 132;
+    }
+    /* codes streamed through shared memory (gemv_mlxp_kernel): scales and biases copied as
+     * the 32-bit words holding them, so their arrays must start 4-byte aligned */
+    bool sb4 = true;
+    for (int j = 0; j < a->n_jobs; j++) sb4 = sb4 && (uintptr_t)a->scales[j] % 4 == 0 && (uintptr_t)a->biases[j] % 4 == 0;
+    const size_t psm = mlxp_smem(a->K, g > 0 ? g : 1);
+    if (q8 && a->exact == 0 && sb4 && psm <= MLXP_SMEM_MAX) {
+        const int units = a->pair_act ? a->rows[0] : (total + MLXP_RW - 1) / MLXP_RW, wr = MLXP_TH / 32;
+#define LMS_CU_MLXP(B, S)                                                                                              \
+        if (bits == B && stype == S) {                                                                                 \
+            int per = 0; /* resident blocks a multiprocessor: a persistent grid of that many */                       \
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gemv_mlxp_kernel<B, S>, MLXP_TH, psm) || per < 1) \
+                per = 1;                                                                                               \
+            dim3 pgrid((unsigned)std::min((units + wr - 1) / wr, per * sms));                                          \
+            int rc = launch(gemv_mlxp_kernel<B, S>, pgrid, dim3(MLXP_TH), psm, stream, *a);                           \
+            return rc ? rc : gemv_norm_add_launch(a, stream);                                                          \
         }
+        LMS_CU_MLXP(4, LMS_CU_BF16) LMS_CU_MLXP(4, LMS_CU_F16) LMS_CU_MLXP(4, LMS_CU_F32)
+        LMS_CU_MLXP(8, LMS_CU_BF16) LMS_CU_MLXP(8, LMS_CU_F16) LMS_CU_MLXP(8, LMS_CU_F32)
+#undef LMS_CU_MLXP
+        return (int)cudaErrorInvalidValue;
+    }
+    if (q8 && qsm <= 48 * 1024) {
+        const int wr = MLXQ_TH / 32; /* warps a block */
         const int units = a->pair_act ? a->rows[0] : (total + MLXQ_RW - 1) / MLXQ_RW;
         /* a persistent grid: MLXQ_BLOCKS per multiprocessor at most */
         dim3 qgrid((unsigned)std::min((units + wr - 1) / wr, MLXQ_BLOCKS * sms));
@@ -2087,5 +2394,6 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_FSMEM(LMS_CU_F16)
     LMS_CU_FSMEM(LMS_CU_BF16)
 #undef LMS_CU_FSMEM
+    if (!e) e = mlxp_init();
     return (int)e;
 }
