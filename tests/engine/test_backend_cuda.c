@@ -907,6 +907,8 @@ static const struct {
     {{320, 5, 1, 64, 960, 1003, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64}, LMS_DTYPE_F16},
     {{384, 6, 2, 64, 1152, 999, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_BF16, true, false, 8, 128}, LMS_DTYPE_F32},
     {{576, 9, 3, 64, 1536, 777, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 8, 32}, LMS_DTYPE_F16},
+    /* 4-bit codes, groups of 32, F32 scales: the stages would not fit shared memory (gemv_mlxq_kernel) */
+    {{288, 9, 3, 32, 800, 515, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 4, 32}, LMS_DTYPE_F32},
 };
 
 static void ops_match_cpu(void **state)
