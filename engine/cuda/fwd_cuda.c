@@ -17,8 +17,7 @@
  * token, the position and the block table from device memory that begin()
  * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
  * turns graphs off, LMSTORE_CUDA_PDL=0 programmatic dependent launch,
- * LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products,
- * LMSTORE_CUDA_MLX_STREAM=0 their codes streamed through shared memory.
+ * LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products.
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -90,7 +89,6 @@ struct lms__bk {
     } rope;
     bool no_fuse;       /* LMSTORE_CUDA_FUSE_ROPE=0 */
     bool mlx_exact;     /* LMSTORE_CUDA_MLX_EXACT=1: one-row MLX products on f32 activations */
-    bool mlx_regs;      /* LMSTORE_CUDA_MLX_STREAM=0: their codes staged in registers, not shared memory */
     float *dvec;        /* mirror of w->vec_store */
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
@@ -282,7 +280,6 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
-    b->mlx_regs = env_off("LMSTORE_CUDA_MLX_STREAM");
     lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
     if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||
         (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) || (e = lms_cu_kernels_init())) {
@@ -636,7 +633,7 @@ static bool mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
         }
         if (q0) {
             a.group = (int)q0->group;
-            a.exact = b->mlx_exact ? 1 : b->mlx_regs ? 2 : 0;
+            a.exact = b->mlx_exact;
             CU_TRY(b, lms_cu_gemv_mlx_launch(&a, (int)q0->bits, cu_type(q0->sdt), b->stream), "matrix-vector product");
         } else {
             CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");

@@ -595,7 +595,7 @@ template <int BITS> __device__ __forceinline__ int mlxq_dot(uint4 q, uint4 xa, u
 #define MLXQ_RW 2   /* rows of a warp */
 #define MLXQ_U 4    /* 16-byte chunks of codes per row and lane in flight */
 #define MLXQ_BLOCKS 2 /* resident blocks per multiprocessor (registers) */
-#define MLXQ_XB 4   /* float4s of x per thread in flight while quantizing */
+#define MLXQ_XB 4   /* float4s of x and of the norm per thread in flight while quantizing (8 of x without one) */
 
 /* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, then (scale, sum) per group. */
 __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
@@ -611,6 +611,9 @@ __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + 
  *      at bits 4e, so the bytes of x are laid out in code order: for each
  *      word of codes, the even elements' bytes, then the odd ones' (word &
  *      0x0f0f0f0f and (word >> 4) & 0x0f0f0f0f meet them with one dp4a each).
+ *      x and the norm are loaded together (mlxq_quantize), MLXQ_XB float4s
+ *      of each per thread at a time, twice that of x without a norm: one L2
+ *      round trip for a row of 4096 (8192 without a norm).
  *   2. A persistent grid (MLXQ_BLOCKS blocks per multiprocessor: x is
  *      quantized once per block): each warp takes units of MLXQ_RW rows (gate
  *      row r and up row r with pair_act), lane l the 16-byte chunks l, l + 32,
@@ -692,7 +695,7 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
     /* 1. quantize */
     const float *x = a.x + (size_t)a.row0 * a.ldx;
     float ss = a.norm ? mlxq_quantize<BITS, MLXQ_TH, MLXQ_XB, true>(x, a.norm, K, gs, gsh, tid, xq, xg)
-                      : mlxq_quantize<BITS, MLXQ_TH, MLXQ_XB, false>(x, a.norm, K, gs, gsh, tid, xq, xg);
+                      : mlxq_quantize<BITS, MLXQ_TH, 2 * MLXQ_XB, false>(x, a.norm, K, gs, gsh, tid, xq, xg);
     const float rs = mlxq_rms_scale<W>(a, ss, red);
 
     /* 2. the products, unit after unit; the next unit's first loads before this one's sums */
@@ -748,248 +751,6 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
                 a.h[lr[0]] = act_f(a.pair_act, v[0]) * v[1];
         }
     }
-}
-
-/* ---- the same, codes streamed through shared memory (cp.async) ---------------------------- */
-
-#define MLXP_TH 512  /* threads a block: one block a multiprocessor */
-#define MLXP_RW 2    /* rows of a unit (a warp's rows at a time) */
-#define MLXP_U 2     /* 16-byte chunks of codes per row and lane in a stage */
-#define MLXP_S 5     /* stages a warp: S - 1 in flight while one is multiplied */
-#define MLXP_XB 8    /* float4s of x (and of the norm) per thread in flight while quantizing */
-#define MLXP_SMEM_MAX (226 * 1024) /* the most dynamic shared memory it may have (sm_90: 227 KB a block in all) */
-
-/* 4 bytes global -> shared, asynchronous. */
-__device__ __forceinline__ void cp_async4(void *dst, const void *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-/* defined with the attention kernels */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes);
-__device__ __forceinline__ void cp_async_commit();
-template <int N> __device__ __forceinline__ void cp_async_wait();
-
-/* 32-bit words of scales (or biases) of type size sb a row's stage spans: its groups
- * (U x 32 chunks of EPC elements, groups of gs), and one more where they start at 2 bytes
- * past a word */
-__host__ __device__ static int mlxp_sbw(int bits, int gs, int sb) { return MLXP_U * 32 * (128 / bits) / gs * sb / 4 + 1; }
-
-/* Bytes of every warp's stages of codes, then of scale and bias words (rounded up to 16). */
-__host__ __device__ static size_t mlxp_codes_bytes() { return (size_t)(MLXP_TH / 32) * MLXP_S * MLXP_RW * MLXP_U * 32 * 16; }
-__host__ __device__ static size_t mlxp_sb_bytes(int sbw)
-{
-    return ((size_t)(MLXP_TH / 32) * MLXP_S * MLXP_RW * 2 * sbw * 4 + 15) & ~(size_t)15;
-}
-
-/* Shared memory of gemv_mlxp_kernel for rows of K (group gs, scales of sb bytes): the
- * stages, the int8 input, (scale, sum) per group. */
-__host__ __device__ static size_t mlxp_smem(int K, int gs, int bits, int sb)
-{
-    return mlxp_codes_bytes() + mlxp_sb_bytes(mlxp_sbw(bits, gs, sb)) + (size_t)K + (size_t)(K / gs) * sizeof(float2);
-}
-
-template <int BITS, int ST> __global__ void gemv_mlxp_kernel(const lms_cu_gemv a);
-
-/* Shared memory beyond 48 KB for gemv_mlxp_kernel, and all of a multiprocessor's
- * carve-out for it (lms_cu_kernels_init) */
-cudaError_t mlxp_init()
-{
-    cudaError_t e = cudaSuccess;
-#define LMS_CU_MLXP_ATTR(B, S)                                                                                         \
-    if (!e) e = cudaFuncSetAttribute(gemv_mlxp_kernel<B, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, MLXP_SMEM_MAX); \
-    if (!e) e = cudaFuncSetAttribute(gemv_mlxp_kernel<B, S>, cudaFuncAttributePreferredSharedMemoryCarveout,           \
-                                     (int)cudaSharedmemCarveoutMaxShared);
-    LMS_CU_MLXP_ATTR(4, LMS_CU_BF16) LMS_CU_MLXP_ATTR(4, LMS_CU_F16) LMS_CU_MLXP_ATTR(4, LMS_CU_F32)
-    LMS_CU_MLXP_ATTR(8, LMS_CU_BF16) LMS_CU_MLXP_ATTR(8, LMS_CU_F16) LMS_CU_MLXP_ATTR(8, LMS_CU_F32)
-#undef LMS_CU_MLXP_ATTR
-    return e;
-}
-
-/* The value of type ST at byte p of shared memory */
-template <int ST> __device__ __forceinline__ float mlxp_val(const uint8_t *p)
-{
-    if (ST == LMS_CU_F32)
-        return *(const float *)p;
-    const uint32_t h = *(const unsigned short *)p;
-    return ST == LMS_CU_BF16 ? __uint_as_float(h << 16) : __half2float(__ushort_as_half((unsigned short)h));
-}
-
-/*
- * gemv_mlxq_kernel's product (int8 x per group, dp4a on the codes, the same x
- * layout and sums) with the codes, scales and biases streamed through shared
- * memory by cp.async, so that no register holds a load in flight and a
- * multiprocessor keeps about 128 KB of codes in flight (what the 16-bit GEMV
- * needs to reach 4 TB/s; gemv_mlxq_kernel has 64 KB and reaches about 2.4):
- *
- *   1. One block of MLXP_TH threads per multiprocessor (x quantized once per
- *      multiprocessor). Each warp walks a flat list of stages: units gw, gw +
- *      gridDim.x * W, ... (MLXP_RW rows each, gate and up row with pair_act),
- *      each unit ceil(K / EPC / (32 MLXP_U)) stages of MLXP_U 16-byte chunks
- *      per row and lane. A stage's codes go to the warp's ring of MLXP_S
- *      slots (lane l's chunks to lane l's words, zeros past a row's end or the
- *      last row), and each row's scales and biases over the stage's groups
- *      as the 32-bit words that hold them (lanes take words in turn); one
- *      commit group per stage. While stage t is multiplied, stages t + 1 ..
- *      t + S - 1 are in flight, across units too. The first S - 1 stages are
- *      issued before griddepcontrol.wait.
- *   2. x is quantized once per block (mlxq_quantize), x and the norm loaded
- *      together.
- *   3. After a unit's last stage: warp sums, lane 0 writes the rows (RMS
- *      scale, bias, residual add, act(gate) * up with pair_act).
- *
- * Invariants: (1) a slot is read after cp.async.wait_group saw its stage's
- * group complete in every lane (each lane waits for its own copies, then
- * __syncwarp), and copied into only after every lane's reads of its
- * previous stage (__syncwarp at the top of each step); (2) every thread
- * commits one group per stage issued, empty ones included, so that
- * wait_group(S - 1) after issuing stage t + S - 1 means stage t is in; (3)
- * loop bounds, syncs and warp sums are the same for every lane of a warp;
- * the bound checks on chunks only skip work; (4) scale and bias arrays start
- * 4-byte aligned (the launcher checks), so a word copy stays within the
- * allocation's last word.
- */
-template <int BITS, int ST>
-__global__ void __launch_bounds__(MLXP_TH, 1) gemv_mlxp_kernel(const lms_cu_gemv a)
-{
-    constexpr int EPC = 128 / BITS, W = MLXP_TH / 32, RW = MLXP_RW, U = MLXP_U, S = MLXP_S;
-    constexpr int SB = (int)sizeof(typename elem<ST>::t);
-    extern __shared__ __align__(16) uint8_t mp_smem[];
-    __shared__ float red[W];
-    griddep_launch();
-    const int K = a.K, gs = a.group, gsh = __ffs(gs) - 1, nch = K / EPC, tid = threadIdx.x, lane = tid & 31,
-              warp = tid >> 5;
-    const int sbw = mlxp_sbw(BITS, gs, SB), ngrow = K / gs;
-    uint4 *ring = (uint4 *)mp_smem + (size_t)warp * S * RW * U * 32; /* [S][RW][U][32] */
-    uint32_t *sring = (uint32_t *)(mp_smem + mlxp_codes_bytes()) + (size_t)warp * S * RW * 2 * sbw;
-    uint8_t *xq = mp_smem + mlxp_codes_bytes() + mlxp_sb_bytes(sbw); /* K bytes */
-    float2 *xg = (float2 *)(xq + K); /* [K / gs]: dx, and dx * sum q * EPC / gs (a chunk's share) */
-    const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)ngrow * SB;
-
-    const bool pair = a.pair_act != 0;
-    const int s1 = a.rows[0], s2 = s1 + (a.n_jobs > 1 ? a.rows[1] : 0), total = s2 + (a.n_jobs > 2 ? a.rows[2] : 0);
-    const int units = pair ? a.rows[0] : (total + RW - 1) / RW, gstride = gridDim.x * W;
-    const int nib = (nch + U * 32 - 1) / (U * 32); /* stages of a unit */
-    const int gpst = U * 32 * EPC / gs;           /* groups of a stage */
-    const int gw = blockIdx.x * W + warp;
-    const int nit = gw < units ? (units - gw + gstride - 1) / gstride * nib : 0; /* the warp's stages */
-
-    /* row r of unit u: its job and row in the job; false past the last row */
-    auto row_of = [&](int u, int r, int &j, int &lr) -> bool {
-        if (pair) {
-            j = r, lr = u;
-            return u < a.rows[0];
-        }
-        const int x = u * RW + r;
-        j = (a.n_jobs > 1 && x >= s1) + (a.n_jobs > 2 && x >= s2);
-        lr = x - (j == 0 ? 0 : j == 1 ? s1 : s2);
-        return x < total;
-    };
-    /* the byte of group g0 of row lr of job j in the scale and bias arrays (from their 4-aligned starts) */
-    auto sb_at = [&](int lr, int g0) -> size_t { return (size_t)lr * srow + (size_t)g0 * SB; };
-    /* stage t of the warp into slot t % S (nothing past the last stage; one commit group always) */
-    auto issue = [&](int t) {
-        if (t < nit) {
-            const int u = gw + t / nib * gstride, ib = t % nib, sl = t % S, g0 = ib * gpst;
-            const int g1 = min(g0 + gpst, ngrow);
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                int j, lr;
-                const bool ok = row_of(u, r, j, lr);
-                const size_t row = ok ? (size_t)lr : 0;
-                const uint8_t *wr = (const uint8_t *)a.w[j] + row * row_bytes;
-#pragma unroll
-                for (int uu = 0; uu < U; uu++) {
-                    const int c = (ib * U + uu) * 32 + lane;
-                    const bool v = ok && c < nch;
-                    cp_async16(&ring[((sl * RW + r) * U + uu) * 32 + lane], wr + (size_t)(v ? c : 0) * 16, v ? 16 : 0);
-                }
-                if (ok) { /* words [w0, w1) of the row's groups [g0, g1) */
-                    const size_t b0 = sb_at(lr, g0), w0 = b0 >> 2, w1 = (sb_at(lr, g1) + 3) >> 2;
-                    uint32_t *ds = sring + (size_t)(sl * RW + r) * 2 * sbw, *db = ds + sbw;
-                    for (int i = lane; i < (int)(w1 - w0); i += 32) {
-                        cp_async4(ds + i, (const uint32_t *)a.scales[j] + w0 + i);
-                        cp_async4(db + i, (const uint32_t *)a.biases[j] + w0 + i);
-                    }
-                }
-            }
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int t = 0; t < S - 1; t++) issue(t);
-    griddep_wait();
-
-    /* 1. quantize (without a norm, twice the float4s in flight) */
-    const float *x = a.x + (size_t)a.row0 * a.ldx;
-    float ss = a.norm ? mlxq_quantize<BITS, MLXP_TH, MLXP_XB, true>(x, a.norm, K, gs, gsh, tid, xq, xg)
-                      : mlxq_quantize<BITS, MLXP_TH, 2 * MLXP_XB, false>(x, a.norm, K, gs, gsh, tid, xq, xg);
-    const float rs = mlxq_rms_scale<W>(a, ss, red);
-
-    /* 2. the stages: stage t + S - 1 out, stage t in, stage t multiplied */
-    float acc[RW];
-#pragma unroll
-    for (int r = 0; r < RW; r++) acc[r] = 0.f;
-    for (int t = 0; t < nit; t++) {
-        __syncwarp(); /* every lane is done with slot (t - 1) % S */
-        issue(t + S - 1);
-        cp_async_wait<S - 1>();
-        __syncwarp(); /* stage t in, in every lane */
-        const int u = gw + t / nib * gstride, ib = t % nib, sl = t % S, g0 = ib * gpst;
-        int jb[RW], lr[RW];
-        bool ok[RW];
-        const uint8_t *sp[RW]; /* the stage's scale words of row r; its bias words sbw words on */
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            ok[r] = row_of(u, r, jb[r], lr[r]);
-            /* byte of group g of the row in the slot: sb_at(lr, g) - 4 w0 */
-            const size_t b0 = sb_at(ok[r] ? lr[r] : 0, g0);
-            sp[r] = (const uint8_t *)(sring + (size_t)(sl * RW + r) * 2 * sbw) + ((ptrdiff_t)(b0 & 3) - (ptrdiff_t)g0 * SB);
-        }
-#pragma unroll
-        for (int uu = 0; uu < U; uu++) {
-            const int c = (ib * U + uu) * 32 + lane;
-            if (c >= nch)
-                break;
-            const int grp = (c * EPC) >> gsh;
-            const float2 g2 = xg[grp];
-            const uint4 xa = *(const uint4 *)(xq + (size_t)c * 16);
-            uint4 xb = make_uint4(0, 0, 0, 0);
-            if (BITS == 4)
-                xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                const int s = mlxq_dot<BITS>(ring[((sl * RW + r) * U + uu) * 32 + lane], xa, xb);
-                if (!ok[r]) /* a row past the last: its slot words were not written */
-                    continue;
-                const float sv = mlxp_val<ST>(sp[r] + (size_t)grp * SB);
-                const float bv = mlxp_val<ST>(sp[r] + (size_t)sbw * 4 + (size_t)grp * SB);
-                /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
-                acc[r] = fmaf(sv, g2.x * (float)s, fmaf(bv, g2.y, acc[r]));
-            }
-        }
-        if (ib == nib - 1) { /* 3. the unit's rows */
-            float v[RW];
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                v[r] = warp_sum(acc[r]) * rs;
-                acc[r] = 0.f;
-                if (ok[r] && a.bias[jb[r]])
-                    v[r] += a.bias[jb[r]][lr[r]];
-            }
-            if (lane == 0) {
-#pragma unroll
-                for (int r = 0; r < RW; r++)
-                    if (ok[r]) {
-                        float *y = a.y[jb[r]] + (size_t)a.y_row0 * a.ldy[jb[r]] + lr[r];
-                        *y = a.acc[jb[r]] ? *y + v[r] : v[r];
-                    }
-                if (pair && ok[0])
-                    a.h[lr[0]] = act_f(a.pair_act, v[0]) * v[1];
-            }
-        }
-    }
-    cp_async_wait<0>();
 }
 
 /* hi[r][k] + lo[r][k] = s * q + b of rows [r0, r0 + n) of an MLX affine matrix:
@@ -2157,39 +1918,20 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
     constexpr int T4 = 128, T8 = 256;
     dim3 grid(a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R);
     bool one = a->nb_max == 1;
-    /* one row of x: products on int8 activations (gemv_mlxp_kernel, or gemv_mlxq_kernel), where x can be read as
+    /* one row of x: products on int8 activations (gemv_mlxq_kernel), where x can be read as
      * float4s and the group is a power of two from 32 to 128 */
     const int g = a->group;
     const size_t qsm = mlxq_smem(a->K, g > 0 ? g : 1);
-    const bool q8 = one && a->exact != 1 && (g == 32 || g == 64 || g == 128) && a->K % g == 0 &&
+    const bool q8 = one && !a->exact && (g == 32 || g == 64 || g == 128) && a->K % g == 0 && qsm <= 48 * 1024 &&
                     (uintptr_t)a->x % 16 == 0 && a->ldx % 4 == 0 && (uintptr_t)a->norm % 16 == 0;
-    static int sms;
-    if (q8 && !sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1)
-            sms = 132;
-    }
-    /* codes streamed through shared memory (gemv_mlxp_kernel): scales and biases copied as
-     * the 32-bit words that hold them, so their arrays must start 4-byte aligned */
-    bool sb4 = true;
-    for (int j = 0; j < a->n_jobs; j++) sb4 = sb4 && (uintptr_t)a->scales[j] % 4 == 0 && (uintptr_t)a->biases[j] % 4 == 0;
-    const int sbb = stype == LMS_CU_F32 ? 4 : 2;
-    const size_t psm = mlxp_smem(a->K, g > 0 ? g : 1, bits, sbb);
-    if (q8 && a->exact == 0 && sb4 && psm <= MLXP_SMEM_MAX) {
-        const int units = a->pair_act ? a->rows[0] : (total + MLXP_RW - 1) / MLXP_RW, wr = MLXP_TH / 32;
-        dim3 pgrid((unsigned)std::min((units + wr - 1) / wr, sms)); /* a persistent grid: a block per multiprocessor */
-#define LMS_CU_MLXP(B, S)                                                                                              \
-        if (bits == B && stype == S) {                                                                                 \
-            int rc = launch(gemv_mlxp_kernel<B, S>, pgrid, dim3(MLXP_TH), psm, stream, *a);                           \
-            return rc ? rc : gemv_norm_add_launch(a, stream);                                                          \
-        }
-        LMS_CU_MLXP(4, LMS_CU_BF16) LMS_CU_MLXP(4, LMS_CU_F16) LMS_CU_MLXP(4, LMS_CU_F32)
-        LMS_CU_MLXP(8, LMS_CU_BF16) LMS_CU_MLXP(8, LMS_CU_F16) LMS_CU_MLXP(8, LMS_CU_F32)
-#undef LMS_CU_MLXP
-        return (int)cudaErrorInvalidValue;
-    }
-    if (q8 && qsm <= 48 * 1024) {
+    if (q8) {
         const int wr = MLXQ_TH / 32; /* warps a block */
+        static int sms;
+        if (!sms) {
+            int dev = 0;
+            if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1)
+                sms = 132;
+        }
         const int units = a->pair_act ? a->rows[0] : (total + MLXQ_RW - 1) / MLXQ_RW;
         /* a persistent grid: MLXQ_BLOCKS per multiprocessor at most */
         dim3 qgrid((unsigned)std::min((units + wr - 1) / wr, MLXQ_BLOCKS * sms));
@@ -2377,6 +2119,5 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_FSMEM(LMS_CU_F16)
     LMS_CU_FSMEM(LMS_CU_BF16)
 #undef LMS_CU_FSMEM
-    if (!e) e = mlxp_init();
     return (int)e;
 }

@@ -74,8 +74,7 @@ typedef struct lms_cu_gemv {
     /* MLX affine weights (lms_cu_gemv_mlx_launch): per job scales and biases [rows][K / group] */
     const void *scales[LMS_CU_GEMV_JOBS], *biases[LMS_CU_GEMV_JOBS];
     int group;
-    int exact;          /* MLX, one row: 1 multiplies f32 activations; 0 (default) int8 ones with the codes
-                         * streamed through shared memory, 2 int8 ones with the codes in registers (kernels.cu) */
+    int exact;          /* MLX, one row: 1 multiplies f32 activations; 0 (default) int8 ones (kernels.cu) */
     float *h;           /* [nb][ldh] */
     int ldh;
     const int32_t *step; /* device step parameters (nb) */
