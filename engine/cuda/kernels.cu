@@ -497,11 +497,105 @@ template <> struct mlx_sb<LMS_CU_F32> {
     __device__ __forceinline__ float b() const { return bv; }
 };
 
+/* in(x) (x, or x * norm: the RMS scale is applied to the sums) of K elements quantized to int8
+ * per group of gs (a power of two, 32 to 128; gsh = log2 gs) into xq, in code order for 4-bit
+ * codes (gemv_mlxq_kernel's comment), and xg[group] = (dx, dx * sum of the rounded values *
+ * EPC / gs); thread tid of TH takes 4 elements at a time, gs / 4 consecutive threads a group,
+ * XB float4s of x (and of the norm) in flight at a time. Returns the thread's share of
+ * sum x^2 (0 without norm). Ends before the block's barrier. */
+template <int BITS, int TH, int XB, bool NORM>
+__device__ __forceinline__ float mlxq_quantize(const float *x, const float *norm, int K, int gs, int gsh, int tid,
+                                               uint8_t *xq, float2 *xg)
+{
+    constexpr int EPC = 128 / BITS;
+    const int gl = gs / 4; /* lanes of a group: 8, 16 or 32 */
+    float ss = 0.f;
+    for (int base = 0; base < K; base += XB * 4 * TH) {
+        float4 v[XB], n[XB];
+#pragma unroll
+        for (int i = 0; i < XB; i++) {
+            const int k = base + (i * TH + tid) * 4;
+            v[i] = k < K ? __ldg((const float4 *)(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (NORM)
+                n[i] = k < K ? __ldg((const float4 *)(norm + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < XB; i++) {
+            const int k = base + (i * TH + tid) * 4;
+            if (base + i * TH * 4 >= K) /* the same for the whole block: no thread waits at a shuffle alone */
+                break;
+            float4 t = v[i];
+            if (NORM) {
+                ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
+                t.x *= n[i].x, t.y *= n[i].y, t.z *= n[i].z, t.w *= n[i].w;
+            }
+            float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
+            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
+            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
+            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
+            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+            if (k >= K)
+                continue;
+            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
+                           q3 = (uint32_t)i3 & 0xffu;
+            if (BITS == 8) {
+                *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
+            } else { /* elements e0 .. e0 + 3 of a word of codes (e0 0 or 4): even ones to the low
+                      * word's bytes e0 / 2, e0 / 2 + 1, odd ones to the high word's */
+                const int c = k >> 5, i8 = (k & 31) >> 3, e0 = k & 7;
+                uint8_t *p = xq + (i8 >> 1) * (K >> 1) + c * 16 + (i8 & 1) * 8 + (e0 >> 1);
+                *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
+                *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
+            }
+            if ((k & (gs - 1)) == 0) /* each of the group's gs / EPC chunks adds b * its share of the sum */
+                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
+        }
+    }
+    return ss;
+}
+
+/* The block's barrier after mlxq_quantize, and the RMS scale 1 / sqrt(mean x^2 + eps) of in(x)
+ * with a norm (1 without): ss the thread's share of sum x^2, red W floats of shared memory. */
+template <int W> __device__ __forceinline__ float mlxq_rms_scale(const lms_cu_gemv &a, float ss, float *red)
+{
+    if (a.norm) {
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0)
+            red[threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    if (!a.norm)
+        return 1.f;
+    float t = 0.f;
+#pragma unroll
+    for (int i = 0; i < W; i++) t += red[i];
+    return 1.0f / sqrtf(t / (float)a.K + a.eps);
+}
+
+/* sum q x_q over one 16-byte chunk of codes q: xa (and xb, 4-bit) its bytes of x in code order */
+template <int BITS> __device__ __forceinline__ int mlxq_dot(uint4 q, uint4 xa, uint4 xb)
+{
+    int s = 0;
+    if (BITS == 4) {
+        const uint32_t m = 0x0f0f0f0fu;
+        s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
+        s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
+        s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
+        s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
+    } else {
+        s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
+        s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
+    }
+    return s;
+}
+
 #define MLXQ_TH 256 /* threads a block */
 #define MLXQ_RW 2   /* rows of a warp */
 #define MLXQ_U 4    /* 16-byte chunks of codes per row and lane in flight */
 #define MLXQ_BLOCKS 2 /* resident blocks per multiprocessor (registers) */
-#define MLXQ_XB 4   /* float4s of x per thread in flight while quantizing */
+#define MLXQ_XB 4   /* float4s of x and of the norm per thread in flight while quantizing (8 of x without one) */
 
 /* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, then (scale, sum) per group. */
 __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
@@ -517,6 +611,9 @@ __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + 
  *      at bits 4e, so the bytes of x are laid out in code order: for each
  *      word of codes, the even elements' bytes, then the odd ones' (word &
  *      0x0f0f0f0f and (word >> 4) & 0x0f0f0f0f meet them with one dp4a each).
+ *      x and the norm are loaded together (mlxq_quantize), MLXQ_XB float4s
+ *      of each per thread at a time, twice that of x without a norm: one L2
+ *      round trip for a row of 4096 (8192 without a norm).
  *   2. A persistent grid (MLXQ_BLOCKS blocks per multiprocessor: x is
  *      quantized once per block): each warp takes units of MLXQ_RW rows (gate
  *      row r and up row r with pair_act), lane l the 16-byte chunks l, l + 32,
@@ -595,65 +692,11 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
     load(0);
     griddep_wait();
 
-    /* 1. quantize: thread t takes 4 elements at a time, gs / 4 consecutive threads a group */
+    /* 1. quantize */
     const float *x = a.x + (size_t)a.row0 * a.ldx;
-    const int gl = gs / 4; /* lanes of a group: 8, 16 or 32 */
-    float ss = 0.f;
-    for (int base = 0; base < K; base += MLXQ_XB * 4 * MLXQ_TH) {
-        float4 v[MLXQ_XB];
-#pragma unroll
-        for (int i = 0; i < MLXQ_XB; i++) {
-            const int k = base + (i * MLXQ_TH + tid) * 4;
-            v[i] = k < K ? __ldg((const float4 *)(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < MLXQ_XB; i++) {
-            const int k = base + (i * MLXQ_TH + tid) * 4;
-            if (base + i * MLXQ_TH * 4 >= K) /* the same for the whole block: no thread waits at a shuffle alone */
-                break;
-            float4 t = v[i];
-            if (a.norm && k < K) {
-                const float4 n4 = __ldg((const float4 *)(a.norm + k));
-                ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
-                t.x *= n4.x, t.y *= n4.y, t.z *= n4.z, t.w *= n4.w;
-            }
-            float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
-            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float inv = amax > 0.f ? 127.f / amax : 0.f;
-            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
-            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
-            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
-            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
-            if (k >= K)
-                continue;
-            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
-                           q3 = (uint32_t)i3 & 0xffu;
-            if (BITS == 8) {
-                *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
-            } else { /* elements e0 .. e0 + 3 of a word of codes (e0 0 or 4): even ones to the low
-                      * word's bytes e0 / 2, e0 / 2 + 1, odd ones to the high word's */
-                const int c = k >> 5, i8 = (k & 31) >> 3, e0 = k & 7;
-                uint8_t *p = xq + (i8 >> 1) * (K >> 1) + c * 16 + (i8 & 1) * 8 + (e0 >> 1);
-                *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
-                *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
-            }
-            if ((k & (gs - 1)) == 0) /* each of the group's gs / EPC chunks adds b * its share of the sum */
-                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
-        }
-    }
-    if (a.norm) {
-        ss = warp_sum(ss);
-        if (lane == 0)
-            red[warp] = ss;
-    }
-    __syncthreads();
-    float rs = 1.f;
-    if (a.norm) {
-        float t = 0.f;
-#pragma unroll
-        for (int i = 0; i < W; i++) t += red[i];
-        rs = 1.0f / sqrtf(t / (float)K + a.eps);
-    }
+    float ss = a.norm ? mlxq_quantize<BITS, MLXQ_TH, MLXQ_XB, true>(x, a.norm, K, gs, gsh, tid, xq, xg)
+                      : mlxq_quantize<BITS, MLXQ_TH, 2 * MLXQ_XB, false>(x, a.norm, K, gs, gsh, tid, xq, xg);
+    const float rs = mlxq_rms_scale<W>(a, ss, red);
 
     /* 2. the products, unit after unit; the next unit's first loads before this one's sums */
     for (; gw < units; gw += gstride) {
@@ -673,18 +716,7 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
                     xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
 #pragma unroll
                 for (int r = 0; r < RW; r++) {
-                    const uint4 q = w[r][u];
-                    int s = 0;
-                    if (BITS == 4) {
-                        const uint32_t m = 0x0f0f0f0fu;
-                        s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
-                        s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
-                        s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
-                        s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
-                    } else {
-                        s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
-                        s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
-                    }
+                    const int s = mlxq_dot<BITS>(w[r][u], xa, xb);
                     /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
                     acc[r] = fmaf(sb[r][u].s(), g2.x * (float)s, fmaf(sb[r][u].b(), g2.y, acc[r]));
                 }
