@@ -20,8 +20,9 @@
  * on, LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products
  * off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
  * persistent grid to that many blocks a multiprocessor (0: a block per group
- * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests) and
- * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split.
+ * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
+ * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split and
+ * LMSTORE_CUDA_ATT_SPLITS=n the most splits a short context gets.
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -56,8 +57,8 @@
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
 #define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
 #define DQ_BYTES (64u << 20)    /* MLX matrices in GEMMs: rows dequantized to bf16 this many bytes at a time */
-#define ATT_CHUNK_MIN 32        /* decoding attention: fewest positions a split takes */
-#define ATT_SPLITS_FINE 32u     /* decoding attention: splits of a range of up to 32 x 128 positions */
+#define ATT_CHUNK_MIN 16        /* decoding attention: fewest positions a split takes */
+#define ATT_SPLITS_FINE 32u     /* decoding attention: at most this many splits for short contexts */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
 
@@ -317,9 +318,12 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->att_chunk = ATT_CHUNK_MIN;
     if (getenv("LMSTORE_CUDA_ATT_CHUNK") && atoi(getenv("LMSTORE_CUDA_ATT_CHUNK")) > 0)
         b->att_chunk = atoi(getenv("LMSTORE_CUDA_ATT_CHUNK"));
+    uint32_t fine = ATT_SPLITS_FINE;
+    if (getenv("LMSTORE_CUDA_ATT_SPLITS") && atoi(getenv("LMSTORE_CUDA_ATT_SPLITS")) > 0)
+        fine = (uint32_t)atoi(getenv("LMSTORE_CUDA_ATT_SPLITS"));
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)LMS_MAX((cfg->n_ctx + b->chunk - 1) / b->chunk,
-                             LMS_MIN((cfg->n_ctx + b->att_chunk - 1) / b->att_chunk, ATT_SPLITS_FINE));
+                             LMS_MIN((cfg->n_ctx + b->att_chunk - 1) / b->att_chunk, fine));
     /* step parameters: a block table per group of the cache (kernels.h), then the rows and
      * tables of a step of segments */
     uint32_t ng = cfg->kv->window ? 2 : 1;

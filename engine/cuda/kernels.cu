@@ -180,6 +180,7 @@ __device__ __forceinline__ float act_f(int pro, float g)
 #define GEMV_R 4 /* rows of a block */
 #define GEMV_U 2 /* 16-byte chunks per row and thread in flight (x GEMV_R rows) */
 #define GEMV_PERSIST_BLOCKS 3 /* one-row GEMVs: a persistent grid of 3 blocks a multiprocessor */
+#define GEMV_PERSIST_GROUPS 8 /* ... for products of at most this many groups of rows a block */
 
 /*
  * A block's GEMV_R rows: rows g*R .. of the jobs' rows laid end to end
@@ -988,10 +989,17 @@ int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
     int total = 0;
     for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
     int groups = a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R;
-    if (vec && NB == 1 && g_gemv_blocks == 3)
+    /* one row and a product small enough that its blocks would come in a few lockstep
+     * waves (each group's rows in one round of loads, a few groups a block at most): the
+     * persistent grid. Larger products keep a block per group (many waves, the blocks
+     * desynchronized already, 4 of them a multiprocessor: measured faster). */
+    const bool persist = vec && NB == 1 && g_gemv_blocks &&
+                         (g_gemv_grid_cap > 0 || (a->K / elem<T>::per16 <= GEMV_U * GEMV_THREADS &&
+                                                  groups <= GEMV_PERSIST_GROUPS * g_gemv_blocks * std::max(sms, 1)));
+    if (persist && g_gemv_blocks == 3)
         return launch(gemv_vec_kernel<T, 1, 3, true>, dim3(gemv_grid(groups, 3, sms)), dim3(GEMV_THREADS), 0, stream,
                       *a);
-    if (vec && NB == 1 && g_gemv_blocks == 4)
+    if (persist)
         return launch(gemv_vec_kernel<T, 1, 4, true>, dim3(gemv_grid(groups, 4, sms)), dim3(GEMV_THREADS), 0, stream,
                       *a);
     if (vec)
@@ -1462,25 +1470,38 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     const float *qb = a.q + row * qd + (size_t)(h * G) * hd;
 
     /* the K and V rows of positions [tt, min(tt + ATT_T, tl)) into stage st (one commit group) */
+    const int64_t pgb = kv->page_bytes, voff = kv->v_offset;
+    const int psh = (pt & (pt - 1)) == 0 ? __ffs(pt) - 1 : -1; /* page_tokens a power of two: shifts */
+    /* the K and V rows of positions [tt, min(tt + ATT_T, tl)) into stage st (one commit group):
+     * 16-byte pieces (4-byte for rows not a multiple of 16 bytes), the page-table reads of 4
+     * pieces a thread issued before their copies */
     auto load_tile = [&](int st, int tt) {
-        const int n = min(ATT_T, tl - tt);
+        const int n = min(ATT_T, tl - tt), w = tb % 16 == 0 ? 16 : 4, cpr = tb / w, total = n * cpr;
         uint8_t *kd = ks + (size_t)st * ATT_T * tbp, *vd = vs + (size_t)st * ATT_T * tb;
-        if (tb % 16 == 0) {
-            const int cpr = tb / 16;
-            for (int i = tid; i < n * cpr; i += blockDim.x) {
-                const int r = i / cpr, c = i % cpr, p = tt + r;
-                const uint8_t *src = kbase + (size_t)pages[p / pt] * kv->page_bytes + (size_t)(p % pt) * tb + c * 16;
-                cp_async16(kd + (size_t)r * tbp + c * 16, src, 16);
-                cp_async16(vd + (size_t)r * tb + c * 16, src + kv->v_offset, 16);
+        for (int i0 = tid; i0 < total; i0 += 4 * (int)blockDim.x) {
+            const uint8_t *src[4];
+            int dk[4], dv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * (int)blockDim.x, r = i / cpr, c = i - r * cpr, p = tt + r;
+                src[u] = nullptr;
+                if (i < total) {
+                    const int pg = psh >= 0 ? p >> psh : p / pt, sl = psh >= 0 ? p & (pt - 1) : p % pt;
+                    src[u] = kbase + (int64_t)pages[pg] * pgb + (int64_t)sl * tb + c * w;
+                    dk[u] = r * tbp + c * w, dv[u] = r * tb + c * w;
+                }
             }
-        } else {
-            const int cpr = tb / 4;
-            for (int i = tid; i < n * cpr; i += blockDim.x) {
-                const int r = i / cpr, c = i % cpr, p = tt + r;
-                const uint8_t *src = kbase + (size_t)pages[p / pt] * kv->page_bytes + (size_t)(p % pt) * tb + c * 4;
-                cp_async4(kd + (size_t)r * tbp + c * 4, src);
-                cp_async4(vd + (size_t)r * tb + c * 4, src + kv->v_offset);
-            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (src[u]) {
+                    if (w == 16) {
+                        cp_async16(kd + dk[u], src[u], 16);
+                        cp_async16(vd + dv[u], src[u] + voff, 16);
+                    } else {
+                        cp_async4(kd + dk[u], src[u]);
+                        cp_async4(vd + dv[u], src[u] + voff);
+                    }
+                }
         }
         cp_async_commit();
     };
