@@ -1363,11 +1363,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 #define ATT_T 32     /* positions of a tile: one per lane when scoring */
 #define ATT_PSTRIDE(hd) ((hd) + 4) /* floats of a split's partial per head: m, l, 2 unused, acc[hd] */
 
-/* Tiles in flight (shared-memory stages) for K/V rows of tb bytes. */
+/* Shared-memory stages of K/V tiles (rows of tb bytes): 3, 2 for rows over 512 bytes (deeper
+ * pipelines, 5 stages of 128-dim rows, were measured slower at 4096 positions). */
 __host__ __device__ inline int attn_stages(int64_t tb) { return tb > 512 ? 2 : 3; }
 
-/* Threads of a decoding block for head_dim hd. */
-__host__ __device__ inline int attn_threads(int hd) { return ((hd + 31) / 32) * 32; }
+#define ATT_THREADS 256 /* threads of a decoding block */
+
+/* Threads of a decoding block for head_dim hd: ATT_THREADS, in attn_groups(hd) groups of
+ * hd / 2 threads (each thread 2 dimensions; each group sums V over a share of a tile's
+ * positions). */
+__host__ __device__ inline int attn_threads(int hd) { return (void)hd, ATT_THREADS; }
+__host__ __device__ inline int attn_groups(int hd) { return ATT_THREADS / (hd / 2); }
 
 /* Parts each query head's dot products are split into, so that the G heads
  * keep the block's warps busy: a power of two, at most warps / G, dividing hd
@@ -1382,11 +1388,18 @@ __host__ __device__ inline int attn_parts(int G, int hd, int64_t tb)
     return p;
 }
 
+/* Bytes of the K/V tile stages, which hold the thread groups' sums of V at the end. */
+__host__ __device__ inline size_t attn_stage_bytes(int G, int hd, int64_t tb)
+{
+    const size_t st = (size_t)attn_stages(tb) * ATT_T * (2 * tb + 16), sums = (size_t)(attn_groups(hd) - 1) * G * hd * 4;
+    return ((st > sums ? st : sums) + 15) / 16 * 16;
+}
+
 /* Dynamic shared memory of the decoding kernel: q, the K/V tile stages, the
  * scores, and the new token's K and V rows. */
 __host__ __device__ inline size_t attn_decode_smem(int G, int hd, int64_t tb)
 {
-    return (size_t)G * hd * 4 + (size_t)attn_stages(tb) * ATT_T * (2 * tb + 16) +
+    return ((size_t)G * hd * 4 + 15) / 16 * 16 + attn_stage_bytes(G, hd, tb) +
            (size_t)G * attn_parts(G, hd, tb) * ATT_T * 4 + 2 * (size_t)tb;
 }
 
@@ -1418,7 +1431,7 @@ __device__ void warp_norm_rope(float *dst, const float *src, const float *nw, co
  * gridDim.y): short contexts get several small splits (many blocks at once,
  * each little serial work) instead of one long one; blocks of splits past
  * the range exit at once. A split's K and V rows go into shared memory by
- * cp.async in tiles of ATT_T positions, attn_stages() tiles in flight (the
+ * cp.async in tiles of ATT_T positions, attn_stages() - 1 tiles in flight (the
  * next tiles load while this one is scored), issued before the query's
  * RoPE so that their latency covers it. Per tile: scores with lanes over
  * positions and warps over (query head, part of the head dim), an online
@@ -1429,11 +1442,13 @@ __device__ void warp_norm_rope(float *dst, const float *src, const float *nw, co
  * (one-token steps) the block applies q/k RMSNorm and RoPE itself, and the
  * last split writes the token's K and V into the cache and into its tile
  * (it alone reads that position): no RoPE launch.
- * HD > 0: head_dim HD with HD threads; HD == 0: a.hd (<= 256) rounded up to
- * a warp.
+ * ATT_THREADS threads; HD > 0: head_dim HD, HD == 0: a.hd (<= 256). The
+ * weighted sum of V runs in attn_groups() groups of hd (rounded up to a warp)
+ * threads, each over its share of a tile's positions (all of them at head
+ * dim 256, every second at 128, every fourth at 64), added up at the end.
  */
-template <int KT, int HD>
-__global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu_attn a)
+template <int KT, int HD, int GM>
+__global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(const lms_cu_attn a)
 {
     typedef elem<KT> E;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -1463,9 +1478,9 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     const size_t qd = (size_t)a.n_heads * hd, kvd = (size_t)a.n_kv * hd;
     uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
     float *qs = (float *)smem;                                   /* [G][hd] */
-    uint8_t *ks = smem + (size_t)G * hd * 4;                     /* [stg][ATT_T][tbp]: rows padded */
+    uint8_t *ks = smem + ((size_t)G * hd * 4 + 15) / 16 * 16;    /* [stg][ATT_T][tbp]: rows padded */
     uint8_t *vs = ks + (size_t)stg * ATT_T * tbp;                /* [stg][ATT_T][tb] */
-    float *sc = (float *)(vs + (size_t)stg * ATT_T * tb);        /* [G][Pp][ATT_T] */
+    float *sc = (float *)(ks + attn_stage_bytes(G, hd, tb));     /* [G][Pp][ATT_T] */
     uint8_t *newrow = (uint8_t *)(sc + (size_t)G * Pp * ATT_T);  /* K then V of the token (tb each) */
     const float *qb = a.q + row * qd + (size_t)(h * G) * hd;
 
@@ -1536,11 +1551,12 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     }
     if (tid < ATT_GMAX)
         sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
-    float acc[ATT_GMAX];
+    float acc[GM][2]; /* dimensions 2 dim, 2 dim + 1 of query head g */
 #pragma unroll
-    for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
+    for (int g = 0; g < GM; g++) acc[g][0] = acc[g][1] = 0.f;
 
     const int dpp = hd / Pp; /* dimensions of a part */
+    const int hh = hd / 2, ngr = attn_groups(hd), qg = tid / hh, dim = tid % hh; /* group, dimension pair */
     for (int tt = t0, it = 0; tt < t1; tt += ATT_T, it++) {
         const int n = min(ATT_T, t1 - tt), st = it % stg;
         uint8_t *kt = ks + (size_t)st * ATT_T * tbp, *vt = vs + (size_t)st * ATT_T * tb;
@@ -1615,41 +1631,70 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
             }
         }
         __syncthreads();
-        if (tid < hd) {
+        if (qg < ngr) { /* group qg: positions 4 qg .. 4 qg + 3, then 4 (qg + ngr) .., of the tile */
 #pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++)
+            for (int g = 0; g < GM; g++)
                 if (g < G)
-                    acc[g] *= sm_alpha[g];
-#pragma unroll 4
-            for (int t = 0; t < n; t++) {
-                const float vv = E::get(vt + (size_t)t * tb, tid);
+                    acc[g][0] *= sm_alpha[g], acc[g][1] *= sm_alpha[g];
+            for (int t0 = 4 * qg; t0 < n; t0 += 4 * ngr) {
+                float v0[4], v1[4];
 #pragma unroll
-                for (int g = 0; g < ATT_GMAX; g++)
-                    if (g < G)
-                        acc[g] = fmaf(sc[(size_t)g * Pp * ATT_T + t], vv, acc[g]);
+                for (int u = 0; u < 4; u++) { /* rows past the tile: 0 (their weights are 0 too) */
+                    v0[u] = v1[u] = 0.f;
+                    if (t0 + u < n) {
+                        const uint8_t *vr = vt + (size_t)(t0 + u) * tb;
+                        v0[u] = E::get(vr, 2 * dim), v1[u] = E::get(vr, 2 * dim + 1);
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+                    if (g < G) {
+                        const float4 p4 = *(const float4 *)(sc + (size_t)g * Pp * ATT_T + t0);
+                        acc[g][0] = fmaf(p4.x, v0[0], fmaf(p4.y, v0[1], fmaf(p4.z, v0[2], fmaf(p4.w, v0[3], acc[g][0]))));
+                        acc[g][1] = fmaf(p4.x, v1[0], fmaf(p4.y, v1[1], fmaf(p4.z, v1[2], fmaf(p4.w, v1[3], acc[g][1]))));
+                    }
             }
         }
     }
     cp_async_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
-
+    if (ngr > 1) { /* the groups' sums of V into group 0's threads (tid = dim < hd / 2) */
+        float2 *sums = (float2 *)ks; /* [ngr - 1][G][hd / 2] */
+        __syncthreads();             /* every thread is past its last tile */
+        if (qg > 0 && qg < ngr)
+#pragma unroll
+            for (int g = 0; g < GM; g++)
+                if (g < G)
+                    sums[((size_t)(qg - 1) * G + g) * hh + dim] = make_float2(acc[g][0], acc[g][1]);
+        __syncthreads();
+        if (tid < hh)
+            for (int j = 0; j < ngr - 1; j++)
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+                    if (g < G) {
+                        const float2 v = sums[((size_t)j * G + g) * hh + tid];
+                        acc[g][0] += v.x, acc[g][1] += v.y;
+                    }
+    }
     float *out = a.out + row * qd + (size_t)(h * G) * hd;
     if (S == 1) {
-        if (tid < hd)
+        if (tid < hh)
 #pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++)
-                if (g < G)
-                    out[g * hd + tid] = acc[g] / sm_l[g];
+            for (int g = 0; g < GM; g++)
+                if (g < G) {
+                    const float il = 1.f / sm_l[g];
+                    out[g * hd + 2 * tid] = acc[g][0] * il, out[g * hd + 2 * tid + 1] = acc[g][1] * il;
+                }
         return;
     }
     /* partials: [b][h][s][g] = (m, l, -, -, acc[hd]) */
     const size_t stride = ATT_PSTRIDE(hd);
     const int SM = gridDim.y;
     float *part = a.part + (((size_t)b * a.n_kv + h) * SM + s) * G * stride;
-    if (tid < hd)
+    if (tid < hh)
 #pragma unroll
-        for (int g = 0; g < ATT_GMAX; g++)
+        for (int g = 0; g < GM; g++)
             if (g < G)
-                part[g * stride + 4 + tid] = acc[g];
+                part[g * stride + 4 + 2 * tid] = acc[g][0], part[g * stride + 4 + 2 * tid + 1] = acc[g][1];
     if (tid < G)
         part[tid * stride] = sm_m[tid], part[tid * stride + 1] = sm_l[tid];
     __threadfence();
@@ -1957,18 +2002,36 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     }
 }
 
+typedef void (*attn_fn)(const lms_cu_attn);
+
+/* The decoding kernel for G query heads a kv head: its accumulators sized to G rounded up to
+ * a power of two (16-bit K/V at head dims 64/128/256), else to the most (ATT_GMAX). */
+template <int KT, int HD> attn_fn attn_decode_fn(int G)
+{
+    if constexpr (KT == LMS_CU_F32 || HD == 0) {
+        (void)G;
+        return attn_decode_kernel<KT, HD, ATT_GMAX>;
+    } else {
+        return G <= 1   ? attn_decode_kernel<KT, HD, 1>
+               : G <= 2 ? attn_decode_kernel<KT, HD, 2>
+               : G <= 4 ? attn_decode_kernel<KT, HD, 4>
+               : G <= 8 ? attn_decode_kernel<KT, HD, 8>
+                        : attn_decode_kernel<KT, HD, ATT_GMAX>;
+    }
+}
+
 template <int KT, int HD>
 int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
 {
-    int threads = HD ? HD : attn_threads(a->hd);
+    int threads = attn_threads(a->hd), G = a->n_heads / a->n_kv;
     dim3 dec(a->n_kv, nb_max <= 8 || a->decode_only ? a->splits : 1, nb_max);
-    size_t smem = attn_decode_smem(a->n_heads / a->n_kv, a->hd, a->kv.token_bytes);
+    size_t smem = attn_decode_smem(G, a->hd, a->kv.token_bytes);
     if constexpr (KT == LMS_CU_F32 || HD == 0) {
-        return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
+        return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if (nb_max <= 8 || a->decode_only)
-            return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
+            return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
                       fa_smem<HD, BK>(), stream, *a);
     }
@@ -2191,10 +2254,12 @@ extern "C" int lms_cu_kernels_init(void)
     int limit = 200 * 1024;
     cudaError_t e = cudaSuccess;
 #define LMS_CU_ASMEM(KT)                                                                                               \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    for (int G = 1; G <= ATT_GMAX; G *= 2) {                                                                           \
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 0>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit); \
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 64>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 128>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 256>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+    }
     LMS_CU_ASMEM(LMS_CU_F32)
     LMS_CU_ASMEM(LMS_CU_F16)
     LMS_CU_ASMEM(LMS_CU_BF16)
