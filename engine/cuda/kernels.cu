@@ -4,15 +4,17 @@
  * bounds every one of them at the sizes an LLM has:
  *
  *   gemv       reads each weight byte once (rows x K x elem), x (nb x K
- *              floats, from L2) once per block, writes nb x rows floats.
- *              A persistent grid (a few blocks per SM) loops over row pairs;
- *              each lane keeps 8 16-byte weight loads in flight; the input
- *              transform (RMSNorm or gated activation) runs once per block
- *              into shared memory. Decode: 1 row of x; batches of up to 8.
+ *              floats, from L2) once per group of rows, writes nb x rows
+ *              floats. A block per group of 4 rows, or for small one-row
+ *              products a persistent grid (3 blocks per SM) looping over
+ *              groups; each thread keeps 8 16-byte weight loads in flight;
+ *              the input's RMSNorm is fused. Decode: 1 row of x; batches
+ *              of up to 8.
  *   attention  decoding: reads K and V of the positions attended once
  *              (2 x positions x kv heads x head_dim x elem per layer),
- *              split over `splits` blocks per kv head, merged by the last
- *              block to finish (no second launch). Prefill: tensor cores
+ *              split over up to `splits` blocks per kv head by context
+ *              length, merged by the last block to finish (no second
+ *              launch). Prefill: tensor cores
  *              (mma.sync m16n8k16, f32 accumulation), 64 queries x 64 keys
  *              per tile, online softmax in registers (FlashAttention-2's
  *              scheme); K/V re-read from L2 per query head.
