@@ -7,7 +7,10 @@
  * 64/128/256, inputs whose width is not a multiple of 8 (the scalar GEMV),
  * F32/F16/BF16 and MLX affine (4- and 8-bit codes, groups of 32, 64
  * and 128, BF16/F16/F32 scales) weights, F32/F16/BF16 K/V, norms, gated
- * activations, biases, residual adds, sliding windows and soft-capping. Then whole steps (the forward
+ * activations, biases, residual adds, sliding windows and soft-capping;
+ * again with the decoding attention split into many short or a few long
+ * splits and the one-row GEMV's persistent grid capped at a few blocks.
+ * Then whole steps (the forward
  * pass of a random 2-layer model) on both backends, decode steps replayed
  * from the CUDA graph at moving positions, and the device argmax; and a
  * Gemma-3-like model whose sliding-window layer keeps its K/V in a second
@@ -425,10 +428,12 @@ static void test_ops_shape(const shape *s)
     const lms__hparams *hp = &m.hp;
     const lms__layer_w *L = &m.layers[1];
     uint32_t qd = hp->n_heads * hp->head_dim;
-    const uint32_t nbs[] = {1, 3, 8, 9, 70, 80}, pos0s[] = {0, 13, 133};
+    /* positions: one split, a few, many (the decoding attention's splits of 32 positions and
+     * more, the last one holding the step's own token) */
+    const uint32_t nbs[] = {1, 3, 8, 9, 70, 80}, pos0s[] = {0, 13, 133, 300};
     double kv_tol = s->kvdt == LMS_DTYPE_F32 ? 2e-5 : s->kvdt == LMS_DTYPE_F16 ? 2e-3 : 1e-2;
     for (size_t ni = 0; ni < 6; ni++)
-        for (size_t pi = 0; pi < 3; pi++) {
+        for (size_t pi = 0; pi < 4; pi++) {
             uint32_t nb = nbs[ni], pos0 = pos0s[pi];
             if (pos0 + nb > N_PAGES * 16)
                 continue;
@@ -924,6 +929,35 @@ static void ops_match_cpu(void **state)
     assert_int_equal(g_fail, 0);
 }
 
+/* The same operations with the decoding attention split finer and coarser than by default
+ * (splits of 7 positions: up to 32 of them, merged by the last block; of 100: several
+ * tiles a split, the step's own token at a tile's start or alone in its split) and the
+ * one-row GEMV's persistent grid capped at a few blocks, so that every block loops over
+ * many groups of rows (the post-norm's sums gathered over them). Head dims 64, 128 and
+ * 256 with 1 to 4 query heads per kv head. */
+static void split_attention_and_gemv_grid_match_cpu(void **state)
+{
+    static const shape T[] = {
+        {256, 4, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_BF16, true, true, 0, 0},
+        {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+        {256, 4, 2, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0}, /* gemma-3's head */
+        {256, 2, 2, 128, 512, 777, LMS_DTYPE_F16, LMS_DTYPE_F32, false, true, 0, 0},
+    };
+    static const char *const chunk[] = {"7", "100"}, *const grid[] = {"7", "5"};
+    int before = g_fail;
+    setenv("LMSTORE_CUDA_GRAPH", "0", 1);
+    for (int v = 0; v < 2; v++) {
+        setenv("LMSTORE_CUDA_ATT_CHUNK", chunk[v], 1);
+        setenv("LMSTORE_CUDA_GEMV_GRID", grid[v], 1);
+        for (size_t i = 0; i < LMS_ARRAY_LEN(T); i++) test_ops_shape(&T[i]);
+    }
+    unsetenv("LMSTORE_CUDA_ATT_CHUNK");
+    unsetenv("LMSTORE_CUDA_GEMV_GRID");
+    printf("split attention, small GEMV grid: %d mismatches\n", g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
 static void forward_matches_cpu(void **state)
 {
     int before = g_fail;
@@ -983,6 +1017,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ops_match_cpu),
+        cmocka_unit_test(split_attention_and_gemv_grid_match_cpu),
         cmocka_unit_test(forward_matches_cpu),
         cmocka_unit_test(window_group_forward_matches_cpu),
         cmocka_unit_test(segments_match_cpu),
