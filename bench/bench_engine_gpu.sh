@@ -117,7 +117,7 @@ bench8b() {
     done
     for codec in raw auto shuffle-zstd; do
         "$LMS" gc --store "$ST" --grace 0 >>"$LOG" 2>&1
-        timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 8 --reps 1 \
+        timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 8 --reps 5 \
             --session 4096 --codec $codec --json 2>>"$LOG" | jl
     done
     LMSTORE_CUDA_PDL=0 timeout 300 "$LMS" bench engine llama8b --store "$ST" --device cuda --prompt 128 --gen 128 \

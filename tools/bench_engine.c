@@ -19,7 +19,9 @@
  *
  * --session N: a sequence of N tokens is prefilled (timed), saved into the
  * store as a session (--codec, default the KV cache's), and resumed into
- * the emptied cache (timed): resume against recompute.
+ * the emptied cache (timed): resume against recompute. Prefill and resume
+ * run --reps times (at least 3); the first resume and the medians are
+ * reported.
  */
 #include <math.h>
 #include <stdio.h>
@@ -128,7 +130,7 @@ int lms_bench_engine(int argc, char **argv)
     lms_model *m = NULL;
     lms_engine *e = NULL;
     int32_t *toks = NULL;
-    double *pf = NULL, *dec = NULL;
+    double *pf = NULL, *dec = NULL, *s_pfs = NULL, *s_ress = NULL;
     if ((rc = lms_bench_open("bench engine", store_opt, session > 0, devname, &st, &dev)))
         goto out;
     lms_model_params mp = lms_model_default_params();
@@ -218,40 +220,54 @@ int lms_bench_engine(int argc, char **argv)
     double roof = bw > 0 ? dec_med * bytes_tok / (bw * 1e9) : 0;
     double tflops = pf_med / prompt * flops_pf / 1e12;
     /* a session: recompute (prefill) against resume */
-    double s_pf = 0, s_save = 0, s_res = 0, s_res2 = 0;
+    double s_pf = 0, s_save = 0, s_res = 0, s_res2 = 0, s_pf_med = 0, s_res_med = 0;
+    int s_n = 0;
     lms__kv_resume_times rt;
     memset(&rt, 0, sizeof rt);
     uint64_t s_raw = 0, s_stored = 0;
     if (session) {
+        /* --reps prefills and resumes (at least 3), medians reported beside
+         * the first resume: the first reads pages the save has just written */
         static const char sname[] = "lmstore-bench-session";
         lms_kv_io_stats io;
-        lms_engine_reset(e);
-        lms_kv_drop_cached(e->kv);
-        double a = lms__now();
-        if ((rc = lms_engine_eval(e, toks, (size_t)session, NULL, 0)))
+        int sreps = (int)LMS_MAX(reps, 3);
+        s_pfs = calloc((size_t)sreps, sizeof *s_pfs);
+        s_ress = calloc((size_t)sreps, sizeof *s_ress);
+        if (!s_pfs || !s_ress) {
+            rc = lms__err(LMS_ENOMEM, "bench engine: out of memory");
             goto session_fail;
-        s_pf = lms__now() - a;
-        a = lms__now();
+        }
+        for (int r = 0; r < sreps; r++) {
+            lms_engine_reset(e);
+            lms_kv_drop_cached(e->kv);
+            double a = lms__now();
+            if ((rc = lms_engine_eval(e, toks, (size_t)session, NULL, 0)))
+                goto session_fail;
+            s_pfs[r] = lms__now() - a;
+        }
+        s_pf = s_pfs[0];
+        double a = lms__now();
         memset(&io, 0, sizeof io);
         if ((rc = lms_kv_save_ex(e->kv, e->seq, st, sname, &sp, &io)))
             goto session_fail;
         s_save = lms__now() - a;
         s_raw = io.raw_bytes;
         s_stored = io.stored_bytes;
-        lms_engine_reset(e);
-        lms_kv_drop_cached(e->kv); /* nothing of it stays in device memory */
-        a = lms__now();
-        if ((rc = lms_engine_session_load(e, st, sname)))
-            goto session_fail;
-        s_res = lms__now() - a;
-        rt = e->kv->last_resume;
-        /* once more, the same way: how steady the figure is */
-        lms_engine_reset(e);
-        lms_kv_drop_cached(e->kv);
-        a = lms__now();
-        if ((rc = lms_engine_session_load(e, st, sname)))
-            goto session_fail;
-        s_res2 = lms__now() - a;
+        for (int r = 0; r < sreps; r++) {
+            lms_engine_reset(e);
+            lms_kv_drop_cached(e->kv); /* nothing of it stays in device memory */
+            a = lms__now();
+            if ((rc = lms_engine_session_load(e, st, sname)))
+                goto session_fail;
+            s_ress[r] = lms__now() - a;
+            if (r == 0)
+                rt = e->kv->last_resume;
+        }
+        s_res = s_ress[0];
+        s_res2 = s_ress[1];
+        s_pf_med = lms_bench_median(s_pfs, sreps);
+        s_res_med = lms_bench_median(s_ress, sreps);
+        s_n = sreps;
         lms_kv_session_rm(st, sname);
     session_fail:
         if (rc) {
@@ -267,7 +283,8 @@ int lms_bench_engine(int argc, char **argv)
                "\"decode_ms\": %.3f, \"bytes_per_token\": %.0f, \"membw_gbps\": %.1f, \"roofline\": %.3f, "
                "\"reps\": %lld, \"session_tokens\": %lld, \"session_codec\": \"%s\", \"session_prefill_s\": %.4f, "
                "\"session_save_s\": %.4f, \"session_resume_s\": %.4f, \"session_raw_bytes\": %llu, "
-               "\"session_stored_bytes\": %llu, \"session_resume2_s\": %.4f, \"resume_threads\": %d, "
+               "\"session_stored_bytes\": %llu, \"session_resume2_s\": %.4f, \"session_reps\": %d, "
+               "\"session_prefill_median_s\": %.4f, \"session_resume_median_s\": %.4f, \"resume_threads\": %d, "
                "\"resume_ms\": {\"prepare\": %.2f, \"setup\": %.2f, \"pages\": %.2f, \"last_uploads\": %.2f, "
                "\"build\": %.2f, \"last_used\": %.2f, \"per_thread_wait\": %.2f, \"per_thread_read\": %.2f, "
                "\"per_thread_check\": %.2f, \"per_thread_upload_calls\": %.2f}}\n",
@@ -275,7 +292,7 @@ int lms_bench_engine(int argc, char **argv)
                info.n_embd, info.n_vocab, (unsigned long long)wbytes, (unsigned long long)params, (long long)prompt,
                info.prefill_block, pf_med, prompt / pf_med * 1e3, tflops, (long long)ctx, (long long)gen, dec_med,
                1e3 / dec_med, bytes_tok, bw, roof, (long long)reps, (long long)session, lms_kv_codec_name(sp.codec),
-               s_pf, s_save, s_res, (unsigned long long)s_raw, (unsigned long long)s_stored, s_res2, rt.threads,
+               s_pf, s_save, s_res, (unsigned long long)s_raw, (unsigned long long)s_stored, s_res2, s_n, s_pf_med, s_res_med, rt.threads,
                rt.prepare * 1e3, rt.setup * 1e3, rt.pipeline * 1e3, rt.sync * 1e3, rt.build * 1e3, rt.touch * 1e3,
                rt.wait * 1e3 / LMS_MAX(1, rt.threads), rt.read * 1e3 / LMS_MAX(1, rt.threads),
                rt.hash * 1e3 / LMS_MAX(1, rt.threads), rt.upload * 1e3 / LMS_MAX(1, rt.threads));
@@ -288,16 +305,18 @@ int lms_bench_engine(int argc, char **argv)
         printf("  %.2f GB read per token; memory read bandwidth %.1f GB/s: %.1f%% of the roofline\n",
                bytes_tok / 1e9, bw, roof * 100);
         if (session)
-            printf("  session of %lld tokens (%s): prefill %.1f ms, save %.1f ms, resume %.1f ms (%.1fx faster than "
-                   "the prefill; again %.1f ms)\n",
+            printf("  session of %lld tokens (%s): prefill %.1f ms, save %.1f ms, first resume %.1f ms (%.1fx faster "
+                   "than the prefill); medians of %d: prefill %.1f ms, resume %.1f ms (%.1fx)\n",
                    (long long)session, lms_kv_codec_name(sp.codec), s_pf * 1e3, s_save * 1e3, s_res * 1e3,
-                   s_pf / s_res, s_res2 * 1e3);
+                   s_pf / s_res, s_n, s_pf_med * 1e3, s_res_med * 1e3, s_pf_med / s_res_med);
     }
     status = LMS_EXIT_OK;
 out:
     free(toks);
     free(pf);
     free(dec);
+    free(s_pfs);
+    free(s_ress);
     lms_engine_free(e);
     lms_model_close(m);
     lms_device_close(dev);
