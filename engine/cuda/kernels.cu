@@ -2064,16 +2064,21 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
 
 /* ---- attention: decoding on tensor cores ---------------------------------------------------------- */
 
-#define ATM_WARPS 8 /* warps of a block */
-#define ATM_T 16    /* positions of a warp's tile */
+#define ATM_T 16 /* positions of a warp's tile */
+
+/* Warps of a block at head_dim hd: 8, 4 at 256 (whose registers allow one block of 8 a
+ * multiprocessor) */
+__host__ __device__ constexpr int attm_warps(int hd) { return hd >= 256 ? 4 : 8; }
 
 /* Dynamic shared memory of the tensor-core decoding kernel: q ([G][hd] floats), its
  * fragments ([hd / 16][32] x 16 bytes), the token's K and V rows, the warps' partials
- * ([ATM_WARPS][G][hd] floats) and their m, l and scales ([3][ATM_WARPS][G]). */
+ * ([W][G][hd] floats), their m, l and scales ([3][W][G]), W = attm_warps(hd), and at head
+ * dim 256 each warp's V tile (ATM_T rows of 2 hd bytes, padded by 16). */
 __host__ __device__ inline size_t attm_smem(int G, int hd)
 {
-    return (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + (size_t)ATM_WARPS * G * hd * 4 +
-           (size_t)3 * ATM_WARPS * G * 4 + (size_t)G * 4;
+    return (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + (size_t)attm_warps(hd) * G * hd * 4 +
+           (size_t)3 * attm_warps(hd) * G * 4 + (size_t)G * 4 +
+           (hd >= 256 ? (size_t)attm_warps(hd) * ATM_T * (2 * hd + 16) + 16 : 0);
 }
 
 /* The two 16-bit values of u (type KT) as floats. */
@@ -2113,28 +2118,39 @@ __device__ __forceinline__ void mma_top(float &c0, float &c1, uint32_t a0, uint3
 /*
  * Decoding attention on tensor cores (16-bit K/V, head_dim HD of 64/128/256, up to 8 query
  * heads a kv head). Block (h, s, b) as attn_decode_kernel's: kv head h, split s of the
- * attended range (chunk positions, rounded up to whole tiles), token b. Each of the
- * ATM_WARPS warps owns the split's tiles of ATM_T positions warp, warp + ATM_WARPS, ...
- * and keeps its own online softmax: no block barrier per tile. A tile's K and V go from
- * the cache straight into the registers of the mma fragments (16-byte loads, a lane's
- * rows looked up in the page table itself; the first tile's loads issued before the
- * query's RoPE): S^T = Q K^T with the G query heads as rows 0-7 of A (16 dimensions a
- * k-step, a lane's 16-byte piece of a K row covering two k-steps: the dimensions are
- * taken in the order the loads give them, q's fragments likewise), then O^T... as
- * O = P V with P (S's C fragments, as 16-bit) as A and V's pairs of rows as B, a lane's
- * 16-byte piece of a V row giving 8 products of 8 columns. q and P are split into a
- * 16-bit value and its remainder (two products each): the scores and weights keep about
- * 16 bits, as near the f32 reference as the CUDA-core kernel. Rows of A past G are zero,
- * positions past the split get weight 0 (their loads clamped to the split's last row, so
- * they never read past the table), and the token's own row (fuse_rope) comes from shared
- * memory, written there by the block. At the end the warps' (m, l, acc) are combined
- * through shared memory (one barrier) and the split's partial goes to
- * attn_merge_splits, or the result to out with one split.
+ * attended range (chunk positions, rounded up to whole tiles), token b. Each of the W =
+ * attm_warps(HD) warps owns the split's tiles of ATM_T positions warp, warp + W, ... and
+ * keeps its own online softmax: no block barrier per tile (at the default splits a warp
+ * has one tile, so every tile of the step is in flight at once). A lane looks its rows
+ * up in the page table itself and loads their 16-byte pieces straight into the
+ * registers of the mma.m16n8k16 fragments (the first tile's before the query's RoPE);
+ * at head dim 256 V goes by cp.async into the warp's own rows of shared memory instead
+ * (K, V and O together are more registers than a thread has), each lane reading back
+ * only what it copied. With g = lane / 4 and t = lane % 4:
+ *  - S^T = Q K^T: A = the G query heads as rows 0-7 (rows 8-15 zero), B = K^T, whose
+ *    column g is the K row of position tt + g (+8 for the second 8 positions); a lane's
+ *    16-byte piece at dimensions 32 kb + 8 t covers two k-steps (the dimensions taken in
+ *    the order the loads give them, q's fragments, made once per block in shared
+ *    memory, likewise). C: head g, positions 2t, 2t + 1 (+8).
+ *  - online softmax on those C values: the tile's maximum over the lane's quad (two
+ *    shuffles), the sum kept per lane and added up at the end.
+ *  - O += P V: A = P (the C fragments as 16-bit), B = V with k = position: a lane's
+ *    16-byte pieces of the rows tt + 2t, +1, +8, +9 at dimensions 8 (8 cb + g) give, by
+ *    byte permutes, the B fragments of 8 products (column g of product j is dimension
+ *    64 cb + 8 g + j), so the lane's C holds dimensions 64 cb + 16 t (+8) + j of head g.
+ * q and P are each split into a 16-bit value and its remainder (two products each): the
+ * scores and weights keep about 16 bits, as near the f32 reference as the CUDA-core
+ * kernel. Positions past the split get weight 0, their loads clamped to the split's last
+ * row (never past the table); the token's own row (fuse_rope) comes from shared memory,
+ * written there by attn_decode_q. At the end the warps' (m, l, acc) are combined through
+ * shared memory (one barrier) and the split's partial goes to attn_merge_splits, or with
+ * one split the result to out.
  */
 template <int KT, int HD>
-__global__ void __launch_bounds__(ATM_WARPS * 32, HD >= 256 ? 1 : 2) attn_decode_mma_kernel(const lms_cu_attn a)
+__global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel(const lms_cu_attn a)
 {
-    constexpr int KB = HD / 32, CB = HD / 64, KS = HD / 16, W = ATM_WARPS;
+    constexpr int KB = HD / 32, CB = HD / 64, KS = HD / 16, W = attm_warps(HD);
+    constexpr bool VS = HD >= 256; /* V by cp.async through shared memory (registers: K, V, O too many) */
     extern __shared__ __align__(16) uint8_t smem[];
     griddep_launch();
     griddep_wait();
@@ -2164,10 +2180,14 @@ __global__ void __launch_bounds__(ATM_WARPS * 32, HD >= 256 ? 1 : 2) attn_decode
     uint8_t *newrow = (uint8_t *)(qf + KS * 32);                     /* K, V of the token */
     float *red = (float *)(newrow + 2 * tb);                         /* [W][G][HD] */
     float *wm = red + (size_t)W * G * HD, *wl = wm + W * G, *wsc = wl + W * G, *wL = wsc + W * G;
+    constexpr int tbp = tb + 16; /* V rows in shared memory, padded: no bank conflicts */
+    uint8_t *vst = (uint8_t *)(((uintptr_t)(wL + G) + 15) / 16 * 16) + (size_t)warp * ATM_T * tbp;
 
     /* a lane's rows of the tile at tt: K rows tt + g, tt + 8 + g (16 bytes at dimensions
-     * 32 kb + 8 t), V rows tt + 2t, +1, +8, +9 (16 bytes at dimensions 8 (8 cb + g)) */
-    uint4 kr[2][KB], vr[4][CB];
+     * 32 kb + 8 t, into registers), V rows tt + 2t, +1, +8, +9 (16 bytes at dimensions
+     * 8 (8 cb + g), by cp.async into the warp's V tile, where the lane alone reads them) */
+    uint4 kr[2][KB], vr[VS ? 1 : 4][VS ? 1 : CB];
+    auto vrow = [&](int r) { return 2 * t + (r & 1) + 8 * (r >> 1); };
     auto rowp = [&](int p) -> const uint8_t * {
         p = min(p, t1 - 1);
         const int pg = psh >= 0 ? p >> psh : p / pt, sl = psh >= 0 ? p & (pt - 1) : p % pt;
@@ -2182,10 +2202,16 @@ __global__ void __launch_bounds__(ATM_WARPS * 32, HD >= 256 ? 1 : 2) attn_decode
         }
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            const uint8_t *src = rowp(tt + 2 * t + (r & 1) + 8 * (r >> 1)) + voff + 16 * g;
+            const uint8_t *src = rowp(tt + vrow(r)) + voff + 16 * g;
 #pragma unroll
-            for (int cb = 0; cb < CB; cb++) vr[r][cb] = *(const uint4 *)(src + 128 * cb);
+            for (int cb = 0; cb < CB; cb++)
+                if constexpr (VS)
+                    cp_async16(vst + vrow(r) * tbp + 16 * g + 128 * cb, src + 128 * cb, 16);
+                else
+                    vr[r][cb] = *(const uint4 *)(src + 128 * cb);
         }
+        if constexpr (VS)
+            cp_async_commit();
     };
     int tt = t0 + ATM_T * warp;
     if (tt < t1)
@@ -2213,17 +2239,19 @@ __global__ void __launch_bounds__(ATM_WARPS * 32, HD >= 256 ? 1 : 2) attn_decode
     for (bool first = true; tt < t1; tt += ATM_T * W, first = false) {
         if (!first)
             load(tt);
-        if (own_new && tt + ATM_T >= P) { /* the token's row (position P - 1) from shared memory */
+        const bool tail = own_new && tt + ATM_T >= P; /* the token's row (P - 1) from shared memory */
+        if (tail) {
 #pragma unroll
             for (int n = 0; n < 2; n++)
                 if (min(tt + 8 * n + g, t1 - 1) == P - 1)
 #pragma unroll
                     for (int kb = 0; kb < KB; kb++) kr[n][kb] = *(const uint4 *)(newrow + 16 * t + 64 * kb);
+            if constexpr (!VS)
 #pragma unroll
-            for (int r = 0; r < 4; r++)
-                if (min(tt + 2 * t + (r & 1) + 8 * (r >> 1), t1 - 1) == P - 1)
+                for (int r = 0; r < 4; r++)
+                    if (min(tt + vrow(r), t1 - 1) == P - 1)
 #pragma unroll
-                    for (int cb = 0; cb < CB; cb++) vr[r][cb] = *(const uint4 *)(newrow + tb + 16 * g + 128 * cb);
+                        for (int cb = 0; cb < CB; cb++) vr[r][cb] = *(const uint4 *)(newrow + tb + 16 * g + 128 * cb);
         }
         /* scores: sc[n][e] = head g, position tt + 8 n + 2 t + e */
         float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -2264,12 +2292,23 @@ __global__ void __launch_bounds__(ATM_WARPS * 32, HD >= 256 ? 1 : 2) attn_decode
         uint32_t ph0, pl0, ph1, pl1; /* P as A: positions 2t, 2t+1 (a0), 2t+8, 2t+9 (a2) */
         split2<KT>(pr[0][0], pr[0][1], ph0, pl0);
         split2<KT>(pr[1][0], pr[1][1], ph1, pl1);
+        if constexpr (VS)
+            cp_async_wait<0>(); /* the lane's V pieces are in */
 #pragma unroll
-        for (int cb = 0; cb < CB; cb++)
+        for (int cb = 0; cb < CB; cb++) {
+            uint4 v4[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                if constexpr (VS) {
+                    const bool mine = tail && min(tt + vrow(r), t1 - 1) == P - 1;
+                    v4[r] = *(const uint4 *)((mine ? newrow + tb : vst + vrow(r) * tbp) + 16 * g + 128 * cb);
+                } else {
+                    v4[r] = vr[r][cb];
+                }
+            }
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                const uint32_t x0 = (&vr[0][cb].x)[w], x1 = (&vr[1][cb].x)[w], x2 = (&vr[2][cb].x)[w],
-                               x3 = (&vr[3][cb].x)[w];
+                const uint32_t x0 = (&v4[0].x)[w], x1 = (&v4[1].x)[w], x2 = (&v4[2].x)[w], x3 = (&v4[3].x)[w];
 #pragma unroll
                 for (int e = 0; e < 2; e++) { /* column 8 (8 cb + g) + 2 w + e of V */
                     const uint32_t sel = e ? 0x7632u : 0x5410u;
@@ -2280,6 +2319,7 @@ __global__ void __launch_bounds__(ATM_WARPS * 32, HD >= 256 ? 1 : 2) attn_decode
                     mma_top<KT>(c[0], c[1], pl0, pl1, b0, b1);
                 }
             }
+        }
     }
     /* the warps' partials: o[cb][j][e] is head g, dimension 64 cb + 16 t + 8 e + j */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -2363,7 +2403,7 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if ((nb_max <= 8 || a->decode_only) && g_att_mma && G <= 8)
-            return launch(attn_decode_mma_kernel<KT, HD>, dec, dim3(ATM_WARPS * 32), attm_smem(G, HD), stream, *a);
+            return launch(attn_decode_mma_kernel<KT, HD>, dec, dim3(attm_warps(HD) * 32), attm_smem(G, HD), stream, *a);
         if (nb_max <= 8 || a->decode_only)
             return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
@@ -2607,7 +2647,7 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_FSMEM(LMS_CU_F16)
     LMS_CU_FSMEM(LMS_CU_BF16)
 #undef LMS_CU_FSMEM
-#define LMS_CU_MSMEM(KT)                                                                                               \
+#define LMS_CU_MSMEM(KT)                                                                                                 \
     if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
     if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
     if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256));
