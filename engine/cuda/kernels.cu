@@ -1548,6 +1548,30 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
         a.counters[b * a.n_kv + h] = 0;
 }
 
+/* Block (h, s, b) of a decoding launch: row b of the step (row), its position (pos, P =
+ * pos + 1) and split s = [t0, t1) of its attended range [lo, P), which is cut into S splits
+ * of max(a.chunk, ceil(len / splits)) positions rounded up to a multiple of `tile`. False
+ * when the block has no row or its split no positions (blocks past them exit at once). */
+struct attn_split {
+    int row, pos, P, S, t0, t1;
+};
+__device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, attn_split &r)
+{
+    const int s = blockIdx.y, b = blockIdx.z, nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
+    if (b >= nb)
+        return false;
+    r.row = a.row0 + b;
+    r.pos = row_pos(a.step, &a.kv, r.row), r.P = r.pos + 1;
+    const int lo = a.window > 0 && r.P > a.window ? r.P - a.window : 0, len = r.P - lo;
+    int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
+    chunk = (chunk + tile - 1) / tile * tile;
+    r.S = (len + chunk - 1) / chunk;
+    if (s >= r.S)
+        return false;
+    r.t0 = lo + s * chunk, r.t1 = min(r.P, r.t0 + chunk);
+    return true;
+}
+
 /*
  * Block (h, s, b): kv head h, split s, token b. The attended range [lo, P)
  * is cut into splits of `chunk` positions, chunk = max(a.chunk, len /
@@ -1578,20 +1602,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(const lms_cu_a
     __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
     griddep_launch();
     griddep_wait();
-    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = a.row0 + b;
-    const int nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
-    if (b >= nb)
+    attn_split sp;
+    if (!attn_split_of(a, 1, sp))
         return;
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
+    const int t0 = sp.t0, t1 = sp.t1;
     const int hd = HD ? HD : a.hd;
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const lms_cu_kv *kv = &a.kv;
-    const int pos = row_pos(a.step, kv, row), P = pos + 1;
-    const int lo = a.window > 0 && P > a.window ? P - a.window : 0, len = P - lo;
-    const int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
-    const int S = (len + chunk - 1) / chunk; /* splits with positions */
-    if (s >= S)
-        return;
-    const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
     const bool own_new = a.fuse_rope && t1 == P; /* this split writes and reads the token's own row */
     const int tl = own_new ? P - 1 : t1;        /* rows [t0, tl) come from the cache */
     const int tb = (int)kv->token_bytes, tbp = tb + 16, stg = attn_stages(tb), Pp = attn_parts(G, hd, tb);
@@ -2154,21 +2172,14 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
     extern __shared__ __align__(16) uint8_t smem[];
     griddep_launch();
     griddep_wait();
-    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = a.row0 + b;
-    const int nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
-    if (b >= nb)
+    attn_split sp;
+    if (!attn_split_of(a, ATM_T, sp))
         return;
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
+    const int t0 = sp.t0, t1 = sp.t1;
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3; /* fragment row (query head) and column pair */
     const lms_cu_kv *kv = &a.kv;
-    const int pos = row_pos(a.step, kv, row), P = pos + 1;
-    const int lo = a.window > 0 && P > a.window ? P - a.window : 0, len = P - lo;
-    int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
-    chunk = (chunk + ATM_T - 1) / ATM_T * ATM_T;
-    const int S = (len + chunk - 1) / chunk;
-    if (s >= S)
-        return;
-    const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
     const bool own_new = a.fuse_rope && t1 == P;
     constexpr int tb = HD * 2;
     const int pt = kv->page_tokens, psh = (pt & (pt - 1)) == 0 ? __ffs(pt) - 1 : -1;
