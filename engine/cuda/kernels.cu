@@ -2196,7 +2196,8 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
 
     /* a lane's rows of the tile at tt: K rows tt + g, tt + 8 + g (16 bytes at dimensions
      * 32 kb + 8 t, into registers), V rows tt + 2t, +1, +8, +9 (16 bytes at dimensions
-     * 8 (8 cb + g), by cp.async into the warp's V tile, where the lane alone reads them) */
+     * 8 (8 cb + g), into registers, or with VS by cp.async into the warp's V tile, where
+     * the lane alone reads them back) */
     uint4 kr[2][KB], vr[VS ? 1 : 4][VS ? 1 : CB];
     auto vrow = [&](int r) { return 2 * t + (r & 1) + 8 * (r >> 1); };
     auto rowp = [&](int p) -> const uint8_t * {
