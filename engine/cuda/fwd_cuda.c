@@ -21,8 +21,9 @@
  * off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
  * persistent grid to that many blocks a multiprocessor (0: a block per group
  * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
- * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split and
- * LMSTORE_CUDA_ATT_SPLITS=n the most splits a short context gets.
+ * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split,
+ * LMSTORE_CUDA_ATT_SPLITS=n the most splits a short context gets and
+ * LMSTORE_CUDA_ATT_MMA=0 turns the tensor-core decoding attention off.
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -289,6 +290,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
     lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
+    lms_cu_set_att_mma(!env_off("LMSTORE_CUDA_ATT_MMA"));
     lms_cu_set_gemv_blocks(getenv("LMSTORE_CUDA_GEMV_BLOCKS") ? atoi(getenv("LMSTORE_CUDA_GEMV_BLOCKS")) : -1,
                            getenv("LMSTORE_CUDA_GEMV_GRID") ? atoi(getenv("LMSTORE_CUDA_GEMV_GRID")) : 0);
     if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||

@@ -39,6 +39,7 @@
 namespace {
 
 int g_pdl = 0;
+int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_cu_set_att_mma) */
 
 __device__ __forceinline__ void griddep_wait()
 {
@@ -1459,6 +1460,118 @@ __device__ void warp_norm_rope(float *dst, const float *src, const float *nw, co
     }
 }
 
+/* The G query heads of kv head h for row `row` into qs ([G][hd] floats, times the scale;
+ * with fuse_rope after their RMSNorm and RoPE at pos), and with own_new this token's K and V
+ * (K rotated) into the cache at pos and into newrow (K then V, token_bytes each), by the
+ * block's last warp. kbase: the layer's K of head h in page 0; pages: the row's table. */
+template <int KT>
+__device__ void attn_decode_q(const lms_cu_attn &a, float *qs, uint8_t *newrow, uint8_t *kbase, const int32_t *pages,
+                              int row, int h, int G, int hd, int pos, bool own_new)
+{
+    typedef elem<KT> E;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const float *qb = a.q + (size_t)row * a.n_heads * hd + (size_t)(h * G) * hd;
+    if (!a.fuse_rope) {
+        for (int i = tid; i < G * hd; i += blockDim.x) qs[i] = qb[i] * a.scale;
+        return;
+    }
+    for (int g = warp; g < G; g += nw)
+        warp_norm_rope(qs + (size_t)g * hd, qb + (size_t)g * hd, a.q_norm, a.inv_freq, hd, pos, a.eps, a.scale, lane);
+    if (own_new && warp == nw - 1) {
+        const lms_cu_kv *kv = &a.kv;
+        const size_t kvd = (size_t)a.n_kv * hd, tb = (size_t)kv->token_bytes;
+        float *kn = a.k_new + row * kvd + (size_t)h * hd;
+        warp_norm_rope(kn, kn, a.k_norm, a.inv_freq, hd, pos, a.eps, 1.f, lane);
+        __syncwarp();
+        const int pt = kv->page_tokens;
+        uint8_t *dst = kbase + (size_t)pages[pos / pt] * kv->page_bytes + (size_t)(pos % pt) * tb;
+        const float *vn = a.v_new + row * kvd + (size_t)h * hd;
+        for (int i = lane; i < hd; i += 32) {
+            const float kf = kn[i], vf = vn[i];
+            E::put(dst, i, kf);
+            E::put(dst + kv->v_offset, i, vf);
+            E::put(newrow, i, kf);
+            E::put(newrow + tb, i, vf);
+        }
+    }
+}
+
+/* After every block of (h, b) wrote its split's partial ([b][h][split][g] = m, l, -, -,
+ * acc[hd], unnormalized): the last block to finish (ticket) merges the S splits into out
+ * ([G][hd]): thread i takes 4 dimensions (1 when hd % 4) of one head over every split,
+ * rescaling as the running maximum grows (each split's loads independent of the others),
+ * and resets the counter for the next launch. */
+__device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int G, int hd, float *out)
+{
+    __shared__ int sm_last;
+    const int tid = threadIdx.x;
+    const size_t stride = ATT_PSTRIDE(hd);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int ticket = atomicAdd(&a.counters[b * a.n_kv + h], 1);
+        sm_last = ticket == S - 1;
+    }
+    __syncthreads();
+    if (!sm_last)
+        return;
+    __threadfence();
+    const float *p0 = a.part + ((size_t)b * a.n_kv + h) * gridDim.y * G * stride;
+    const int vw = hd % 4 == 0 ? 4 : 1, nv = hd / vw;
+    for (int i = tid; i < G * nv; i += blockDim.x) {
+        const int g = i / nv, d = (i % nv) * vw;
+        float M = -INFINITY, L = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+        for (int j = 0; j < S; j++) {
+            const float *pj = p0 + ((size_t)j * G + g) * stride;
+            const float2 ml = __ldcg((const float2 *)pj);
+            float v[4];
+            if (vw == 4) {
+                const float4 v4 = __ldcg((const float4 *)(pj + 4 + d));
+                v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
+            } else {
+                v[0] = __ldcg(pj + 4 + d), v[1] = v[2] = v[3] = 0.f;
+            }
+            const float Mn = fmaxf(M, ml.x), al = expf(M - Mn), w = expf(ml.x - Mn);
+            L = L * al + ml.y * w;
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[e] = o[e] * al + v[e] * w;
+            M = Mn;
+        }
+        const float inv = 1.f / L;
+        if (vw == 4)
+            *(float4 *)(out + g * hd + d) = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+        else
+            out[g * hd + d] = o[0] * inv;
+    }
+    if (tid == 0)
+        a.counters[b * a.n_kv + h] = 0;
+}
+
+/* Block (h, s, b) of a decoding launch: row b of the step (row), its position (pos, P =
+ * pos + 1) and split s = [t0, t1) of its attended range [lo, P), which is cut into S splits
+ * of max(a.chunk, ceil(len / splits)) positions rounded up to a multiple of `tile`. False
+ * when the block has no row or its split no positions (blocks past them exit at once). */
+struct attn_split {
+    int row, pos, P, S, t0, t1;
+};
+__device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, attn_split &r)
+{
+    const int s = blockIdx.y, b = blockIdx.z, nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
+    if (b >= nb)
+        return false;
+    r.row = a.row0 + b;
+    r.pos = row_pos(a.step, &a.kv, r.row), r.P = r.pos + 1;
+    const int lo = a.window > 0 && r.P > a.window ? r.P - a.window : 0, len = r.P - lo;
+    int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
+    chunk = (chunk + tile - 1) / tile * tile;
+    r.S = (len + chunk - 1) / chunk;
+    if (s >= r.S)
+        return false;
+    r.t0 = lo + s * chunk, r.t1 = min(r.P, r.t0 + chunk);
+    return true;
+}
+
 /*
  * Block (h, s, b): kv head h, split s, token b. The attended range [lo, P)
  * is cut into splits of `chunk` positions, chunk = max(a.chunk, len /
@@ -1487,36 +1600,28 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(const lms_cu_a
     typedef elem<KT> E;
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
-    __shared__ int sm_last;
     griddep_launch();
     griddep_wait();
-    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = a.row0 + b;
-    const int nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
-    if (b >= nb)
+    attn_split sp;
+    if (!attn_split_of(a, 1, sp))
         return;
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
+    const int t0 = sp.t0, t1 = sp.t1;
     const int hd = HD ? HD : a.hd;
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const lms_cu_kv *kv = &a.kv;
-    const int pos = row_pos(a.step, kv, row), P = pos + 1;
-    const int lo = a.window > 0 && P > a.window ? P - a.window : 0, len = P - lo;
-    const int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
-    const int S = (len + chunk - 1) / chunk; /* splits with positions */
-    if (s >= S)
-        return;
-    const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
     const bool own_new = a.fuse_rope && t1 == P; /* this split writes and reads the token's own row */
     const int tl = own_new ? P - 1 : t1;        /* rows [t0, tl) come from the cache */
     const int tb = (int)kv->token_bytes, tbp = tb + 16, stg = attn_stages(tb), Pp = attn_parts(G, hd, tb);
     const int pt = kv->page_tokens;
     const int32_t *pages = row_pages(a.step, kv, row); /* the row's table of the layer's group */
-    const size_t qd = (size_t)a.n_heads * hd, kvd = (size_t)a.n_kv * hd;
+    const size_t qd = (size_t)a.n_heads * hd;
     uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
     float *qs = (float *)smem;                                   /* [G][hd] */
     uint8_t *ks = smem + ((size_t)G * hd * 4 + 15) / 16 * 16;    /* [stg][ATT_T][tbp]: rows padded */
     uint8_t *vs = ks + (size_t)stg * ATT_T * tbp;                /* [stg][ATT_T][tb] */
     float *sc = (float *)(ks + attn_stage_bytes(G, hd, tb));     /* [G][Pp][ATT_T] */
     uint8_t *newrow = (uint8_t *)(sc + (size_t)G * Pp * ATT_T);  /* K then V of the token (tb each) */
-    const float *qb = a.q + row * qd + (size_t)(h * G) * hd;
 
     /* the K and V rows of positions [tt, min(tt + ATT_T, tl)) into stage st (one commit group) */
     const int64_t pgb = kv->page_bytes, voff = kv->v_offset;
@@ -1562,27 +1667,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(const lms_cu_a
             cp_async_commit();
     }
 
-    if (a.fuse_rope) {
-        for (int g = warp; g < G; g += nw)
-            warp_norm_rope(qs + (size_t)g * hd, qb + (size_t)g * hd, a.q_norm, a.inv_freq, hd, pos, a.eps, a.scale,
-                           lane);
-        if (own_new && warp == nw - 1) { /* this token's K and V: into the cache and into newrow */
-            float *kn = a.k_new + row * kvd + (size_t)h * hd;
-            warp_norm_rope(kn, kn, a.k_norm, a.inv_freq, hd, pos, a.eps, 1.f, lane);
-            __syncwarp();
-            uint8_t *dst = kbase + (size_t)pages[pos / pt] * kv->page_bytes + (size_t)(pos % pt) * tb;
-            const float *vn = a.v_new + row * kvd + (size_t)h * hd;
-            for (int i = lane; i < hd; i += 32) {
-                const float kf = kn[i], vf = vn[i];
-                E::put(dst, i, kf);
-                E::put(dst + kv->v_offset, i, vf);
-                E::put(newrow, i, kf);
-                E::put(newrow + tb, i, vf);
-            }
-        }
-    } else {
-        for (int i = tid; i < G * hd; i += blockDim.x) qs[i] = qb[i] * a.scale;
-    }
+    attn_decode_q<KT>(a, qs, newrow, kbase, pages, row, h, G, hd, pos, own_new);
     if (tid < ATT_GMAX)
         sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
     float acc[GM][2]; /* dimensions 2 dim, 2 dim + 1 of query head g */
@@ -1731,48 +1816,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(const lms_cu_a
                 part[g * stride + 4 + 2 * tid] = acc[g][0], part[g * stride + 4 + 2 * tid + 1] = acc[g][1];
     if (tid < G)
         part[tid * stride] = sm_m[tid], part[tid * stride + 1] = sm_l[tid];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int ticket = atomicAdd(&a.counters[b * a.n_kv + h], 1);
-        sm_last = ticket == S - 1;
-    }
-    __syncthreads();
-    if (!sm_last)
-        return;
-    __threadfence();
-    /* the merge: thread i takes 4 dimensions (1 when hd % 4) of one head over every split,
-     * rescaling as the running maximum grows (each split's loads independent of the others) */
-    const float *p0 = a.part + ((size_t)b * a.n_kv + h) * SM * G * stride;
-    const int vw = hd % 4 == 0 ? 4 : 1, nv = hd / vw;
-    for (int i = tid; i < G * nv; i += blockDim.x) {
-        const int g = i / nv, d = (i % nv) * vw;
-        float M = -INFINITY, L = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-        for (int j = 0; j < S; j++) {
-            const float *pj = p0 + ((size_t)j * G + g) * stride;
-            const float2 ml = __ldcg((const float2 *)pj);
-            float v[4];
-            if (vw == 4) {
-                const float4 v4 = __ldcg((const float4 *)(pj + 4 + d));
-                v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
-            } else {
-                v[0] = __ldcg(pj + 4 + d), v[1] = v[2] = v[3] = 0.f;
-            }
-            const float Mn = fmaxf(M, ml.x), al = expf(M - Mn), w = expf(ml.x - Mn);
-            L = L * al + ml.y * w;
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[e] = o[e] * al + v[e] * w;
-            M = Mn;
-        }
-        const float inv = 1.f / L;
-        if (vw == 4)
-            *(float4 *)(out + g * hd + d) = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-        else
-            out[g * hd + d] = o[0] * inv;
-    }
-    if (tid == 0)
-        a.counters[b * a.n_kv + h] = 0;
+    attn_merge_splits(a, b, h, S, G, hd, out);
 }
 
 /* ---- attention: prefill on tensor cores ---------------------------------------------------------- */
@@ -2036,6 +2080,312 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     }
 }
 
+/* ---- attention: decoding on tensor cores ---------------------------------------------------------- */
+
+#define ATM_T 16 /* positions of a warp's tile */
+
+/* Warps of a block at head_dim hd: 8, 4 at 256 (whose registers allow one block of 8 a
+ * multiprocessor) */
+__host__ __device__ constexpr int attm_warps(int hd) { return hd >= 256 ? 4 : 8; }
+
+/* Dynamic shared memory of the tensor-core decoding kernel: q ([G][hd] floats), its
+ * fragments ([hd / 16][32] x 16 bytes), the token's K and V rows, the warps' partials
+ * ([W][G][hd] floats), their m, l and scales ([3][W][G]), W = attm_warps(hd), and at head
+ * dim 256 each warp's V tile (ATM_T rows of 2 hd bytes, padded by 16). */
+__host__ __device__ inline size_t attm_smem(int G, int hd)
+{
+    return (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + (size_t)attm_warps(hd) * G * hd * 4 +
+           (size_t)3 * attm_warps(hd) * G * 4 + (size_t)G * 4 +
+           (hd >= 256 ? (size_t)attm_warps(hd) * ATM_T * (2 * hd + 16) + 16 : 0);
+}
+
+/* The two 16-bit values of u (type KT) as floats. */
+template <int KT> __device__ __forceinline__ float2 unpack2(uint32_t u)
+{
+    return KT == LMS_CU_BF16 ? make_float2(bf16_lo(u), bf16_hi(u)) : make_float2(f16_lo(u), f16_hi(u));
+}
+
+/* (x0, x1) as a 16-bit pair hi plus the pair of what it leaves, lo: hi + lo holds about 16
+ * bits of each (two products in place of one keep scores and weights near f32). */
+template <int KT> __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo)
+{
+    hi = mma16<KT>::pack(x0, x1);
+    const float2 f = unpack2<KT>(hi);
+    lo = mma16<KT>::pack(x0 - f.x, x1 - f.y);
+}
+
+/* (c0, c1) += rows 0-7 of A (a0: columns 0-7, a2: columns 8-15; rows 8-15 zero) times B:
+ * mma.m16n8k16 whose lower half of rows is zero and thrown away. */
+template <int KT>
+__device__ __forceinline__ void mma_top(float &c0, float &c1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1)
+{
+    float d2, d3;
+    if constexpr (KT == LMS_CU_BF16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%10,%11,%12,%12};"
+            : "=f"(c0), "=f"(c1), "=f"(d2), "=f"(d3)
+            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(0.f));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%10,%11,%12,%12};"
+            : "=f"(c0), "=f"(c1), "=f"(d2), "=f"(d3)
+            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(0.f));
+    (void)d2, (void)d3;
+}
+
+/*
+ * Decoding attention on tensor cores (16-bit K/V, head_dim HD of 64/128/256, up to 8 query
+ * heads a kv head). Block (h, s, b) as attn_decode_kernel's: kv head h, split s of the
+ * attended range (chunk positions, rounded up to whole tiles), token b. Each of the W =
+ * attm_warps(HD) warps owns the split's tiles of ATM_T positions warp, warp + W, ... and
+ * keeps its own online softmax: no block barrier per tile (at the default splits a warp
+ * has one tile, so every tile of the step is in flight at once). A lane looks its rows
+ * up in the page table itself and loads their 16-byte pieces straight into the
+ * registers of the mma.m16n8k16 fragments (the first tile's before the query's RoPE);
+ * at head dim 256 V goes by cp.async into the warp's own rows of shared memory instead
+ * (K, V and O together are more registers than a thread has), each lane reading back
+ * only what it copied. With g = lane / 4 and t = lane % 4:
+ *  - S^T = Q K^T: A = the G query heads as rows 0-7 (rows 8-15 zero), B = K^T, whose
+ *    column g is the K row of position tt + g (+8 for the second 8 positions); a lane's
+ *    16-byte piece at dimensions 32 kb + 8 t covers two k-steps (the dimensions taken in
+ *    the order the loads give them, q's fragments, made once per block in shared
+ *    memory, likewise). C: head g, positions 2t, 2t + 1 (+8).
+ *  - online softmax on those C values: the tile's maximum over the lane's quad (two
+ *    shuffles), the sum kept per lane and added up at the end.
+ *  - O += P V: A = P (the C fragments as 16-bit), B = V with k = position: a lane's
+ *    16-byte pieces of the rows tt + 2t, +1, +8, +9 at dimensions 8 (8 cb + g) give, by
+ *    byte permutes, the B fragments of 8 products (column g of product j is dimension
+ *    64 cb + 8 g + j), so the lane's C holds dimensions 64 cb + 16 t (+8) + j of head g.
+ * q and P are each split into a 16-bit value and its remainder (two products each): the
+ * scores and weights keep about 16 bits, as near the f32 reference as the CUDA-core
+ * kernel. Positions past the split get weight 0, their loads clamped to the split's last
+ * row (never past the table); the token's own row (fuse_rope) comes from shared memory,
+ * written there by attn_decode_q. At the end the warps' (m, l, acc) are combined through
+ * shared memory (one barrier) and the split's partial goes to attn_merge_splits, or with
+ * one split the result to out.
+ */
+template <int KT, int HD>
+__global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel(const lms_cu_attn a)
+{
+    constexpr int KB = HD / 32, CB = HD / 64, KS = HD / 16, W = attm_warps(HD);
+    constexpr bool VS = HD >= 256; /* V by cp.async through shared memory (registers: K, V, O too many) */
+    extern __shared__ __align__(16) uint8_t smem[];
+    griddep_launch();
+    griddep_wait();
+    attn_split sp;
+    if (!attn_split_of(a, ATM_T, sp))
+        return;
+    const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
+    const int t0 = sp.t0, t1 = sp.t1;
+    const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3; /* fragment row (query head) and column pair */
+    const lms_cu_kv *kv = &a.kv;
+    const bool own_new = a.fuse_rope && t1 == P;
+    constexpr int tb = HD * 2;
+    const int pt = kv->page_tokens, psh = (pt & (pt - 1)) == 0 ? __ffs(pt) - 1 : -1;
+    const int32_t *pages = row_pages(a.step, kv, row);
+    const int64_t pgb = kv->page_bytes, voff = kv->v_offset;
+    uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+    float *qs = (float *)smem;                                      /* [G][HD] */
+    uint4 *qf = (uint4 *)(qs + (size_t)G * HD);                      /* [KS][32]: hi01, hi45, lo01, lo45 */
+    uint8_t *newrow = (uint8_t *)(qf + KS * 32);                     /* K, V of the token */
+    float *red = (float *)(newrow + 2 * tb);                         /* [W][G][HD] */
+    float *wm = red + (size_t)W * G * HD, *wl = wm + W * G, *wsc = wl + W * G, *wL = wsc + W * G;
+    constexpr int tbp = tb + 16; /* V rows in shared memory, padded: no bank conflicts */
+    uint8_t *vst = (uint8_t *)(((uintptr_t)(wL + G) + 15) / 16 * 16) + (size_t)warp * ATM_T * tbp;
+
+    /* a lane's rows of the tile at tt: K rows tt + g, tt + 8 + g (16 bytes at dimensions
+     * 32 kb + 8 t, into registers), V rows tt + 2t, +1, +8, +9 (16 bytes at dimensions
+     * 8 (8 cb + g), into registers, or with VS by cp.async into the warp's V tile, where
+     * the lane alone reads them back) */
+    uint4 kr[2][KB], vr[VS ? 1 : 4][VS ? 1 : CB];
+    auto vrow = [&](int r) { return 2 * t + (r & 1) + 8 * (r >> 1); };
+    auto rowp = [&](int p) -> const uint8_t * {
+        p = min(p, t1 - 1);
+        const int pg = psh >= 0 ? p >> psh : p / pt, sl = psh >= 0 ? p & (pt - 1) : p % pt;
+        return kbase + (int64_t)pages[pg] * pgb + (int64_t)sl * tb;
+    };
+    auto load = [&](int tt) {
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *src = rowp(tt + 8 * n + g) + 16 * t;
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) kr[n][kb] = *(const uint4 *)(src + 64 * kb);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *src = rowp(tt + vrow(r)) + voff + 16 * g;
+#pragma unroll
+            for (int cb = 0; cb < CB; cb++)
+                if constexpr (VS)
+                    cp_async16(vst + vrow(r) * tbp + 16 * g + 128 * cb, src + 128 * cb, 16);
+                else
+                    vr[r][cb] = *(const uint4 *)(src + 128 * cb);
+        }
+        if constexpr (VS)
+            cp_async_commit();
+    };
+    int tt = t0 + ATM_T * warp;
+    if (tt < t1)
+        load(tt);
+
+    attn_decode_q<KT>(a, qs, newrow, kbase, pages, row, h, G, HD, pos, own_new);
+    __syncthreads();
+    for (int i = tid; i < KS * 32; i += blockDim.x) { /* q's fragments: k-step ks, lane */
+        const int ks = i / 32, fg = (i / 4) % 8, ft = i % 4, d = 32 * (ks / 2) + 8 * ft + 4 * (ks % 2);
+        uint4 f = make_uint4(0, 0, 0, 0);
+        if (fg < G) {
+            const float *q = qs + (size_t)fg * HD + d;
+            split2<KT>(q[0], q[1], f.x, f.z);
+            split2<KT>(q[2], q[3], f.y, f.w);
+        }
+        qf[i] = f;
+    }
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.f, o[CB][8][2];
+#pragma unroll
+    for (int cb = 0; cb < CB; cb++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) o[cb][j][0] = o[cb][j][1] = 0.f;
+    for (bool first = true; tt < t1; tt += ATM_T * W, first = false) {
+        if (!first)
+            load(tt);
+        const bool tail = own_new && tt + ATM_T >= P; /* the token's row (P - 1) from shared memory */
+        if (tail) {
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+                if (min(tt + 8 * n + g, t1 - 1) == P - 1)
+#pragma unroll
+                    for (int kb = 0; kb < KB; kb++) kr[n][kb] = *(const uint4 *)(newrow + 16 * t + 64 * kb);
+            if constexpr (!VS)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    if (min(tt + vrow(r), t1 - 1) == P - 1)
+#pragma unroll
+                        for (int cb = 0; cb < CB; cb++) vr[r][cb] = *(const uint4 *)(newrow + tb + 16 * g + 128 * cb);
+        }
+        /* scores: sc[n][e] = head g, position tt + 8 n + 2 t + e */
+        float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const uint4 q4 = qf[ks * 32 + lane];
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                const uint4 k4 = kr[n][ks / 2];
+                const uint32_t b0 = ks % 2 ? k4.z : k4.x, b1 = ks % 2 ? k4.w : k4.y;
+                mma_top<KT>(sc[n][0], sc[n][1], q4.x, q4.y, b0, b1);
+                mma_top<KT>(sc[n][0], sc[n][1], q4.z, q4.w, b0, b1);
+            }
+        }
+        float mt = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v = sc[n][e];
+                if (a.softcap > 0.f)
+                    v = a.softcap * tanhf(v / a.softcap);
+                if (tt + 8 * n + 2 * t + e >= t1)
+                    v = -INFINITY;
+                sc[n][e] = v;
+                mt = fmaxf(mt, v);
+            }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        const float mn = fmaxf(m, mt), al = expf(m - mn); /* m = -inf: 0 */
+        float pr[2][2];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) pr[n][e] = expf(sc[n][e] - mn);
+        l = l * al + (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
+        m = mn;
+        uint32_t ph0, pl0, ph1, pl1; /* P as A: positions 2t, 2t+1 (a0), 2t+8, 2t+9 (a2) */
+        split2<KT>(pr[0][0], pr[0][1], ph0, pl0);
+        split2<KT>(pr[1][0], pr[1][1], ph1, pl1);
+        if constexpr (VS)
+            cp_async_wait<0>(); /* the lane's V pieces are in */
+#pragma unroll
+        for (int cb = 0; cb < CB; cb++) {
+            uint4 v4[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                if constexpr (VS) {
+                    const bool mine = tail && min(tt + vrow(r), t1 - 1) == P - 1;
+                    v4[r] = *(const uint4 *)((mine ? newrow + tb : vst + vrow(r) * tbp) + 16 * g + 128 * cb);
+                } else {
+                    v4[r] = vr[r][cb];
+                }
+            }
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const uint32_t x0 = (&v4[0].x)[w], x1 = (&v4[1].x)[w], x2 = (&v4[2].x)[w], x3 = (&v4[3].x)[w];
+#pragma unroll
+                for (int e = 0; e < 2; e++) { /* column 8 (8 cb + g) + 2 w + e of V */
+                    const uint32_t sel = e ? 0x7632u : 0x5410u;
+                    const uint32_t b0 = __byte_perm(x0, x1, sel), b1 = __byte_perm(x2, x3, sel);
+                    float *c = o[cb][2 * w + e];
+                    c[0] *= al, c[1] *= al;
+                    mma_top<KT>(c[0], c[1], ph0, ph1, b0, b1);
+                    mma_top<KT>(c[0], c[1], pl0, pl1, b0, b1);
+                }
+            }
+        }
+    }
+    /* the warps' partials: o[cb][j][e] is head g, dimension 64 cb + 16 t + 8 e + j */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < G) {
+        float *r = red + ((size_t)warp * G + g) * HD;
+#pragma unroll
+        for (int cb = 0; cb < CB; cb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float4 *d4 = (float4 *)(r + 64 * cb + 16 * t + 8 * e);
+                d4[0] = make_float4(o[cb][0][e], o[cb][1][e], o[cb][2][e], o[cb][3][e]);
+                d4[1] = make_float4(o[cb][4][e], o[cb][5][e], o[cb][6][e], o[cb][7][e]);
+            }
+        if (t == 0)
+            wm[warp * G + g] = m, wl[warp * G + g] = l;
+    }
+    __syncthreads();
+    if (tid < G) { /* per head: the largest m, each warp's scale, the sum */
+        float M = -INFINITY, L = 0.f;
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * G + tid]);
+        for (int w = 0; w < W; w++) {
+            const float sw = wm[w * G + tid] == -INFINITY ? 0.f : expf(wm[w * G + tid] - M);
+            wsc[w * G + tid] = sw;
+            L += wl[w * G + tid] * sw;
+        }
+        wm[tid] = M, wL[tid] = L; /* wm[0 .. G): every warp's m is read above */
+    }
+    __syncthreads();
+    float *out = a.out + (size_t)row * a.n_heads * HD + (size_t)(h * G) * HD;
+    const size_t stride = ATT_PSTRIDE(HD);
+    float *part = a.part + (((size_t)b * a.n_kv + h) * gridDim.y + s) * G * stride;
+    for (int i = tid; i < G * HD / 4; i += blockDim.x) {
+        const int hg = i / (HD / 4), d = (i % (HD / 4)) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = 0; w < W; w++) {
+            const float sw = wsc[w * G + hg];
+            const float4 v = *(const float4 *)(red + ((size_t)w * G + hg) * HD + d);
+            acc.x += v.x * sw, acc.y += v.y * sw, acc.z += v.z * sw, acc.w += v.w * sw;
+        }
+        if (S == 1) {
+            const float il = 1.f / wL[hg];
+            *(float4 *)(out + (size_t)hg * HD + d) = make_float4(acc.x * il, acc.y * il, acc.z * il, acc.w * il);
+        } else {
+            *(float4 *)(part + hg * stride + 4 + d) = acc;
+        }
+    }
+    if (S == 1)
+        return;
+    if (tid < G)
+        part[tid * stride] = wm[tid], part[tid * stride + 1] = wL[tid];
+    attn_merge_splits(a, b, h, S, G, HD, out);
+}
+
 typedef void (*attn_fn)(const lms_cu_attn);
 
 /* The decoding kernel for G query heads a kv head: its accumulators sized to G rounded up to
@@ -2064,6 +2414,8 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
         return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
+        if ((nb_max <= 8 || a->decode_only) && g_att_mma && G <= 8)
+            return launch(attn_decode_mma_kernel<KT, HD>, dec, dim3(attm_warps(HD) * 32), attm_smem(G, HD), stream, *a);
         if (nb_max <= 8 || a->decode_only)
             return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
@@ -2277,6 +2629,8 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
+extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
+
 extern "C" void lms_cu_set_gemv_blocks(int per_sm, int cap)
 {
     g_gemv_blocks = per_sm == 0 || per_sm == 3 || per_sm == 4 ? per_sm : GEMV_PERSIST_BLOCKS;
@@ -2305,5 +2659,12 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_FSMEM(LMS_CU_F16)
     LMS_CU_FSMEM(LMS_CU_BF16)
 #undef LMS_CU_FSMEM
+#define LMS_CU_MSMEM(KT)                                                                                                 \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256));
+    LMS_CU_MSMEM(LMS_CU_F16)
+    LMS_CU_MSMEM(LMS_CU_BF16)
+#undef LMS_CU_MSMEM
     return (int)e;
 }

@@ -207,6 +207,10 @@ int lms_cu_kernels_init(void);
 /* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0, the
  * default: measured slower on the H200, bench/RESULTS.md). */
 void lms_cu_set_pdl(int on);
+/* Decoding attention on tensor cores for 16-bit K/V, head_dim 64/128/256 and up to 8 query
+ * heads a kv head: on (1, the default) or off (0: the CUDA-core kernel for every decoding
+ * launch). */
+void lms_cu_set_att_mma(int on);
 /* Blocks a multiprocessor of the one-row GEMV's persistent grid (each block loops over
  * groups of rows): 3 (the default) or 4 (a tighter register budget), or 0: one block per
  * group of rows (no loop); other values: the default. cap > 0: at most cap blocks in all

@@ -9,7 +9,9 @@
  * and 128, BF16/F16/F32 scales) weights, F32/F16/BF16 K/V, norms, gated
  * activations, biases, residual adds, sliding windows and soft-capping;
  * again with the decoding attention split into many short or a few long
- * splits and the one-row GEMV's persistent grid capped at a few blocks.
+ * splits and the one-row GEMV's persistent grid capped at a few blocks;
+ * the decoding attention over contexts of up to 5120 positions with 1 to 16
+ * query heads a kv head, on tensor cores and off.
  * Then whole steps (the forward
  * pass of a random 2-layer model) on both backends, decode steps replayed
  * from the CUDA graph at moving positions, and the device argmax; and a
@@ -213,6 +215,7 @@ static void pair_free(lms__fwd *fc, lms__fwd *fg, lms_pool *pool, uint8_t *ac, v
 /* ---- both backends over one model, with K/V arenas of equal content --------------------------------- */
 
 #define N_PAGES 40
+#define LONG_PAGES 320 /* long contexts: 5120 positions */
 #define MAX_BLOCK 80
 #define MAX_SEGS 8
 #define N_CTX 512
@@ -223,7 +226,7 @@ typedef struct pair {
     uint8_t *arena_cpu;
     void *arena_gpu;
     size_t arena_bytes;
-    uint32_t table[N_PAGES];
+    uint32_t n_pages, table[LONG_PAGES];
     lms__bk *cpu, *gpu;
     lms_pool *pool;
     const lms__kernels *k;
@@ -242,33 +245,37 @@ static void kv_geometry(lms__kvview *kv, const lms__hparams *hp, lms_dtype dt)
     kv->page_bytes = hp->n_layers * kv->layer_bytes;
 }
 
-static void pair_open(pair *p, model *m, lms_dtype kvdt)
+/* Both backends over n_pages pages of random K/V (a scrambled table), contexts of n_ctx. */
+static void pair_open_n(pair *p, model *m, lms_dtype kvdt, uint32_t n_pages, uint32_t n_ctx)
 {
     memset(p, 0, sizeof *p);
     p->m = m;
+    p->n_pages = n_pages;
     kv_geometry(&p->kv_cpu, &m->hp, kvdt);
-    p->arena_bytes = N_PAGES * p->kv_cpu.page_bytes;
+    p->arena_bytes = n_pages * p->kv_cpu.page_bytes;
     p->arena_cpu = malloc(p->arena_bytes);
     size_t n = p->arena_bytes / esz(kvdt);
     for (size_t i = 0; i < n; i++) put(p->arena_cpu, i, frand(), kvdt);
     assert_int_equal(g_dev->ops->alloc(g_dev, p->arena_bytes, &p->arena_gpu), 0);
     assert_int_equal(g_dev->ops->copy_h2d(g_dev, p->arena_gpu, p->arena_cpu, p->arena_bytes, NULL), 0);
-    for (uint32_t i = 0; i < N_PAGES; i++) p->table[i] = (i * 17 + 5) % N_PAGES; /* scrambled */
+    for (uint32_t i = 0; i < n_pages; i++) p->table[i] = (i * 17 + 5) % n_pages; /* scrambled */
     p->kv_cpu.base = p->arena_cpu;
     p->kv_cpu.pages = p->table;
-    p->kv_cpu.n_pages = N_PAGES;
+    p->kv_cpu.n_pages = n_pages;
     p->kv_gpu = p->kv_cpu;
     p->kv_gpu.base = p->arena_gpu;
     p->k = lms__kernels_best();
     assert_int_equal(lms__pool_create(2, &p->pool), 0);
-    lms__fwd_cfg c1 = {&m->hp, &m->w, NULL, p->k, p->pool, MAX_BLOCK, N_CTX, &p->kv_cpu, MAX_SEGS};
-    lms__fwd_cfg c2 = {&m->hp, &m->w, g_dev, p->k, NULL, MAX_BLOCK, N_CTX, &p->kv_gpu, MAX_SEGS};
+    lms__fwd_cfg c1 = {&m->hp, &m->w, NULL, p->k, p->pool, MAX_BLOCK, n_ctx, &p->kv_cpu, MAX_SEGS};
+    lms__fwd_cfg c2 = {&m->hp, &m->w, g_dev, p->k, NULL, MAX_BLOCK, n_ctx, &p->kv_gpu, MAX_SEGS};
     assert_int_equal(lms__fwd_cpu.create(&c1, &p->cpu), 0);
     int rc = lms__fwd_cuda->create(&c2, &p->gpu);
     if (rc)
         printf("cuda create: %s\n", lms_last_error());
     assert_int_equal(rc, 0);
 }
+
+static void pair_open(pair *p, model *m, lms_dtype kvdt) { pair_open_n(p, m, kvdt, N_PAGES, N_CTX); }
 
 static void pair_close(pair *p)
 {
@@ -418,6 +425,42 @@ static void compare_kv(pair *p, const shape *s, uint32_t l, uint32_t nb, uint32_
     free(g);
 }
 
+/* Attention of steps (nb, pos0) over the (equal) arenas: plain, with a window of `window`,
+ * soft-capped (cache layer 1, a random q), then RoPE and attention in one step from q, k,
+ * v (cache layer 0: one-token steps fuse them on the device) and the K/V it wrote. */
+static void check_attention(pair *p, stepset *ss, const shape *s, uint32_t nb, uint32_t pos0, const float *q,
+                            const float *k, const float *v, uint32_t window)
+{
+    const lms__hparams *hp = &p->m->hp;
+    const lms__layer_w *L = &p->m->layers[1]; /* its q/k norms */
+    double kv_tol = s->kvdt == LMS_DTYPE_F32 ? 2e-5 : s->kvdt == LMS_DTYPE_F16 ? 2e-3 : 1e-2;
+    double at = nb <= 8 || s->kvdt == LMS_DTYPE_F32 ? 1e-4 : 2e-2;
+    float *qq = rows(nb, hp->n_heads * hp->head_dim, 1.5f);
+    write2(p, LMS__B_Q, nb, qq);
+    struct { uint32_t window; float softcap; const char *name; } av[] = {
+        {0, 0, "attention"}, {window, 0, "attention window"}, {0, 2.5f, "attention softcap"}};
+    for (size_t ai = 0; ai < 3; ai++) {
+        begin2(p, ss);
+        lms__fwd_cpu.attention(p->cpu, 1, av[ai].window, hp->attn_scale, av[ai].softcap);
+        lms__fwd_cuda->attention(p->gpu, 1, av[ai].window, hp->attn_scale, av[ai].softcap);
+        end2(p);
+        compare_buf(p, av[ai].name, LMS__B_ATT, s, nb, pos0, at);
+    }
+    free(qq);
+
+    write2(p, LMS__B_Q, nb, q);
+    write2(p, LMS__B_K, nb, k);
+    write2(p, LMS__B_V, nb, v);
+    begin2(p, ss);
+    lms__fwd_cpu.qk_rope(p->cpu, 0, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
+    lms__fwd_cuda->qk_rope(p->gpu, 0, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
+    lms__fwd_cpu.attention(p->cpu, 0, 0, hp->attn_scale, 0);
+    lms__fwd_cuda->attention(p->gpu, 0, 0, hp->attn_scale, 0);
+    end2(p);
+    compare_buf(p, "rope + attention", LMS__B_ATT, s, nb, pos0, at);
+    compare_kv(p, s, 0, nb, pos0, kv_tol);
+}
+
 static void test_ops_shape(const shape *s)
 {
     model m;
@@ -482,33 +525,7 @@ static void test_ops_shape(const shape *s)
             compare_buf(&p, "rope q", LMS__B_Q, s, nb, pos0, 1e-5);
             compare_kv(&p, s, 1, nb, pos0, kv_tol);
 
-            /* attention over the (equal) arenas: plain, windowed, soft-capped */
-            float *qq = rows(nb, qd, 1.5f);
-            write2(&p, LMS__B_Q, nb, qq);
-            struct { uint32_t window; float softcap; const char *name; } av[] = {
-                {0, 0, "attention"}, {7, 0, "attention window 7"}, {0, 2.5f, "attention softcap"}};
-            for (size_t ai = 0; ai < 3; ai++) {
-                begin2(&p, &ss);
-                lms__fwd_cpu.attention(p.cpu, 1, av[ai].window, hp->attn_scale, av[ai].softcap);
-                lms__fwd_cuda->attention(p.gpu, 1, av[ai].window, hp->attn_scale, av[ai].softcap);
-                end2(&p);
-                double at = nb <= 8 || s->kvdt == LMS_DTYPE_F32 ? 1e-4 : 2e-2;
-                compare_buf(&p, av[ai].name, LMS__B_ATT, s, nb, pos0, at);
-            }
-
-            /* RoPE then attention in one step: one-token steps fuse them on the device */
-            write2(&p, LMS__B_Q, nb, q);
-            write2(&p, LMS__B_K, nb, k);
-            write2(&p, LMS__B_V, nb, v);
-            begin2(&p, &ss);
-            lms__fwd_cpu.qk_rope(p.cpu, 0, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
-            lms__fwd_cuda->qk_rope(p.gpu, 0, L->q_norm, L->k_norm, LMS__ROPE_GLOBAL);
-            lms__fwd_cpu.attention(p.cpu, 0, 0, hp->attn_scale, 0);
-            lms__fwd_cuda->attention(p.gpu, 0, 0, hp->attn_scale, 0);
-            end2(&p);
-            compare_buf(&p, "rope + attention", LMS__B_ATT, s, nb, pos0,
-                        nb <= 8 || s->kvdt == LMS_DTYPE_F32 ? 1e-4 : 2e-2);
-            compare_kv(&p, s, 0, nb, pos0, kv_tol);
+            check_attention(&p, &ss, s, nb, pos0, q, k, v, 7);
 
             /* o projection with residual add; gate/up; down with the gated activation */
             float *att = rows(nb, qd, 1.0f);
@@ -627,7 +644,7 @@ static void test_ops_shape(const shape *s)
                 g_fail++;
                 printf("MISMATCH argmax nb=%u: %d vs %d\n", nb, id, want);
             }
-            free(tt), free(l1), free(l2), free(x), free(q), free(k), free(v), free(qq), free(att), free(g), free(u);
+            free(tt), free(l1), free(l2), free(x), free(q), free(k), free(v), free(att), free(g), free(u);
         }
     pair_close(&p);
     model_free(&m);
@@ -958,6 +975,58 @@ static void split_attention_and_gemv_grid_match_cpu(void **state)
     assert_int_equal(g_fail - before, 0);
 }
 
+/* Decoding attention over long contexts (up to 5120 positions, 320 scrambled pages) against
+ * the CPU backend: one and three rows at positions crossing 1024 and 4096 and near the end,
+ * with the splits by default, of 300 positions (a warp of the tensor-core kernel over several
+ * tiles) and of 7 (many splits, none dividing the range), and without the tensor-core
+ * kernel; query heads a kv head 1, 2, 3, 4, 8 and 16, head dims 64/128/256, 16-bit and f32
+ * K/V; plain, windowed (1000), soft-capped, and with the token's RoPE fused. */
+static void long_context_attention_matches_cpu(void **state)
+{
+    static const shape T[] = {
+        {256, 8, 2, 128, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, false, 0, 0}, /* llama-3-8b's */
+        {256, 8, 1, 128, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0},
+        {256, 4, 2, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, true, 0, 0}, /* gemma-3's */
+        {256, 2, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, false, 0, 0},
+        {256, 6, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+        {256, 16, 1, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, false, 0, 0},
+        {256, 4, 2, 128, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, false, 0, 0},
+    };
+    static const char *const chunk[] = {NULL, "300", "7", NULL};
+    const uint32_t nbs[] = {1, 3}, pos0s[] = {1023, 4094, 5116};
+    int before = g_fail;
+    setenv("LMSTORE_CUDA_GRAPH", "0", 1);
+    for (size_t i = 0; i < LMS_ARRAY_LEN(T); i++)
+        for (int c = 0; c < 4; c++) {
+            if (chunk[c])
+                setenv("LMSTORE_CUDA_ATT_CHUNK", chunk[c], 1);
+            if (c == 3)
+                setenv("LMSTORE_CUDA_ATT_MMA", "0", 1);
+            model m;
+            pair p;
+            stepset ss;
+            model_make(&m, &T[i]);
+            pair_open_n(&p, &m, T[i].kvdt, LONG_PAGES, LONG_PAGES * 16);
+            const lms__hparams *hp = &m.hp;
+            for (size_t ni = 0; ni < 2; ni++)
+                for (size_t pi = 0; pi < 3; pi++) {
+                    uint32_t nb = nbs[ni], pos0 = pos0s[pi];
+                    steps(&p, &ss, nb, pos0);
+                    float *q = rows(nb, hp->n_heads * hp->head_dim, 1.5f);
+                    float *k = rows(nb, hp->n_kv_heads * hp->head_dim, 1.5f);
+                    float *v = rows(nb, hp->n_kv_heads * hp->head_dim, 1.0f);
+                    check_attention(&p, &ss, &T[i], nb, pos0, q, k, v, 1000);
+                    free(q), free(k), free(v);
+                }
+            pair_close(&p);
+            model_free(&m);
+            unsetenv("LMSTORE_CUDA_ATT_CHUNK");
+            unsetenv("LMSTORE_CUDA_ATT_MMA");
+        }
+    printf("long-context attention: %d mismatches\n", g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
 static void forward_matches_cpu(void **state)
 {
     int before = g_fail;
@@ -1018,6 +1087,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ops_match_cpu),
         cmocka_unit_test(split_attention_and_gemv_grid_match_cpu),
+        cmocka_unit_test(long_context_attention_matches_cpu),
         cmocka_unit_test(forward_matches_cpu),
         cmocka_unit_test(window_group_forward_matches_cpu),
         cmocka_unit_test(segments_match_cpu),
