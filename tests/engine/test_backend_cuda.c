@@ -916,11 +916,24 @@ static const shape SHAPES[] = {
     {256, 4, 2, 64, 8320, 301, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64},
 };
 
-/* MLX affine shapes with F16 and F32 scales and biases (the others have BF16 ones) */
-static const struct {
+/* An MLX affine shape and the type of its scales and biases. */
+typedef struct mlx_shape {
     shape s;
     lms_dtype sdt;
-} MLX_SDT[] = {
+} mlx_shape;
+
+/* test_ops_shape of each, with its scales' type (BF16 again after). */
+static void test_mlx_shapes(const mlx_shape *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        g_mlx_sdt = t[i].sdt;
+        test_ops_shape(&t[i].s);
+    }
+    g_mlx_sdt = LMS_DTYPE_BF16;
+}
+
+/* MLX affine shapes with F16 and F32 scales and biases (the others have BF16 ones) */
+static const mlx_shape MLX_SDT[] = {
     {{320, 5, 1, 64, 960, 1003, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64}, LMS_DTYPE_F16},
     {{384, 6, 2, 64, 1152, 999, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_BF16, true, false, 8, 128}, LMS_DTYPE_F32},
     {{576, 9, 3, 64, 1536, 777, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 8, 32}, LMS_DTYPE_F16},
@@ -931,11 +944,7 @@ static void ops_match_cpu(void **state)
 {
     setenv("LMSTORE_CUDA_GRAPH", "0", 1); /* activations are written between operations */
     for (size_t i = 0; i < LMS_ARRAY_LEN(SHAPES); i++) test_ops_shape(&SHAPES[i]);
-    for (size_t i = 0; i < LMS_ARRAY_LEN(MLX_SDT); i++) {
-        g_mlx_sdt = MLX_SDT[i].sdt;
-        test_ops_shape(&MLX_SDT[i].s);
-    }
-    g_mlx_sdt = LMS_DTYPE_BF16;
+    test_mlx_shapes(MLX_SDT, LMS_ARRAY_LEN(MLX_SDT));
     printf("ops: %d checks, %d mismatches; one-row MLX products (int8 activations): largest rel err %.3g\n",
            g_checks, g_fail, g_mlxq_max);
     assert_int_equal(g_fail, 0);
@@ -950,10 +959,7 @@ static void ops_match_cpu(void **state)
  * in the same step), odd row counts, and F16 scales. */
 static void mlx_scale_loads_match_cpu(void **state)
 {
-    static const struct {
-        shape s;
-        lms_dtype sdt;
-    } T[] = {
+    static const mlx_shape T[] = {
         {{1536, 12, 4, 128, 2560, 1001, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, true, 4, 64}, LMS_DTYPE_BF16},
         {{1024, 8, 2, 128, 3072, 999, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, true, false, 4, 32}, LMS_DTYPE_BF16},
         {{2048, 16, 4, 128, 5120, 777, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 128}, LMS_DTYPE_BF16},
@@ -966,12 +972,8 @@ static void mlx_scale_loads_match_cpu(void **state)
     setenv("LMSTORE_CUDA_GRAPH", "0", 1);
     for (int v = 0; v < 2; v++) {
         setenv("LMSTORE_CUDA_MLX_SB", mode[v], 1);
-        for (size_t i = 0; i < LMS_ARRAY_LEN(T); i++) {
-            g_mlx_sdt = T[i].sdt;
-            test_ops_shape(&T[i].s);
-        }
+        test_mlx_shapes(T, LMS_ARRAY_LEN(T));
     }
-    g_mlx_sdt = LMS_DTYPE_BF16;
     unsetenv("LMSTORE_CUDA_MLX_SB");
     printf("MLX scales and biases by 16-byte loads: %d mismatches; largest one-row MLX rel err %.3g\n",
            g_fail - before, g_mlxq_max);
