@@ -8,9 +8,13 @@
  * kind's share of a step shows with the launch gaps it brings. Weights are
  * pseudo-random bf16 in [-0.02, 0.02] (a 64 MiB block copied over every
  * matrix), K/V F16 with every page filled; the context is as if `--pos`
- * tokens were there (attention reads their K/V, whatever they hold).
+ * tokens were there (attention reads their K/V, whatever they hold). With
+ * `--mlx 4|8` every matrix but the embedding is MLX affine (groups of 64,
+ * bf16 scales and biases, as `lmstore quantize --type mlx4|mlx8` makes
+ * them): codes copied from the same random block, scales about 1/500 and
+ * biases about -1/50 (values within the bf16 model's range).
  *
- *   bench_decode [--shape llama8b|gemma12b] [--pos P] [--steps N] [--reps R]
+ *   bench_decode [--shape llama8b|gemma12b] [--mlx 4|8] [--pos P] [--steps N] [--reps R]
  *                [--only full,attn,qkv,o,mlp,embed]
  *
  * Prints one JSON line per part: median, min and max milliseconds a step over
@@ -32,6 +36,10 @@
 
 static lms_device *g_dev;
 static void *g_fill; /* FILL_BYTES of random bf16 on the device */
+static void *g_sfill, *g_bfill; /* FILL_BYTES of MLX scales and of biases (bf16) */
+static int g_mlx_bits;          /* --mlx: 4 or 8, 0 for bf16 matrices */
+static lms__mlx_q *g_mlx;       /* descriptors of the MLX matrices */
+static size_t g_n_mlx;
 
 static double now(void)
 {
@@ -52,20 +60,38 @@ static void die(const char *what, int rc)
     exit(1);
 }
 
-/* A device matrix of rows x cols bf16, filled from the random block. */
-static void make_wt(lms__wt *w, uint32_t rows, uint32_t cols)
+/* n bytes on the device, copied from the block src. */
+static void *dev_fill(size_t n, const void *src)
 {
-    size_t n = (size_t)rows * cols * 2;
     void *d = NULL;
     int rc = g_dev->ops->alloc(g_dev, n, &d);
     if (rc)
         die("weights", rc);
     for (size_t o = 0; o < n; o += FILL_BYTES) {
         size_t k = n - o < FILL_BYTES ? n - o : FILL_BYTES;
-        if ((rc = g_dev->ops->copy_d2d(g_dev, (uint8_t *)d + o, g_fill, k, NULL)))
+        if ((rc = g_dev->ops->copy_d2d(g_dev, (uint8_t *)d + o, src, k, NULL)))
             die("weights fill", rc);
     }
-    *w = (lms__wt){NULL, d, LMS_DTYPE_BF16, rows, cols, NULL};
+    return d;
+}
+
+/* A device matrix of rows x cols bf16, filled from the random block. */
+static void make_wt(lms__wt *w, uint32_t rows, uint32_t cols)
+{
+    *w = (lms__wt){NULL, dev_fill((size_t)rows * cols * 2, g_fill), LMS_DTYPE_BF16, rows, cols, NULL};
+}
+
+/* A matrix of the step's kind: MLX affine with --mlx, else bf16. */
+static void make_mat(lms__wt *w, uint32_t rows, uint32_t cols)
+{
+    if (!g_mlx_bits) {
+        make_wt(w, rows, cols);
+        return;
+    }
+    lms__mlx_q *q = &g_mlx[g_n_mlx++];
+    size_t ns = (size_t)rows * (cols / 64) * 2;
+    *q = (lms__mlx_q){NULL, NULL, dev_fill(ns, g_sfill), dev_fill(ns, g_bfill), LMS_DTYPE_BF16, (uint32_t)g_mlx_bits, 64};
+    *w = (lms__wt){NULL, dev_fill((size_t)rows * cols * g_mlx_bits / 8, g_fill), LMS_DTYPE_MLX_AFFINE, rows, cols, q};
 }
 
 static float *vec(lms__weights *w, size_t *used, uint32_t n, float base)
@@ -110,16 +136,23 @@ static void make_weights(const lms__hparams *hp, lms__weights *w)
     size_t used = 0;
     make_wt(&w->embed, hp->n_vocab, E);
     w->lm_head = w->embed; /* tied, as gemma's; llama's own head reads the same bytes */
+    if (g_mlx_bits) { /* the quantized head is a matrix of its own */
+        g_mlx = calloc((size_t)hp->n_layers * 7 + 1, sizeof *g_mlx);
+        if (!g_mlx)
+            die("host memory", LMS_ENOMEM);
+        make_mat(&w->lm_head, hp->n_vocab, E);
+        w->mlx_store = g_mlx;
+    }
     w->final_norm = vec(w, &used, E, 1.0f);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         lms__layer_w *L = &w->layers[l];
-        make_wt(&L->wq, qd, E);
-        make_wt(&L->wk, kvd, E);
-        make_wt(&L->wv, kvd, E);
-        make_wt(&L->wo, E, qd);
-        make_wt(&L->w_gate, F, E);
-        make_wt(&L->w_up, F, E);
-        make_wt(&L->w_down, E, F);
+        make_mat(&L->wq, qd, E);
+        make_mat(&L->wk, kvd, E);
+        make_mat(&L->wv, kvd, E);
+        make_mat(&L->wo, E, qd);
+        make_mat(&L->w_gate, F, E);
+        make_mat(&L->w_up, F, E);
+        make_mat(&L->w_down, E, F);
         L->attn_norm = vec(w, &used, E, 1.0f);
         L->ffn_norm = vec(w, &used, E, 1.0f);
         if (hp->post_norms) {
@@ -131,13 +164,15 @@ static void make_weights(const lms__hparams *hp, lms__weights *w)
             L->k_norm = vec(w, &used, hp->head_dim, 1.0f);
         }
     }
+    w->n_mlx = g_n_mlx;
 }
 
-/* The matrix bytes one step reads: every layer's, the LM head's. */
+/* The matrix bytes one step reads: every layer's, the LM head's (MLX: codes, scales and biases). */
 static double step_bytes(const lms__hparams *hp)
 {
     double E = hp->n_embd, qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim, F = hp->n_ff;
-    return 2.0 * (hp->n_layers * (E * qd * 2 + E * kvd * 2 + 3 * E * F) + hp->n_vocab * E);
+    double per = g_mlx_bits ? g_mlx_bits / 8.0 + 4.0 / 64 : 2.0;
+    return per * (hp->n_layers * (E * qd * 2 + E * kvd * 2 + 3 * E * F) + hp->n_vocab * E);
 }
 
 typedef struct bench {
@@ -220,9 +255,9 @@ static void run_part(const bench *B, const char *part, uint32_t pos0, int steps,
             t[r] = (now() - t0) * 1e3 / steps;
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_d);
-    printf("{\"what\": \"decode_step\", \"part\": \"%s\", \"layers\": %u, \"pos\": %u, \"steps\": %d, \"ms_median\": %.4f, "
+    printf("{\"what\": \"decode_step\", \"mlx_bits\": %d, \"part\": \"%s\", \"layers\": %u, \"pos\": %u, \"steps\": %d, \"ms_median\": %.4f, "
            "\"ms_min\": %.4f, \"ms_max\": %.4f, \"weight_gb\": %.3f}\n",
-           part, B->hp->n_layers, pos0, steps, t[reps / 2], t[0], t[reps - 1], step_bytes(B->hp) / 1e9);
+           g_mlx_bits, part, B->hp->n_layers, pos0, steps, t[reps / 2], t[0], t[reps - 1], step_bytes(B->hp) / 1e9);
     fflush(stdout);
     if (full)
         lms__fwd_free(f);
@@ -247,8 +282,10 @@ int main(int argc, char **argv)
             reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--only"))
             only = argv[i + 1];
+        else if (!strcmp(argv[i], "--mlx"))
+            g_mlx_bits = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: bench_decode [--shape llama8b|gemma12b] [--pos P] [--steps N] [--reps R] "
+            fprintf(stderr, "usage: bench_decode [--shape llama8b|gemma12b] [--mlx 4|8] [--pos P] [--steps N] [--reps R] "
                             "[--only full,attn,qkv,o,mlp,embed]\n");
             return 2;
         }
@@ -257,7 +294,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_decode: built without CUDA\n");
         return 77;
     }
-    if (steps < 1 || reps < 1)
+    if (steps < 1 || reps < 1 || (g_mlx_bits && g_mlx_bits != 4 && g_mlx_bits != 8))
         return 2;
     int rc = lms_device_open(LMS_DEVICE_CUDA, 0, &g_dev);
     if (rc)
@@ -274,6 +311,21 @@ int main(int argc, char **argv)
     }
     if ((rc = g_dev->ops->alloc(g_dev, FILL_BYTES, &g_fill)) ||
         (rc = g_dev->ops->copy_h2d(g_dev, g_fill, h, FILL_BYTES, NULL)))
+        die("fill block", rc);
+    /* MLX scales about 1/500 (a code's step: 15 steps span 0.03) and biases about -0.015 */
+    for (size_t i = 0; i < FILL_BYTES / 2; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        h[i] = lms__f32_to_bf16((2.0f + (float)(x >> 40) / (float)(1u << 24)) * 1e-3f * (g_mlx_bits == 8 ? 1.f / 17 : 1.f));
+    }
+    if (g_mlx_bits && ((rc = g_dev->ops->alloc(g_dev, FILL_BYTES, &g_sfill)) ||
+                       (rc = g_dev->ops->copy_h2d(g_dev, g_sfill, h, FILL_BYTES, NULL))))
+        die("fill block", rc);
+    for (size_t i = 0; i < FILL_BYTES / 2; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        h[i] = lms__f32_to_bf16(-0.015f - (float)(x >> 40) / (float)(1u << 24) * 1e-3f);
+    }
+    if (g_mlx_bits && ((rc = g_dev->ops->alloc(g_dev, FILL_BYTES, &g_bfill)) ||
+                       (rc = g_dev->ops->copy_h2d(g_dev, g_bfill, h, FILL_BYTES, NULL))))
         die("fill block", rc);
     free(h);
     lms__weights w;

@@ -9,7 +9,14 @@
  *
  *   nvcc -arch=sm_90 -O3 -I. -Iinclude -o mlx_gemv bench/mlx_gemv.cu && ./mlx_gemv
  *
- * NOTIME=1 skips the timings. Exit status 1 when a check fails.
+ * -DMLXQ_TH=256 -DMLXQ_BLOCKS=2 builds the int8 kernel's earlier launch shape
+ * (2 blocks of 256 threads a multiprocessor instead of 1 of 512).
+ *
+ * NOTIME=1 skips the timings; SHAPES=o,down (names) times only those; BITS8=1
+ * times 8-bit codes too; NOEXACT=1 skips the f32-activation kernel; SB=0|1
+ * picks how scales and biases are read (lms_cu_set_mlx_sb). Each shape's
+ * line "read" is a plain read of the same bytes (read_kernel), what HBM gives
+ * a launch of that size. Exit status 1 when a check fails.
  */
 #include "engine/cuda/kernels.cu"
 #include <cmath>
@@ -76,7 +83,34 @@ static double wv(const M &m, int r, int k) {
     size_t g = (size_t)r * (m.K / m.gs) + k / m.gs;
     return (double)unbf(m.sc[g]) * q + unbf(m.bi[g]);
 }
+/* a plain read of the same bytes (codes, scales, biases), 8 blocks of 256 a multiprocessor,
+ * 4 16-byte loads a thread in flight: what HBM gives a launch of that size */
+__global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, const uint4 *q, size_t nq, const uint4 *r,
+                                                   unsigned *sink) {
+    uint32_t acc = 0;
+    const size_t stride = (size_t)gridDim.x * 256;
+    size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = ld_stream(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += stride) {
+        uint4 v = ld_stream(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    for (size_t j = (size_t)blockIdx.x * 256 + threadIdx.x; j < nq; j += stride) {
+        uint4 v = ld_stream(q + j), w = ld_stream(r + j);
+        acc ^= v.x ^ w.y;
+    }
+    if (acc == 0x12345678u)
+        *sink = acc;
+}
 int main(int argc, char **argv) {
+    if (getenv("SB")) /* the scales' and biases' loads (lms_cu_set_mlx_sb) */
+        lms_cu_set_mlx_sb(atoi(getenv("SB")));
     int32_t hstep[16] = {1, 0};
     int32_t *dstep;
     CK(cudaMalloc(&dstep, 64));
@@ -151,8 +185,16 @@ int main(int argc, char **argv) {
               {14336, 4096, 1, "gate/up"},
               {4096, 14336, 0, "down"},
               {128256, 4096, 0, "head"}};
-    for (int bits = 4; bits <= 8; bits += 4)
+    const char *only = getenv("SHAPES"); /* e.g. "o,down" */
+    const int maxbits = getenv("BITS8") ? 8 : 4;
+    unsigned *sink;
+    CK(cudaMalloc(&sink, 4));
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    for (int bits = 4; bits <= maxbits; bits += 4)
         for (auto &s : sh) {
+            if (only && !strstr(only, s.name))
+                continue;
             int nw = s.pair ? 2 : 1;
             M m[2];
             for (int j = 0; j < nw; j++)
@@ -181,7 +223,29 @@ int main(int argc, char **argv) {
             for (auto &v : x)
                 v = frand();
             CK(cudaMemcpy(dx, x.data(), s.K * 4, cudaMemcpyHostToDevice));
-            for (int ex = 0; ex < 2; ex++) {
+            {
+                cudaEvent_t e0, e1;
+                cudaEventCreate(&e0);
+                cudaEventCreate(&e1);
+                const int reps = 50;
+                for (int i = -5; i < reps; i++) {
+                    if (i == 0)
+                        cudaEventRecord(e0);
+                    for (int j = 0; j < nw; j++) {
+                        int c = ((i + 5) % ncopy) * nw + j;
+                        read_kernel<<<8 * sms, 256>>>((const uint4 *)cw[c], cb / 16, (const uint4 *)cs[c], sb / 16,
+                                                      (const uint4 *)cbi[c], sink);
+                    }
+                }
+                cudaEventRecord(e1);
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                double bytes = nw * ((double)s.rows * s.K * bits / 8 + (double)s.rows * (s.K / 64) * 4);
+                printf("%-8s bits %d %s: %7.2f us  %6.0f GB/s\n", s.name, bits, "read ", ms * 1e3 / reps,
+                       bytes / (ms * 1e-3 / reps) / 1e9);
+            }
+            for (int ex = 0; ex < (getenv("NOEXACT") ? 1 : 2); ex++) {
                 lms_cu_gemv a;
                 memset(&a, 0, sizeof a);
                 for (int j = 0; j < nw; j++) {
@@ -242,5 +306,6 @@ int main(int argc, char **argv) {
             cudaFree(dh);
         }
     printf("%s\n", fails ? "CHECK FAILED" : "check ok");
+    cudaFree(sink);
     return fails != 0;
 }

@@ -291,6 +291,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
     lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
     lms_cu_set_att_mma(!env_off("LMSTORE_CUDA_ATT_MMA"));
+    lms_cu_set_mlx_sb(getenv("LMSTORE_CUDA_MLX_SB") ? atoi(getenv("LMSTORE_CUDA_MLX_SB")) : -1);
     lms_cu_set_gemv_blocks(getenv("LMSTORE_CUDA_GEMV_BLOCKS") ? atoi(getenv("LMSTORE_CUDA_GEMV_BLOCKS")) : -1,
                            getenv("LMSTORE_CUDA_GEMV_GRID") ? atoi(getenv("LMSTORE_CUDA_GEMV_GRID")) : 0);
     if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||

@@ -40,6 +40,7 @@ namespace {
 
 int g_pdl = 0;
 int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_cu_set_att_mma) */
+int g_mlx_sb = -1; /* lms_cu_set_mlx_sb */
 
 __device__ __forceinline__ void griddep_wait()
 {
@@ -600,14 +601,28 @@ template <int BITS> __device__ __forceinline__ int mlxq_dot(uint4 q, uint4 xa, u
     return s;
 }
 
-#define MLXQ_TH 256 /* threads a block */
+/* threads a block and resident blocks per multiprocessor (registers: at most 128 a thread);
+ * bench/mlx_gemv.cu builds other values to compare (2 x 256 was the kernel before) */
+#ifndef MLXQ_TH
+#define MLXQ_TH 512
+#endif
+#ifndef MLXQ_BLOCKS
+#define MLXQ_BLOCKS 1
+#endif
 #define MLXQ_RW 2   /* rows of a warp */
 #define MLXQ_U 4    /* 16-byte chunks of codes per row and lane in flight */
-#define MLXQ_BLOCKS 2 /* resident blocks per multiprocessor (registers) */
 #define MLXQ_XB 4   /* float4s of x and of the norm per thread in flight while quantizing (8 of x without one) */
+/* 16-bit scales and biases loaded 16 bytes at a time: a warp's share of a round of loads (its
+ * rows' groups of MLXQ_U * 32 chunks) is at most 64 pieces of 16 bytes, 2 a lane */
+#define MLXQ_SBP 2
+#define MLXQ_SBW (MLXQ_SBP * 32 * 16) /* bytes of a warp's scales and biases in shared memory */
 
-/* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, then (scale, sum) per group. */
-__host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
+/* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, (scale, sum) per
+ * group, then each warp's scales and biases of a round. */
+__host__ __device__ static size_t mlxq_smem(int K, int gs)
+{
+    return ((size_t)K + (size_t)(K / gs) * sizeof(float2) + 15) / 16 * 16 + (size_t)(MLXQ_TH / 32) * MLXQ_SBW;
+}
 
 /*
  * y = W . x for MLX affine W (codes of BITS bits, scales and biases of type
@@ -623,13 +638,20 @@ __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + 
  *      x and the norm are loaded together (mlxq_quantize), MLXQ_XB float4s
  *      of each per thread at a time, twice that of x without a norm: one L2
  *      round trip for a row of 4096 (8192 without a norm).
- *   2. A persistent grid (MLXQ_BLOCKS blocks per multiprocessor: x is
- *      quantized once per block): each warp takes units of MLXQ_RW rows (gate
+ *   2. A persistent grid (MLXQ_BLOCKS blocks of MLXQ_TH threads per
+ *      multiprocessor, one of 512 by default: x is quantized once per block,
+ *      so once per multiprocessor): each warp takes units of MLXQ_RW rows (gate
  *      row r and up row r with pair_act), lane l the 16-byte chunks l, l + 32,
  *      ... of each, MLXQ_U per row in flight; the next unit's first loads go
  *      out before this unit's sums. Per chunk and row: sum q x_q by dp4a (8
  *      for 32 4-bit codes, 4 for 16 8-bit ones), then s dx (that) + b dx
  *      (the chunk's share of the group's sum of x_q).
+ *      Scales and biases: without SBV each lane loads its chunks' 2-byte values
+ *      (one load per chunk, row and array); with SBV (16-bit scales and biases,
+ *      rows of them a multiple of 16 bytes), a round's scales and biases of
+ *      the warp's rows come with its codes as 16-byte loads, MLXQ_SBP a
+ *      lane, are stored in the warp's slot of shared memory, and each chunk
+ *      reads its scale and its bias there.
  *   3. Warp sums; lane 0 writes the row (RMS scale, bias, residual add) and
  *      with pair_act act(gate) * up.
  *
@@ -638,8 +660,8 @@ __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + 
  * product's typical size). The first chunks' loads are issued before
  * griddepcontrol.wait.
  */
-template <int BITS, int ST>
-__global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
+template <int BITS, int ST, bool SBV>
+__global__ void __launch_bounds__(MLXQ_TH, MLXQ_BLOCKS) gemv_mlxq_kernel(const lms_cu_gemv a)
 {
     constexpr int EPC = 128 / BITS, W = MLXQ_TH / 32, RW = MLXQ_RW, U = MLXQ_U;
     extern __shared__ __align__(16) uint8_t mq_smem[];
@@ -649,6 +671,11 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
               warp = tid >> 5; /* gs: a power of two */
     uint8_t *xq = mq_smem;                /* K bytes */
     float2 *xg = (float2 *)(mq_smem + K); /* [K / gs]: dx, and dx * sum q * EPC / gs (a chunk's share) */
+    /* SBV: the warp's slot, per row scales then biases of a round's G groups */
+    uint16_t *sbs = (uint16_t *)(mq_smem + ((size_t)K + (size_t)(K / gs) * sizeof(float2) + 15) / 16 * 16 +
+                                 (size_t)warp * MLXQ_SBW);
+    const int G = (U * 32 * EPC) >> gsh; /* groups of a row in a round: 16 to 128 */
+    const int ppa = G / 8, ngr = K >> gsh; /* 16-byte pieces of a row's scales (or biases) in a round; groups a row */
     const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)(K / gs) * sizeof(typename elem<ST>::t);
 
     /* the warp's rows: unit gw (gate and up row gw with pair_act, else rows RW gw ..), units
@@ -680,7 +707,8 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
         }
     };
     uint4 w[RW][U];
-    mlx_sb<ST> sb[RW][U];
+    mlx_sb<ST> sb[SBV ? 1 : RW][SBV ? 1 : U];
+    uint4 sbp[SBV ? MLXQ_SBP : 1]; /* SBV: piece p = lane + 32 i of the round: row, array, offset */
     auto load = [&](int i0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -689,11 +717,25 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
             for (int r = 0; r < RW; r++) {
                 if (ok[r] && c < nch) {
                     w[r][u] = ld_stream(wr[r] + (size_t)c * 16);
-                    sb[r][u].load(scr[r], bir[r], grp);
+                    if (!SBV)
+                        sb[SBV ? 0 : r][SBV ? 0 : u].load(scr[r], bir[r], grp);
                 } else {
                     w[r][u] = make_uint4(0, 0, 0, 0);
-                    sb[r][u].zero();
+                    if (!SBV)
+                        sb[SBV ? 0 : r][SBV ? 0 : u].zero();
                 }
+            }
+        }
+        if (SBV) {
+            const int g0 = (i0 * 32 * EPC) >> gsh; /* the round's first group */
+#pragma unroll
+            for (int i = 0; i < MLXQ_SBP; i++) {
+                const int p = lane + 32 * i, r = p / (2 * ppa), arr = (p / ppa) & 1, off = g0 + (p % ppa) * 8;
+                sbp[i] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int rr = 0; rr < RW; rr++) /* rr: a constant index into the row arrays */
+                    if (rr == r && ok[rr] && off < ngr)
+                        sbp[i] = ld_stream((arr ? bir[rr] : scr[rr]) + (size_t)off * 2);
             }
         }
     };
@@ -713,6 +755,14 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
 #pragma unroll
         for (int r = 0; r < RW; r++) acc[r] = 0.f;
         for (int i0 = 0; i0 * 32 < nch; i0 += U) {
+            if (SBV) { /* the round's scales and biases into the warp's slot (the last round's read) */
+                __syncwarp();
+#pragma unroll
+                for (int i = 0; i < MLXQ_SBP; i++)
+                    if (lane + 32 * i < RW * 2 * ppa)
+                        *(uint4 *)(sbs + (lane + 32 * i) * 8) = sbp[i];
+                __syncwarp();
+            }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = (i0 + u) * 32 + lane;
@@ -726,8 +776,17 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
 #pragma unroll
                 for (int r = 0; r < RW; r++) {
                     const int s = mlxq_dot<BITS>(w[r][u], xa, xb);
+                    float sc, bi;
+                    if (SBV) {
+                        const int gl = ((u * 32 + lane) * EPC) >> gsh; /* the group within the round */
+                        const uint32_t sv = sbs[(2 * r) * G + gl], bv = sbs[(2 * r + 1) * G + gl];
+                        sc = ST == LMS_CU_BF16 ? bf16_lo(sv) : f16_lo(sv);
+                        bi = ST == LMS_CU_BF16 ? bf16_lo(bv) : f16_lo(bv);
+                    } else {
+                        sc = sb[SBV ? 0 : r][SBV ? 0 : u].s(), bi = sb[SBV ? 0 : r][SBV ? 0 : u].b();
+                    }
                     /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
-                    acc[r] = fmaf(sb[r][u].s(), g2.x * (float)s, fmaf(sb[r][u].b(), g2.y, acc[r]));
+                    acc[r] = fmaf(sc, g2.x * (float)s, fmaf(bi, g2.y, acc[r]));
                 }
             }
             if ((i0 + U) * 32 < nch)
@@ -2454,6 +2513,13 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
     const size_t qsm = mlxq_smem(a->K, g > 0 ? g : 1);
     const bool q8 = one && !a->exact && (g == 32 || g == 64 || g == 128) && a->K % g == 0 && qsm <= 48 * 1024 &&
                     (uintptr_t)a->x % 16 == 0 && a->ldx % 4 == 0 && (uintptr_t)a->norm % 16 == 0;
+    /* scales and biases by 16-byte loads (gemv_mlxq_kernel's SBV): 16-bit, rows of them a
+     * multiple of 16 bytes, aligned; by default for 4-bit codes only (with 8-bit ones, whose
+     * scales are half as many per byte of codes, the 2-byte loads measured as fast or faster) */
+    bool sbv = stype != LMS_CU_F32 && g > 0 && (a->K / g) % 8 == 0;
+    for (int j = 0; j < a->n_jobs; j++)
+        sbv = sbv && (uintptr_t)a->scales[j] % 16 == 0 && (uintptr_t)a->biases[j] % 16 == 0;
+    const bool sb = sbv && (g_mlx_sb >= 0 ? g_mlx_sb == 1 : bits == 4);
     if (q8) {
         const int wr = MLXQ_TH / 32; /* warps a block */
         static int sms;
@@ -2467,7 +2533,9 @@ extern "C" int lms_cu_gemv_mlx_launch(const lms_cu_gemv *a, int bits, int stype,
         dim3 qgrid((unsigned)std::min((units + wr - 1) / wr, MLXQ_BLOCKS * sms));
 #define LMS_CU_MLXQ(B, S)                                                                                              \
         if (bits == B && stype == S) {                                                                                 \
-            int rc = launch(gemv_mlxq_kernel<B, S>, qgrid, dim3(MLXQ_TH), qsm, stream, *a);                           \
+            int rc = sb && S != LMS_CU_F32                                                                             \
+                         ? launch(gemv_mlxq_kernel<B, S, S != LMS_CU_F32>, qgrid, dim3(MLXQ_TH), qsm, stream, *a)      \
+                         : launch(gemv_mlxq_kernel<B, S, false>, qgrid, dim3(MLXQ_TH), qsm, stream, *a);               \
             return rc ? rc : gemv_norm_add_launch(a, stream);                                                          \
         }
         LMS_CU_MLXQ(4, LMS_CU_BF16) LMS_CU_MLXQ(4, LMS_CU_F16) LMS_CU_MLXQ(4, LMS_CU_F32)
@@ -2630,6 +2698,7 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
 extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
+extern "C" void lms_cu_set_mlx_sb(int mode) { g_mlx_sb = mode == 0 || mode == 1 ? mode : -1; }
 
 extern "C" void lms_cu_set_gemv_blocks(int per_sm, int cap)
 {

@@ -216,6 +216,10 @@ void lms_cu_set_att_mma(int on);
  * group of rows (no loop); other values: the default. cap > 0: at most cap blocks in all
  * (tests: every block loops), 0: no cap. */
 void lms_cu_set_gemv_blocks(int per_sm, int cap);
+/* How the one-row MLX GEMV on int8 activations reads 16-bit scales and biases whose rows
+ * are a multiple of 16 bytes: 0 a 2-byte load per chunk of codes, 1 16-byte loads staged in
+ * shared memory; -1 (or another value): the default, 1 for 4-bit codes, 0 for 8-bit ones. */
+void lms_cu_set_mlx_sb(int mode);
 
 #ifdef __cplusplus
 }
