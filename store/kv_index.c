@@ -396,6 +396,72 @@ int lms__kv_touch(lms_store *s, const char *name)
     return lms__txn_write(s, touch_txn, (void *)name);
 }
 
+struct lms__touch {
+    struct lms__touch *next;
+    char name[];
+};
+
+/* Write the waiting names' records until none is left. A session deleted
+ * meanwhile is no error. */
+static void *touch_main(void *arg)
+{
+    lms_store *s = arg;
+    pthread_mutex_lock(&s->touch_mu);
+    while (s->touch_head) {
+        struct lms__touch *t = s->touch_head;
+        if (!(s->touch_head = t->next))
+            s->touch_tail = NULL;
+        pthread_mutex_unlock(&s->touch_mu);
+        int rc = lms__kv_touch(s, t->name);
+        if (rc && rc != LMS_ENOENT)
+            lms__warn("KV session '%s': could not update its last-used time: %s", t->name, lms_last_error());
+        lms__free(t);
+        pthread_mutex_lock(&s->touch_mu);
+    }
+    s->touch_busy = false;
+    pthread_mutex_unlock(&s->touch_mu);
+    return NULL;
+}
+
+void lms__kv_touch_later(lms_store *s, const char *name)
+{
+    if (s->rdonly)
+        return;
+    size_t n = strlen(name) + 1;
+    struct lms__touch *t = lms__malloc(sizeof *t + n);
+    if (!t) {
+        (void)lms__kv_touch(s, name);
+        return;
+    }
+    memcpy(t->name, name, n);
+    t->next = NULL;
+    pthread_mutex_lock(&s->touch_mu);
+    if (s->touch_tail)
+        s->touch_tail->next = t;
+    else
+        s->touch_head = t;
+    s->touch_tail = t;
+    if (!s->touch_busy) {
+        if (s->touch_joinable) /* it has emptied the list: returns at once */
+            pthread_join(s->touch_th, NULL);
+        s->touch_busy = s->touch_joinable = pthread_create(&s->touch_th, NULL, touch_main, s) == 0;
+    }
+    bool here = !s->touch_busy;
+    pthread_mutex_unlock(&s->touch_mu);
+    if (here)
+        touch_main(s); /* no thread to be had: now */
+}
+
+void lms__kv_touch_wait(lms_store *s)
+{
+    pthread_mutex_lock(&s->touch_mu);
+    bool joinable = s->touch_joinable;
+    s->touch_joinable = false;
+    pthread_mutex_unlock(&s->touch_mu);
+    if (joinable)
+        pthread_join(s->touch_th, NULL); /* it empties the list first */
+}
+
 static int remove_txn(lms_store *s, MDB_txn *txn, void *arg)
 {
     const char *name = arg;

@@ -169,6 +169,14 @@ int lms__kv_write_commit(lms__kv_writer *w, const lms__session_rec *rec, const l
 /* Set session `name`'s last-used time to now (a no-op on a read-only store
  * or when the record does not decode). LMS_ENOENT, LMS_EDB. */
 int lms__kv_touch(lms_store *s, const char *name);
+/* lms__kv_touch on the store's own thread, so that the caller does not wait
+ * for the commit (a sync of the index, tens of milliseconds right after a
+ * large save on some disks): names queue, one thread writes them in order,
+ * and all are written before lms_store_close returns (lms__kv_touch_wait).
+ * A failure is logged as a warning: the time orders gc and `kv ls`, nothing
+ * else. Until then a reader of the record sees the previous time. */
+void lms__kv_touch_later(lms_store *s, const char *name);
+void lms__kv_touch_wait(lms_store *s);
 /* Delete session `name`'s record (its pages stay for gc). LMS_ENOENT with
  * detail "KV session 'NAME' not found in STORE". */
 int lms__kv_remove(lms_store *s, const char *name);

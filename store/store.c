@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "store/admin_internal.h"
+#include "store/kv_index.h"
 #include "store/store_internal.h"
 
 const char *const lms__db_names[LMS__DB_COUNT] = {
@@ -776,11 +777,13 @@ static int store_upgrade(lms_store *s)
 
 static void store_free(lms_store *s)
 {
+    lms__kv_touch_wait(s); /* its transaction needs the environment */
     if (s->env)
         mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
     pthread_mutex_destroy(&s->write_mu);
     pthread_mutex_destroy(&s->nolock_mu);
+    pthread_mutex_destroy(&s->touch_mu);
     lms__free(s->path);
     lms__free(s->index_path);
     lms__free(s->seg_dir);
@@ -852,6 +855,7 @@ int lms_store_open(const char *path, unsigned flags, const lms_store_params *par
     pthread_rwlock_init(&s->map_lock, NULL);
     pthread_mutex_init(&s->write_mu, NULL);
     pthread_mutex_init(&s->nolock_mu, NULL);
+    pthread_mutex_init(&s->touch_mu, NULL);
     s->data_fd = -1;
     s->rdonly = rdonly;
     s->path = lms__strdup(path);

@@ -118,6 +118,14 @@ struct lms_store {
     bool dbis_open;        /* dbi[] valid (load_meta done) */
     atomic_int users;      /* open models etc.; lms_store_close fails with LMS_EBUSY while > 0 */
     atomic_int append_locks; /* append sessions and admin locks of this handle holding STORE/lock */
+    /* lms__kv_touch_later (kv_index.c): the names waiting, and the thread
+     * that writes them; touch_mu guards all four. The thread is joined
+     * before the environment closes (store_free). */
+    pthread_mutex_t touch_mu;
+    struct lms__touch *touch_head, *touch_tail;
+    pthread_t touch_th;
+    bool touch_joinable; /* touch_th started and not joined */
+    bool touch_busy;     /* touch_th has not yet emptied the list */
 };
 
 /* True while this handle holds the append lock (an append session, or

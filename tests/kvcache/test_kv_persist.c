@@ -10,9 +10,11 @@
  */
 #include <fcntl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kv_testlib.h"
+#include "store/kv_index.h"
 
 static char self_exe[4096];
 
@@ -503,6 +505,56 @@ static void sessions_are_listed_described_replaced_and_removed(void **st_)
     free(dir);
 }
 
+static int last_used_cb(void *ctx, const lms_kv_session_info *info)
+{
+    *(uint64_t *)ctx = info->last_used;
+    return 0;
+}
+
+static uint64_t last_used_of(lms_store *st, const char *name)
+{
+    uint64_t t = 0;
+    assert_int_equal(lms_kv_session(st, name, last_used_cb, NULL, &t), 0);
+    return t;
+}
+
+/* A resume hands its last-use record to the store's own thread: resumes in
+ * quick succession (one of the sessions removed among them) are all
+ * recorded by the time lms_store_close returns, in another handle's view. */
+static void resumes_record_their_last_use_by_the_time_the_store_closes(void **st_)
+{
+    (void)st_;
+    char *dir = lms_test_tmpdir("kv-used");
+    lms_store *st = open_store(dir);
+    save_seq(st, "a", 3, 9, 0, LMS_KV_CODEC_RAW, NULL);
+    save_seq(st, "b", 4, 17, 0, LMS_KV_CODEC_RAW, NULL);
+    uint64_t saved = last_used_of(st, "a");
+    struct timespec ts = {1, 100000000}; /* the record holds seconds */
+    nanosleep(&ts, NULL);
+    lms_kv *kv = kvt_make(NULL, 64, 0);
+    for (int i = 0; i < 40; i++) {
+        lms_kv_seq *s;
+        const char *name = i % 2 ? "b" : "a";
+        if (i > 30 && i % 2) {
+            assert_int_equal(lms_kv_resume(kv, st, "b", &s), LMS_ENOENT);
+            continue;
+        }
+        if (lms_kv_resume(kv, st, name, &s))
+            fail_msg("resume %d of '%s': %s", i, name, lms_last_error());
+        lms_kv_seq_free(kv, s);
+        if (i == 30)
+            assert_int_equal(lms_kv_session_rm(st, "b"), 0); /* "b"'s queued records find it gone */
+    }
+    assert_int_equal(lms_kv_destroy(kv), 0);
+    assert_int_equal(lms_store_close(st), 0);
+    st = open_store(dir);
+    assert_true(last_used_of(st, "a") > saved);
+    assert_int_equal(lms_kv_session(st, "b", NULL, NULL, NULL), LMS_ENOENT);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(dir);
+    free(dir);
+}
+
 /* Resume `name` into kv with the nth fault of `kind` armed: it either gives
  * exactly the n_tokens of kvt_fill's seed (freed again; returns true) or fails
  * leaving kv exactly as it was (returns false). */
@@ -511,6 +563,7 @@ static bool resume_under_fault(lms_kv *kv, lms_store *st, const char *name, int 
 {
     lms_kv_seq *s = NULL;
     kvt_snap before = kvt_snapshot(kv);
+    lms__kv_touch_wait(st); /* the last resume's record written: no armed fault is its */
     lms__fault_arm(kind, n, false);
     int rc = lms_kv_resume(kv, st, name, &s);
     lms__fault_disarm_all();
@@ -569,6 +622,7 @@ static void injected_faults_leave_cache_and_store_consistent(void **st_)
             lms_kv_seq_free(kv, s);
             lms_kv_seq *r;
             assert_int_equal(lms_kv_resume(kv, st, "s", &r), 0);
+            lms__kv_touch_wait(st); /* before the next save's fault is armed */
             if (rc == 0) {
                 assert_int_equal(kvt_diff(kv, r, 40 + k, 30, 0), 0);
                 ok++;
@@ -1101,6 +1155,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(each_resume_failure_has_its_own_error_and_leaves_the_cache_unchanged),
         cmocka_unit_test(two_sessions_sharing_a_prefix_store_the_shared_pages_once),
         cmocka_unit_test(sessions_are_listed_described_replaced_and_removed),
+        cmocka_unit_test(resumes_record_their_last_use_by_the_time_the_store_closes),
         cmocka_unit_test(injected_faults_leave_cache_and_store_consistent),
         cmocka_unit_test(device_arenas_save_and_resume_through_host_copies),
         cmocka_unit_test(window_sessions_save_the_last_window_and_refuse_other_layouts),
