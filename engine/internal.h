@@ -238,6 +238,9 @@ typedef struct lms__kernels {
     lms__gemm_xbf16_fn gemm_xbf16; /* NULL: BF16 weights go through gemm[2] with f32 x */
     void (*to_bf16)(const float *x, uint16_t *out, int n);
     lms__axpyn_fn axpyn[3];       /* (optional) NULL: axpy row by row */
+    /* (optional) s[i] = exp(s[i] - m) for i in [0, n), returns their sum
+     * (within 2 ulp of expf each); NULL: expf row by row */
+    float (*expsum)(float *s, int n, float m);
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)

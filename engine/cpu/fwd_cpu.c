@@ -32,6 +32,11 @@
 /* The two forms of quantized activations: for Q4_0 .. Q8_0 and for the K types. */
 enum { XQ_32 = 0, XQ_K = 1 };
 
+/* Consecutive tokens of one sequence whose attention runs as one block. */
+typedef struct lms__attchunk {
+    uint32_t t0, nt;
+} lms__attchunk;
+
 struct lms__bk {
     const lms__hparams *hp;
     const lms__weights *w;
@@ -50,6 +55,9 @@ struct lms__bk {
     float *inv_freq[2];        /* [hd/2] global, local */
     float *cs;                 /* [B][hd] cos | sin per token (table of the current qk_rope) */
     float *scores;             /* [threads][G][n_ctx] */
+    float *ascr;               /* [threads][att_scratch_floats] blocked attention's scratch */
+    lms__attchunk *achunk;     /* [B] this step's query chunks (cpu_attention) */
+    uint32_t n_achunk;
     uint32_t *rpos;            /* [B] each row's position in its sequence (this step) */
     const lms__kvview **rkv;   /* [B] each row's KV view (this step) */
     const lms__step *st;       /* the step in progress */
@@ -229,12 +237,10 @@ typedef struct att_run {
 } att_run;
 
 /* One kv head h for one token t: its G query heads over positions [lo, pos0+t]. */
-static void att_task(void *arg, size_t item, int worker)
+static void att_one(const att_run *a, uint32_t h, uint32_t t, int worker)
 {
-    att_run *a = arg;
     lms__bk *bk = a->b;
     const lms__hparams *hp = bk->hp;
-    uint32_t h = (uint32_t)(item % hp->n_kv_heads), t = (uint32_t)(item / hp->n_kv_heads);
     const lms__kvview *kv = bk->rkv[t];
     uint32_t hd = hp->head_dim, G = bk->G, P = bk->rpos[t] + 1, pt = kv->page_tokens;
     uint32_t lo = a->window && P > a->window ? P - a->window : 0;
@@ -286,6 +292,140 @@ static void att_task(void *arg, size_t item, int worker)
     }
 }
 
+/*
+ * Prefill attention by blocks of queries: a chunk of up to ATT_TQ
+ * consecutive tokens of one sequence (consecutive positions, one KV view)
+ * and one kv head. The chunk's nt * G query rows run over the keys ATT_PC
+ * positions at a time, gathered from their pages into this thread's
+ * scratch: the scores by the kernels' packed product (each block of keys
+ * packed once for all the chunk's rows), then an online softmax (a running
+ * max and sum per row; the row's partial output is rescaled when its max
+ * grows) and the value rows weighted into the output, each row over its
+ * own causal (and window) range only. Chunks of fewer than ATT_MIN tokens
+ * (decode) take att_one a token at a time.
+ *
+ * Invariants: (1) a row's output is the softmax-weighted sum of exactly the
+ * positions att_one gives it ([lo, pos]); the two differ only in float
+ * rounding (f32 sums, a chunk's max); (2) items are claimed latest chunk
+ * first: a later chunk has more positions to attend to, so the long items
+ * start first and the threads finish together.
+ */
+enum { ATT_TQ = 32, ATT_PC = 48, ATT_MIN = 4 };
+
+/* Floats of one worker's scratch for the blocked attention. */
+static size_t att_scratch_floats(uint32_t G, uint32_t hd)
+{
+    size_t M = (size_t)ATT_TQ * G;
+    size_t n = 2 * M * hd + M * ATT_PC + 2 * M + 2 * (size_t)ATT_PC * hd;
+    return (n + 15) & ~(size_t)15;
+}
+
+static void att_chunk(const att_run *a, const lms__attchunk *c, uint32_t h, int worker)
+{
+    lms__bk *bk = a->b;
+    const lms__hparams *hp = bk->hp;
+    const lms__kvview *kv = bk->rkv[c->t0];
+    uint32_t hd = hp->head_dim, G = bk->G, nt = c->nt, M = nt * G, pt = kv->page_tokens;
+    uint32_t pos0 = bk->rpos[c->t0], P = pos0 + nt, W = a->window;
+    uint32_t lo = W && pos0 + 1 > W ? pos0 + 1 - W : 0; /* the first token's; later ones' are later */
+    size_t esz = kv->elem_size, qw = bk->width[LMS__B_Q], aw = bk->width[LMS__B_ATT];
+    float *Q = bk->ascr + (size_t)worker * att_scratch_floats(G, hd);
+    float *O = Q + (size_t)ATT_TQ * G * hd, *S = O + (size_t)ATT_TQ * G * hd, *mx = S + (size_t)ATT_TQ * G * ATT_PC;
+    float *l = mx + (size_t)ATT_TQ * G;
+    uint8_t *Kc = (uint8_t *)(l + (size_t)ATT_TQ * G), *Vc = Kc + (size_t)ATT_PC * hd * 4;
+    int dti = lms__dt_index(kv->dtype);
+    lms__kvloc L = lms__kv_layer(kv, a->layer);
+    size_t lo_off = L.layer_off + (size_t)h * kv->head_bytes;
+    assert(!L.group || lo / pt >= kv->wfirst); /* the window's pages are held */
+
+    for (uint32_t t = 0; t < nt; t++)
+        memcpy(Q + (size_t)t * G * hd, bk->buf[LMS__B_Q] + (size_t)(c->t0 + t) * qw + (size_t)h * G * hd,
+               (size_t)G * hd * 4);
+    memset(O, 0, (size_t)M * hd * 4);
+    for (uint32_t j = 0; j < M; j++) {
+        mx[j] = -INFINITY;
+        l[j] = 0;
+    }
+    for (uint32_t c0 = lo; c0 < P;) {
+        uint32_t c1 = LMS_MIN(c0 + ATT_PC, P);
+        /* the rows that see any of [c0, c1): tokens at or past c0, and (window) starting before c1 */
+        uint32_t tf = c0 > pos0 ? c0 - pos0 : 0, tl = nt;
+        if (W)
+            tl = LMS_MIN(nt, c1 + W - 1 - pos0);
+        if (tf >= tl) {
+            c0 = c1;
+            continue;
+        }
+        for (uint32_t p = c0; p < c1; p++) {
+            const uint8_t *src = L.base + (size_t)L.pages[p / pt] * L.page_bytes + lo_off + (p % pt) * kv->token_bytes;
+            memcpy(Kc + (size_t)(p - c0) * hd * esz, src, hd * esz);
+            memcpy(Vc + (size_t)(p - c0) * hd * esz, src + kv->v_offset, hd * esz);
+        }
+        bk->k->gemm[dti](Kc, hd, Q + (size_t)tf * G * hd, hd, S + (size_t)tf * G * ATT_PC, ATT_PC, (int)(c1 - c0),
+                         (int)((tl - tf) * G), (int)hd, false);
+        for (uint32_t t = tf; t < tl; t++) {
+            uint32_t pos = pos0 + t, lt = W && pos + 1 > W ? pos + 1 - W : 0;
+            uint32_t a0 = LMS_MAX(c0, lt) - c0, a1 = LMS_MIN(c1, pos + 1) - c0;
+            if (a0 >= a1)
+                continue;
+            for (uint32_t g = 0; g < G; g++) {
+                uint32_t j = t * G + g;
+                float *s = S + (size_t)j * ATT_PC, m = -INFINITY;
+                for (uint32_t p = a0; p < a1; p++) {
+                    float v = s[p] * a->scale;
+                    if (a->softcap > 0)
+                        v = a->softcap * tanhf(v / a->softcap);
+                    s[p] = v;
+                    m = v > m ? v : m;
+                }
+                float *o = O + (size_t)j * hd;
+                if (m > mx[j]) {
+                    float r = expf(mx[j] - m); /* 0 for the first block */
+                    for (uint32_t i = 0; i < hd; i++) o[i] *= r;
+                    l[j] *= r;
+                    mx[j] = m;
+                }
+                float sum = 0;
+                if (bk->k->expsum) {
+                    sum = bk->k->expsum(s + a0, (int)(a1 - a0), mx[j]);
+                } else {
+                    for (uint32_t p = a0; p < a1; p++) {
+                        s[p] = expf(s[p] - mx[j]);
+                        sum += s[p];
+                    }
+                }
+                l[j] += sum;
+                const uint8_t *V = Vc + (size_t)a0 * hd * esz;
+                if (bk->k->axpyn[dti])
+                    bk->k->axpyn[dti](o, V, hd * esz, s + a0, (int)(a1 - a0), (int)hd);
+                else
+                    for (uint32_t p = a0; p < a1; p++) bk->k->axpy[dti](o, V + (p - a0) * hd * esz, s[p], (int)hd);
+            }
+        }
+        c0 = c1;
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t g = 0; g < G; g++) {
+            uint32_t j = t * G + g;
+            float inv = 1.0f / l[j], *out = bk->buf[LMS__B_ATT] + (size_t)(c->t0 + t) * aw + (size_t)(h * G + g) * hd;
+            for (uint32_t i = 0; i < hd; i++) out[i] = O[(size_t)j * hd + i] * inv;
+        }
+}
+
+/* Item i: kv head i % n_kv_heads of chunk (n_chunks - 1 - i / n_kv_heads) (invariant 2). */
+static void att_task(void *arg, size_t item, int worker)
+{
+    att_run *a = arg;
+    lms__bk *bk = a->b;
+    uint32_t nkv = bk->hp->n_kv_heads, h = (uint32_t)(item % nkv);
+    const lms__attchunk *c = &bk->achunk[bk->n_achunk - 1 - item / nkv];
+    if (c->nt < ATT_MIN) {
+        for (uint32_t t = 0; t < c->nt; t++) att_one(a, h, c->t0 + t, worker);
+        return;
+    }
+    att_chunk(a, c, h, worker);
+}
+
 /* ---- the operations ------------------------------------------------------------------------ */
 
 static void cpu_destroy(lms__bk *b)
@@ -299,6 +439,8 @@ static void cpu_destroy(lms__bk *b)
     lms__free(b->inv_freq[1]);
     lms__free(b->cs);
     lms__free(b->scores);
+    lms__free(b->ascr);
+    lms__free(b->achunk);
     lms__free(b->rpos);
     lms__free(b->rkv);
     lms__free(b->xq[0]);
@@ -335,8 +477,14 @@ static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
     if (!(b->xin = lms__aligned_alloc(64, B * maxw * 4)) || !(b->inv_freq[0] = lms__malloc(hd / 2 * 4 + 4)) ||
         !(b->inv_freq[1] = lms__malloc(hd / 2 * 4 + 4)) || !(b->cs = lms__malloc(B * hd * 4)) ||
         !(b->scores = lms__aligned_alloc(64, ssz)) || !(b->rpos = lms__calloc(B, sizeof *b->rpos)) ||
-        !(b->rkv = lms__calloc(B, sizeof *b->rkv)))
+        !(b->rkv = lms__calloc(B, sizeof *b->rkv)) || !(b->achunk = lms__calloc(B, sizeof *b->achunk)))
         goto nomem;
+    if (B >= ATT_MIN) {
+        size_t an = (size_t)b->nthreads * att_scratch_floats(b->G, (uint32_t)hd) * 4;
+        if (!(b->ascr = lms__aligned_alloc(64, an)))
+            goto nomem;
+        memset(b->ascr, 0, an);
+    }
     memset(b->xin, 0, B * maxw * 4);
     if (b->k->gemm_xbf16) {
         b->ldxb = (maxw + 31) & ~(size_t)31;
@@ -543,7 +691,15 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
 static void cpu_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)
 {
     att_run ar = {b, layer, window, scale, softcap};
-    lms__pool_run(b->pool, (size_t)b->hp->n_kv_heads * b->st->nb, att_task, &ar);
+    uint32_t nb = b->st->nb, n = 0;
+    for (uint32_t t = 0; t < nb;) {
+        uint32_t e = t + 1;
+        while (e < nb && e - t < ATT_TQ && b->rkv[e] == b->rkv[t] && b->rpos[e] == b->rpos[e - 1] + 1) e++;
+        b->achunk[n++] = (lms__attchunk){t, e - t};
+        t = e;
+    }
+    b->n_achunk = n;
+    lms__pool_run(b->pool, (size_t)b->hp->n_kv_heads * n, att_task, &ar);
 }
 
 static void cpu_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)

@@ -241,6 +241,48 @@ static inline T void tr16(__m512i v[16])
 
 static inline T __mmask16 lanes(int n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
+/*
+ * The next block's weights, fetched into L2 while this block's tiles run
+ * (48 row streams at once are more than the hardware prefetchers follow, and
+ * the weights come from memory once per call): the rows [0, rl) x bytes
+ * [0, nbytes) of the block at src (rows ldb bytes apart), as cache lines
+ * [*cur, *cur + n) of it, row by row; *cur moves on.
+ */
+typedef struct pf_next {
+    const uint8_t *src;
+    size_t ldb;
+    int rl, lines_per_row, cur;
+} pf_next;
+
+static inline void pf_step(pf_next *f, int n)
+{
+    int end = LMS_MIN(f->cur + n, f->rl * f->lines_per_row);
+    for (int i = f->cur; i < end; i++)
+        _mm_prefetch((const char *)f->src + (size_t)(i / f->lines_per_row) * f->ldb + (size_t)(i % f->lines_per_row) * 64,
+                     _MM_HINT_T1);
+    f->cur = end;
+}
+
+/* The block after rows [r, r + MR) of column block k0 (kn wide): the next
+ * rows of the same columns, or the first rows of the next columns (none
+ * after the last). esz: bytes per weight element. */
+static inline pf_next pf_after(const uint8_t *W, size_t ldw, size_t esz, int rows, int cols, int r, int k0, int kb)
+{
+    pf_next f = {NULL, ldw * esz, 0, 0, 0};
+    int nr = r + MR, nk = k0;
+    if (nr >= rows) {
+        nr = 0;
+        nk = k0 + kb;
+    }
+    if (nk >= cols)
+        return f;
+    int kn = LMS_MIN(kb, cols - nk);
+    f.src = W + ((size_t)nr * ldw + (size_t)nk) * esz;
+    f.rl = LMS_MIN(MR, rows - nr);
+    f.lines_per_row = (int)((kn * esz + 63) / 64);
+    return f;
+}
+
 /* Stores or adds the 3 x nr tile c into y[t*ldy + 16g + i], for the rl rows left. */
 static inline T __attribute__((always_inline)) void tile_out(__m512 c[3][NR], int nr, float *y, size_t ldy,
                                                               int rl, bool acc)
@@ -345,9 +387,13 @@ PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
             for (int r = 0; r < rows; r += MR) {                                                      \
                 int rl = LMS_MIN(MR, rows - r);                                                       \
                 PACK(Wb + (size_t)r * ldw * ESZ, ldw, rl, k0, kn, wp);                                \
-                for (int t = 0; t < nb; t += NR)                                                      \
+                pf_next f = pf_after(Wb, ldw, ESZ, rows, cols, r, k0, KC);                            \
+                int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;   \
+                for (int t = 0; t < nb; t += NR) {                                                    \
+                    pf_step(&f, per);                                                                 \
                     tile_f32_n(wp, kn, x + (size_t)t * ldx + k0, ldx, LMS_MIN(NR, nb - t),            \
                                y + (size_t)t * ldy + r, ldy, rl, acc || k0 > 0);                      \
+                }                                                                                     \
             }                                                                                         \
         }                                                                                             \
     }
@@ -408,6 +454,40 @@ AXPYN_IMPL(axpyn_f32, ld_f32, ldm_f32)
 AXPYN_IMPL(axpyn_f16, ld_f16, ldm_f16)
 AXPYN_IMPL(axpyn_bf16, ld_bf16, ldm_bf16)
 
+/*
+ * exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts),
+ * exp(r) by its Taylor polynomial to r^6 (relative error under 2e-7 there),
+ * times 2^n by vscalefps; x below -87.3 (exp under FLT_MIN) gives about 1e-38.
+ */
+static inline T __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static T float expsum(float *s, int n, float m)
+{
+    __m512 mv = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 msk = lanes(n - k);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + k), mv));
+        _mm512_mask_storeu_ps(s + k, msk, e);
+        acc = _mm512_mask_add_ps(acc, msk, acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
@@ -415,6 +495,7 @@ const lms__kernels lms__kernels_avx512 = {
     NULL,
     NULL,
     {axpyn_f32, axpyn_f16, axpyn_bf16},
+    expsum,
 };
 
 /* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
@@ -489,9 +570,14 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
         for (int r = 0; r < rows; r += MR) {
             int rl = LMS_MIN(MR, rows - r);
             pack_pairs(W + (size_t)r * ldw, ldw, rl, p0, pn, wp);
-            for (int t = 0; t < nb; t += NR)
+            /* in 16-bit elements: column pairs 2 * p0 on */
+            pf_next f = pf_after((const uint8_t *)W, ldw, 2, rows, cols, r, 2 * p0, 2 * KC);
+            int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;
+            for (int t = 0; t < nb; t += NR) {
+                pf_step(&f, per);
                 tile_bf16_n(wp, pn, x + (size_t)t * ldx + p0, ldx, LMS_MIN(NR, nb - t), y + (size_t)t * ldy + r, ldy,
                             rl, acc || p0 > 0);
+            }
         }
     }
 }
@@ -503,5 +589,6 @@ const lms__kernels lms__kernels_avx512bf16 = {
     gemm_xbf16,
     to_bf16,
     {axpyn_f32, axpyn_f16, axpyn_bf16},
+    expsum,
 };
 #endif
