@@ -241,6 +241,12 @@ typedef struct lms__kernels {
     /* (optional) s[i] = exp(s[i] - m) for i in [0, n), returns their sum
      * (within 2 ulp of expf each); NULL: expf row by row */
     float (*expsum)(float *s, int n, float m);
+    /* (optional) o[i] = silu(g[i]) * u[i] (silu(g) = g / (1 + exp(-g)), exp
+     * as expsum's); NULL: expf element by element */
+    void (*silu_mul)(float *o, const float *g, const float *u, int n);
+    /* (optional) the sum of x[i]^2 in double (the same terms as a scalar
+     * loop, added in another order); NULL: the scalar loop */
+    double (*sumsq)(const float *x, int n);
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)

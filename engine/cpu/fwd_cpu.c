@@ -188,10 +188,13 @@ static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
 
 /* ---- small ops --------------------------------------------------------------------------- */
 
-static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+static void rmsnorm(const lms__kernels *k, float *out, const float *x, const float *w, uint32_t n, float eps)
 {
     double ss = 0;
-    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    if (k->sumsq)
+        ss = k->sumsq(x, (int)n);
+    else
+        for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float r = 1.0f / sqrtf((float)(ss / n) + eps);
     for (uint32_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
@@ -592,10 +595,13 @@ static void in_task(void *arg, size_t t, int worker)
     float *o = b->xin + t * W;
     (void)worker;
     if (j->norm) {
-        rmsnorm(o, x, j->norm, W, b->hp->eps);
+        rmsnorm(b->k, o, x, j->norm, W, b->hp->eps);
     } else if (j->act != LMS__ACT_NONE) {
         const float *x2 = r->x2 + t * W;
-        for (uint32_t i = 0; i < W; i++) o[i] = act_val(j->act, x[i]) * x2[i];
+        if (j->act == LMS__ACT_SILU && b->k->silu_mul)
+            b->k->silu_mul(o, x, x2, (int)W);
+        else
+            for (uint32_t i = 0; i < W; i++) o[i] = act_val(j->act, x[i]) * x2[i];
     }
     if (r->tobf)
         b->k->to_bf16(r->xform ? o : x, b->xb + t * b->ldxb, (int)W);
@@ -672,7 +678,7 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
         }
         for (uint32_t h = 0; h < hp->n_heads; h++) {
             if (q_norm)
-                rmsnorm(q + h * hd, q + h * hd, q_norm, hd, hp->eps);
+                rmsnorm(b->k, q + h * hd, q + h * hd, q_norm, hd, hp->eps);
             rope(q + h * hd, cs, hd);
         }
         uint32_t pos = b->rpos[t], page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
@@ -680,7 +686,7 @@ static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const f
         uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
         for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
             if (k_norm)
-                rmsnorm(k + h * hd, k + h * hd, k_norm, hd, hp->eps);
+                rmsnorm(b->k, k + h * hd, k + h * hd, k_norm, hd, hp->eps);
             rope(k + h * hd, cs, hd);
             store_kv(dst + (size_t)h * kv->head_bytes, k + h * hd, hd, kv->dtype);
             store_kv(dst + kv->v_offset + (size_t)h * kv->head_bytes, v + h * hd, hd, kv->dtype);
@@ -707,7 +713,7 @@ static void cpu_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
     uint32_t E = b->hp->n_embd;
     for (uint32_t t = 0; t < b->st->nb; t++) {
         float *yr = b->buf[y] + (size_t)t * E, *tmp = b->xin;
-        rmsnorm(tmp, b->buf[x] + (size_t)t * E, w, E, b->hp->eps);
+        rmsnorm(b->k, tmp, b->buf[x] + (size_t)t * E, w, E, b->hp->eps);
         for (uint32_t i = 0; i < E; i++) yr[i] += tmp[i];
     }
 }

@@ -488,6 +488,30 @@ static T float expsum(float *s, int n, float m)
     return _mm512_reduce_add_ps(acc);
 }
 
+static T void silu_mul(float *o, const float *g, const float *u, int n)
+{
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + k);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + k)));
+    }
+}
+
+static T double sumsq(const float *x, int n)
+{
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+    for (int k = 0; k < n; k += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(lanes(n - k), x + k);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
 const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
@@ -496,6 +520,8 @@ const lms__kernels lms__kernels_avx512 = {
     NULL,
     {axpyn_f32, axpyn_f16, axpyn_bf16},
     expsum,
+    silu_mul,
+    sumsq,
 };
 
 /* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
@@ -590,5 +616,7 @@ const lms__kernels lms__kernels_avx512bf16 = {
     to_bf16,
     {axpyn_f32, axpyn_f16, axpyn_bf16},
     expsum,
+    silu_mul,
+    sumsq,
 };
 #endif
