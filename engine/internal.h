@@ -247,6 +247,8 @@ typedef struct lms__kernels {
     /* (optional) the sum of x[i]^2 in double (the same terms as a scalar
      * loop, added in another order); NULL: the scalar loop */
     double (*sumsq)(const float *x, int n);
+    /* (optional) out[i] = x[i] as f16, the bits of lms__f32_to_f16; NULL: that function */
+    void (*to_f16)(const float *x, uint16_t *out, int n);
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)

@@ -53,7 +53,7 @@ struct lms__bk {
     uint16_t *xb;              /* [B][ldxb]: that input rounded to bf16 (kernels with gemm_xbf16) */
     size_t ldxb;
     float *inv_freq[2];        /* [hd/2] global, local */
-    float *cs;                 /* [B][hd] cos | sin per token (table of the current qk_rope) */
+    float *cs;                 /* [B][hd] cos | sin per token (tables of the current qk_rope) */
     float *scores;             /* [threads][G][n_ctx] */
     float *ascr;               /* [threads][att_scratch_floats] blocked attention's scratch */
     lms__attchunk *achunk;     /* [B] this step's query chunks (cpu_attention) */
@@ -210,10 +210,12 @@ static void rope(float *v, const float *cs, uint32_t hd)
     }
 }
 
-static void store_kv(void *dst, const float *src, uint32_t n, lms_dtype dt)
+static void store_kv(const lms__kernels *k, void *dst, const float *src, uint32_t n, lms_dtype dt)
 {
     if (dt == LMS_DTYPE_F32) {
         memcpy(dst, src, n * sizeof(float));
+    } else if (dt == LMS_DTYPE_F16 && k->to_f16) {
+        k->to_f16(src, dst, (int)n);
     } else if (dt == LMS_DTYPE_F16) {
         uint16_t *d = dst;
         for (uint32_t i = 0; i < n; i++) d[i] = lms__f32_to_f16(src[i]);
@@ -659,39 +661,55 @@ static void cpu_matmul(lms__bk *b, const lms__mm *jobs, int n)
     }
 }
 
+typedef struct rope_run {
+    lms__bk *b;
+    uint32_t layer;
+    const float *q_norm, *k_norm, *inv_freq;
+} rope_run;
+
+/* Token t: its q and k heads normed (Qwen3, Gemma 3) and rotated, k and v stored into its KV slot. */
+static void rope_task(void *arg, size_t item, int worker)
+{
+    rope_run *r = arg;
+    lms__bk *b = r->b;
+    const lms__hparams *hp = b->hp;
+    uint32_t t = (uint32_t)item, hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
+    const lms__kvview *kv = b->rkv[t];
+    lms__kvloc L = lms__kv_layer(kv, r->layer);
+    float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
+    const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
+    float p = (float)b->rpos[t], *cs = b->cs + (size_t)t * hd;
+    (void)worker;
+    for (uint32_t i = 0; i < hd / 2; i++) {
+        float fr = p * r->inv_freq[i];
+        cs[i] = cosf(fr);
+        cs[hd / 2 + i] = sinf(fr);
+    }
+    for (uint32_t h = 0; h < hp->n_heads; h++) {
+        if (r->q_norm)
+            rmsnorm(b->k, q + h * hd, q + h * hd, r->q_norm, hd, hp->eps);
+        rope(q + h * hd, cs, hd);
+    }
+    uint32_t pos = b->rpos[t], page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
+    assert(!L.group || pos / kv->page_tokens >= kv->wfirst);
+    uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
+    for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
+        if (r->k_norm)
+            rmsnorm(b->k, k + h * hd, k + h * hd, r->k_norm, hd, hp->eps);
+        rope(k + h * hd, cs, hd);
+        store_kv(b->k, dst + (size_t)h * kv->head_bytes, k + h * hd, hd, kv->dtype);
+        store_kv(b->k, dst + kv->v_offset + (size_t)h * kv->head_bytes, v + h * hd, hd, kv->dtype);
+    }
+}
+
+/* Tokens over the pool (each writes its own KV slot and cs row). */
 static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int which)
 {
-    const lms__hparams *hp = b->hp;
-    const lms__step *st = b->st;
-    uint32_t hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
-    const float *inv_freq = b->inv_freq[which == LMS__ROPE_LOCAL];
-    for (uint32_t t = 0; t < st->nb; t++) {
-        const lms__kvview *kv = b->rkv[t];
-        lms__kvloc L = lms__kv_layer(kv, layer);
-        float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
-        const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
-        float p = (float)b->rpos[t], *cs = b->cs;
-        for (uint32_t i = 0; i < hd / 2; i++) {
-            float fr = p * inv_freq[i];
-            cs[i] = cosf(fr);
-            cs[hd / 2 + i] = sinf(fr);
-        }
-        for (uint32_t h = 0; h < hp->n_heads; h++) {
-            if (q_norm)
-                rmsnorm(b->k, q + h * hd, q + h * hd, q_norm, hd, hp->eps);
-            rope(q + h * hd, cs, hd);
-        }
-        uint32_t pos = b->rpos[t], page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
-        assert(!L.group || pos / kv->page_tokens >= kv->wfirst);
-        uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
-        for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
-            if (k_norm)
-                rmsnorm(b->k, k + h * hd, k + h * hd, k_norm, hd, hp->eps);
-            rope(k + h * hd, cs, hd);
-            store_kv(dst + (size_t)h * kv->head_bytes, k + h * hd, hd, kv->dtype);
-            store_kv(dst + kv->v_offset + (size_t)h * kv->head_bytes, v + h * hd, hd, kv->dtype);
-        }
-    }
+    rope_run r = {b, layer, q_norm, k_norm, b->inv_freq[which == LMS__ROPE_LOCAL]};
+    if (b->st->nb == 1)
+        rope_task(&r, 0, 0);
+    else
+        lms__pool_run(b->pool, b->st->nb, rope_task, &r);
 }
 
 static void cpu_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)

@@ -244,23 +244,25 @@ static inline T __mmask16 lanes(int n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : 
 /*
  * The next block's weights, fetched into L2 while this block's tiles run
  * (48 row streams at once are more than the hardware prefetchers follow, and
- * the weights come from memory once per call): the rows [0, rl) x bytes
- * [0, nbytes) of the block at src (rows ldb bytes apart), as cache lines
- * [*cur, *cur + n) of it, row by row; *cur moves on.
+ * the weights come from memory once per call): the block's rows [0, rl)
+ * at src, ldb bytes apart, lines_per_row cache lines each, n lines a step
+ * in row order.
  */
 typedef struct pf_next {
     const uint8_t *src;
     size_t ldb;
-    int rl, lines_per_row, cur;
+    int rl, lines_per_row, row, line; /* the next line to fetch: line `line` of row `row` */
 } pf_next;
 
 static inline void pf_step(pf_next *f, int n)
 {
-    int end = LMS_MIN(f->cur + n, f->rl * f->lines_per_row);
-    for (int i = f->cur; i < end; i++)
-        _mm_prefetch((const char *)f->src + (size_t)(i / f->lines_per_row) * f->ldb + (size_t)(i % f->lines_per_row) * 64,
-                     _MM_HINT_T1);
-    f->cur = end;
+    for (; n > 0 && f->row < f->rl; n--) {
+        _mm_prefetch((const char *)f->src + (size_t)f->row * f->ldb + (size_t)f->line * 64, _MM_HINT_T1);
+        if (++f->line == f->lines_per_row) {
+            f->line = 0;
+            f->row++;
+        }
+    }
 }
 
 /* The block after rows [r, r + MR) of column block k0 (kn wide): the next
@@ -268,7 +270,7 @@ static inline void pf_step(pf_next *f, int n)
  * after the last). esz: bytes per weight element. */
 static inline pf_next pf_after(const uint8_t *W, size_t ldw, size_t esz, int rows, int cols, int r, int k0, int kb)
 {
-    pf_next f = {NULL, ldw * esz, 0, 0, 0};
+    pf_next f = {NULL, ldw * esz, 0, 0, 0, 0};
     int nr = r + MR, nk = k0;
     if (nr >= rows) {
         nr = 0;
@@ -512,6 +514,15 @@ static T double sumsq(const float *x, int n)
     return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
+static T void to_f16(const float *x, uint16_t *out, int n)
+{
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(out + k, m, h);
+    }
+}
+
 const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
@@ -522,6 +533,7 @@ const lms__kernels lms__kernels_avx512 = {
     expsum,
     silu_mul,
     sumsq,
+    to_f16,
 };
 
 /* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
@@ -618,5 +630,6 @@ const lms__kernels lms__kernels_avx512bf16 = {
     expsum,
     silu_mul,
     sumsq,
+    to_f16,
 };
 #endif
