@@ -15,6 +15,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "engine/cpu/quant.h"
 #include "engine/internal.h"
 
 #define T __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
@@ -592,6 +593,17 @@ static TB void gemm_xbf16_rows(const uint16_t *W, size_t ldw, const uint16_t *xb
 PACK_IMPL(pack_pairs, TB, uint32_t, LOAD_PAIRS)
 TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_si512, BCAST_PAIR, dp)
 
+/*
+ * Prefill (4 tokens or more): blocks of MR rows x up to KCX column pairs
+ * packed into a panel in this thread's scratch (lms__qscratch_slot(1):
+ * 192 KiB, held in L2), so that a tile runs over up to 2048 columns with
+ * its accumulators in registers and each row is read from the mapping as
+ * one run of 4 KiB; the next panel's rows are prefetched while this one's
+ * tiles run. Without the scratch (ENOMEM) the panel is KC pairs on the
+ * stack, as the f32-activation products do.
+ */
+#define KCX 1024
+
 static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
                           int rows, int nb, int cols, bool acc)
 {
@@ -599,17 +611,23 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
         gemm_xbf16_rows(W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);
         return;
     }
-    uint32_t wp[KC * MR] __attribute__((aligned(64)));
+    uint32_t wps[KC * MR] __attribute__((aligned(64)));
     const uint32_t *x = (const uint32_t *)xb;
     size_t ldx = ldxb / 2;
     int np = cols / 2;
-    for (int p0 = 0; p0 < np; p0 += KC) {
-        int pn = LMS_MIN(KC, np - p0);
+    int kb = LMS_MIN(KCX, np);
+    uint32_t *wp = kb > KC ? lms__qscratch_slot(1, (size_t)kb * MR * 4) : NULL;
+    if (!wp) {
+        wp = wps;
+        kb = LMS_MIN(KC, np);
+    }
+    for (int p0 = 0; p0 < np; p0 += kb) {
+        int pn = LMS_MIN(kb, np - p0);
         for (int r = 0; r < rows; r += MR) {
             int rl = LMS_MIN(MR, rows - r);
             pack_pairs(W + (size_t)r * ldw, ldw, rl, p0, pn, wp);
             /* in 16-bit elements: column pairs 2 * p0 on */
-            pf_next f = pf_after((const uint8_t *)W, ldw, 2, rows, cols, r, 2 * p0, 2 * KC);
+            pf_next f = pf_after((const uint8_t *)W, ldw, 2, rows, cols, r, 2 * p0, 2 * kb);
             int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;
             for (int t = 0; t < nb; t += NR) {
                 pf_step(&f, per);
