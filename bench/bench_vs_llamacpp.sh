@@ -166,7 +166,7 @@ lms_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   local name=$1-$2 j1 j2 dec pp128 pp512 tt
   j1=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 128 --gen "$decode" --reps 1 --membw-mib 16 --json)
   if [ "$short" = 1 ]; then echo "$(echo "$j1" | py_json 'd["decode_tps"]') $(echo "$j1" | py_json 'd["prefill_tps"]') 0 0 0"; return; fi
-  j2=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 512 --gen 1 --reps 1 --membw-mib 16 --json)
+  j2=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 512 --gen 2 --reps 1 --membw-mib 16 --json)
   dec=$(echo "$j1" | py_json 'd["decode_tps"]')
   pp128=$(echo "$j1" | py_json 'd["prefill_tps"]')
   pp512=$(echo "$j2" | py_json 'd["prefill_tps"]')
