@@ -227,18 +227,24 @@ static inline T void tr16(__m512i v[16])
 
 /*
  * The blocking shared by the packed products: a thread's rows go in blocks
- * of MR (three 16-lane vectors), their columns in blocks of KC; each block
- * of weights is packed once, transposed so that one vector holds one column
- * (f32) or one pair of columns (bf16) of 16 rows, into an L1 buffer, and
+ * of MR (three 16-lane vectors), their columns in blocks of KC or KCX; each
+ * block of weights is packed once, transposed so that one vector holds one
+ * column (f32) or one pair of columns (bf16) of 16 rows, into a panel, and
  * every token of the call runs over it, NR at a time, with a tile of
  * 3 x NR accumulators and each token's value broadcast: no horizontal sums,
  * and the outputs of 16 rows are one vector store. Weights are read from
- * memory once per call, the block's activations (KC columns of all tokens)
- * stay in L2.
+ * memory once per call, and the next block's rows are prefetched while
+ * this one's tiles run.
  */
 #define MR 48
 #define NR 8
-#define KC 128 /* columns (f32 path) or column pairs (bf16 path) per block */
+#define KC 128 /* columns (f32 path) or column pairs (bf16 path) per block, in an L1 panel on the stack */
+/* Products longer than KC take blocks of up to KCX columns (or pairs) in a
+ * panel in this thread's scratch (lms__qscratch_slot(1): 192 KiB, held in
+ * L2): a tile then runs over up to 1024 columns (2048 for bf16 pairs) with
+ * its accumulators in registers, and a row is read from the mapping in runs
+ * of 2-4 KiB. Without the scratch (ENOMEM) the blocks are KC on the stack. */
+#define KCX 1024
 
 static inline T __mmask16 lanes(int n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
@@ -383,14 +389,18 @@ PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
             ROWS(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                        \
             return;                                                                                   \
         }                                                                                             \
-        float wp[KC * MR] __attribute__((aligned(64)));                                               \
+        float wps[KC * MR] __attribute__((aligned(64)));                                              \
+        float *wp = cols > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;                  \
+        int kb = wp ? LMS_MIN(KCX, cols) : LMS_MIN(KC, cols);                                         \
+        if (!wp)                                                                                      \
+            wp = wps;                                                                                 \
         const uint8_t *Wb = W;                                                                        \
-        for (int k0 = 0; k0 < cols; k0 += KC) {                                                       \
-            int kn = LMS_MIN(KC, cols - k0);                                                          \
+        for (int k0 = 0; k0 < cols; k0 += kb) {                                                       \
+            int kn = LMS_MIN(kb, cols - k0);                                                          \
             for (int r = 0; r < rows; r += MR) {                                                      \
                 int rl = LMS_MIN(MR, rows - r);                                                       \
                 PACK(Wb + (size_t)r * ldw * ESZ, ldw, rl, k0, kn, wp);                                \
-                pf_next f = pf_after(Wb, ldw, ESZ, rows, cols, r, k0, KC);                            \
+                pf_next f = pf_after(Wb, ldw, ESZ, rows, cols, r, k0, kb);                            \
                 int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;   \
                 for (int t = 0; t < nb; t += NR) {                                                    \
                     pf_step(&f, per);                                                                 \
@@ -594,17 +604,7 @@ static TB void gemm_xbf16_rows(const uint16_t *W, size_t ldw, const uint16_t *xb
 PACK_IMPL(pack_pairs, TB, uint32_t, LOAD_PAIRS)
 TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_si512, BCAST_PAIR, dp)
 
-/*
- * Prefill (4 tokens or more): blocks of MR rows x up to KCX column pairs
- * packed into a panel in this thread's scratch (lms__qscratch_slot(1):
- * 192 KiB, held in L2), so that a tile runs over up to 2048 columns with
- * its accumulators in registers and each row is read from the mapping as
- * one run of 4 KiB; the next panel's rows are prefetched while this one's
- * tiles run. Without the scratch (ENOMEM) the panel is KC pairs on the
- * stack, as the f32-activation products do.
- */
-#define KCX 1024
-
+/* Prefill (4 tokens or more): the bf16 pairs' packed product (GEMM_PACKED's blocking, vdpbf16ps). */
 static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
                           int rows, int nb, int cols, bool acc)
 {
@@ -617,7 +617,7 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
     size_t ldx = ldxb / 2;
     int np = cols / 2;
     int kb = LMS_MIN(KCX, np);
-    uint32_t *wp = kb > KC ? lms__qscratch_slot(1, (size_t)kb * MR * 4) : NULL;
+    uint32_t *wp = kb > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;
     if (!wp) {
         wp = wps;
         kb = LMS_MIN(KC, np);
