@@ -44,6 +44,29 @@
 #   gemma12bdec      the gemma-3-12b-shaped model as in gemma12b, decode at
 #                    128 tokens of context only, then per-kernel times of one
 #                    decode step
+#   peerbuild SRC    llama.cpp built for CUDA from SRC (a source tree, or the
+#                    archive that bench/build_llamacpp_cuda.sh pack writes)
+#                    into $W/llama.cpp, in the background (detached, so that
+#                    it outlives the command; the phases below wait for it):
+#                    make the model meanwhile
+#   gguf8b           the 8B shape with Llama 3's tokenizer (llama8b-tok, as
+#                    serve8b makes it) written as one BF16 GGUF by `lmstore
+#                    export`, for llama.cpp; the HF shards are removed then
+#                    (disk space: store, GGUF and HF copies are 16 GB each)
+#   peerserve8b      llama-server (-ngl 99, the same --parallel, 512 tokens of
+#                    context per slot) against `lmstore serve --device cuda`
+#                    on those weights: greedy ids of one prompt on both first,
+#                    then serve8b's load at 1/4/16/64 clients on each server,
+#                    alternating, SERVE_ROUNDS rounds (default 2)
+#   cpu8b            lmstore's CPU engine against llama.cpp's CPU path (the
+#                    GPU hidden: CUDA_VISIBLE_DEVICES= -ngl 0 -nopo 1) on those
+#                    weights, CPU_THREADS threads (default: every CPU), PAIRS
+#                    alternating pairs (default 3): decode 64 tokens after
+#                    128, prefill 128 and 512, the measurements of
+#                    bench/bench_vs_llamacpp.sh
+#
+# LLAMACPP_BIN: the folder with llama-server and llama-bench (default: where
+# peerbuild puts them).
 #
 # Every measurement is one JSON line in $OUT/results.jsonl; logs in $OUT.
 # Usage, from the repository root, with a CUDA build's binaries in $LMS_BIN_DIR
@@ -60,6 +83,8 @@ RES=$OUT/results.jsonl
 LMS="$BIN/lmstore"
 ST="$W/store"
 HF="$W/llama3-8b-shape"
+GGUF="$W/llama8b-tok-bf16.gguf"
+LLB=${LLAMACPP_BIN:-$W/llama.cpp/bin}
 export PYTHONUNBUFFERED=1 LMS_SRC_DIR=$PWD LMS_BIN=$PWD/$LMS
 
 say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
@@ -121,6 +146,10 @@ coldstart() {
     $PY bench/cold_start.py --reps 5 --label lmstore_cuda_warm -- "$LMS" run llama8b --store "$ST" --device cuda \
         --prompt-ids "$ids" --max-tokens 1 --json | jl
     $PY bench/cold_start.py --reps 3 --label transformers_warm -- $PY bench/bench_engine_hf.py first "$HF" 32 | jl
+    # where the time went: the engine made while the weights arrive, the first
+    # step's layers run as they arrive (debug lines of one more warm run)
+    LMSTORE_LOG=debug "$LMS" run llama8b --store "$ST" --device cuda --prompt-ids "$ids" --max-tokens 1 --json \
+        2>&1 >/dev/null | grep -E "engine created|weights arrived|resident" | tee -a "$LOG"
     if [ "${LMS_BENCH_DROP:-0}" = 1 ]; then
         local s e
         sync; echo 3 >/proc/sys/vm/drop_caches
@@ -218,41 +247,149 @@ gemma12bdec() {
     step_profile gemma12b 250
 }
 
-# lmstore serve on the GPU: the 8B shape with Llama 3's tokenizer (its vocabulary
-# is the shape's 128256), imported as llama8b-tok; for C clients a server with
-# --parallel C, warmed by one request, then C streaming greedy clients
-# (bench/serve_load.py) for 10 s after 3 s of warm-up.
-serve8b() {
-    say "lmstore serve --device cuda (llama8b with Llama 3's tokenizer)"
+# The 8B shape with Llama 3's tokenizer (its vocabulary is the shape's
+# 128256), imported as llama8b-tok.
+tok8b() {
+    "$LMS" info llama8b-tok --store "$ST" >/dev/null 2>&1 && return
     [ -f "$HF/config.json" ] || timeout 500 $PY bench/bench_load_hf.py make "$HF" | jl
     for f in tokenizer.json tokenizer_config.json; do
         gzip -dc "tests/fixtures/tokenizers/llama3.$f.gz" >"$HF/$f"
     done
-    "$LMS" info llama8b-tok --store "$ST" >/dev/null 2>&1 ||
-        timeout 400 "$LMS" import "$HF" --store "$ST" --name llama8b-tok 2>&1 | tail -1 | tee -a "$LOG"
-    local c port pid
+    timeout 400 "$LMS" import "$HF" --store "$ST" --name llama8b-tok 2>&1 | tail -1 | tee -a "$LOG"
+}
+
+# Server $1 (lmstore or llama) over llama8b-tok with --parallel $2 and 512
+# tokens of context per slot, on port $3, in the background ($SPID); returns
+# once it has answered one 8-token request.
+server_start() {
+    if [ "$1" = lmstore ]; then
+        "$LMS" serve llama8b-tok --store "$ST" --device cuda --parallel "$2" --ctx 512 --port "$3" \
+            --no-prefix-store 2>>"$LOG" &
+    else
+        "$LLB/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$3" -np "$2" -c $(($2 * 512)) -ngl 99 \
+            --no-webui >>"$OUT/llama-server.log" 2>&1 &
+    fi
+    SPID=$!
+    $PY bench/peer_gpu.py ready "http://127.0.0.1:$3" 2>>"$LOG"
+}
+
+# lmstore serve on the GPU: for C clients a server with --parallel C, warmed
+# by one request, then C streaming greedy clients (bench/serve_load.py) for
+# 10 s after 3 s of warm-up.
+serve8b() {
+    say "lmstore serve --device cuda (llama8b with Llama 3's tokenizer)"
+    tok8b
+    local c port
     for c in 1 4 16 64; do
         port=$((18000 + c))
-        "$LMS" serve llama8b-tok --store "$ST" --device cuda --parallel "$c" --ctx 512 --port "$port" \
-            --no-prefix-store 2>>"$LOG" &
-        pid=$!
-        $PY - "$port" <<'EOF' 2>>"$LOG"
-import json, sys, time, urllib.request
-u = "http://127.0.0.1:%s" % sys.argv[1]
-for _ in range(240):
-    try:
-        urllib.request.urlopen(u + "/health", timeout=2)
-        break
-    except Exception:
-        time.sleep(0.5)
-r = urllib.request.Request(u + "/v1/completions", json.dumps({"prompt": "Hello", "max_tokens": 8}).encode(),
-                           {"Content-Type": "application/json"})
-urllib.request.urlopen(r, timeout=120).read()
-EOF
+        server_start lmstore "$c" "$port"
         timeout 60 $PY bench/serve_load.py "http://127.0.0.1:$port" --clients "$c" --seconds 10 --warmup 3 \
             --model llama8b-tok | sed 's/^{/{"what": "serve_cuda", /' | jl
-        kill "$pid"; wait "$pid"
+        kill "$SPID"; wait "$SPID"
     done
+}
+
+peerbuild() {
+    local src=$1
+    case $src in /*) ;; *) src=$PWD/$src ;; esac
+    say "llama.cpp CUDA build from $1 in the background (log $W/llama.cpp.log)"
+    rm -f "$W/llama.cpp.rc"
+    setsid bash -c '"$1" build "$2" "$3" >"$3.log" 2>&1; echo $? >"$3.rc"' _ "$PWD/bench/build_llamacpp_cuda.sh" \
+        "$src" "$W/llama.cpp" </dev/null >/dev/null 2>&1 &
+}
+
+# Until peerbuild's build has ended (at most $1 s, default 560); fails if it
+# failed. A LLAMACPP_BIN given, or a build already made, is used as it is.
+peer_wait() {
+    if [ ! -f "$W/llama.cpp.log" ] || [ -f "$W/llama.cpp.rc" ]; then
+        [ -x "$LLB/llama-server" ] && return 0
+    fi
+    local i
+    for ((i = 0; i < ${1:-560}; i += 5)); do
+        [ -f "$W/llama.cpp.rc" ] && break
+        sleep 5
+    done
+    tail -3 "$W/llama.cpp.log" | tee -a "$LOG"
+    [ -x "$LLB/llama-server" ] || { say "no llama.cpp build in $LLB"; return 1; }
+}
+
+gguf8b() {
+    say "llama8b-tok as a BF16 GGUF (lmstore export)"
+    df -h "$W" | tee -a "$LOG"
+    tok8b
+    local t
+    if [ ! -f "$GGUF" ]; then
+        t=$(date +%s%N)
+        timeout 400 "$LMS" export llama8b-tok "$GGUF" --store "$ST" 2>&1 | tail -1 | tee -a "$LOG"
+        echo "{\"what\": \"export_gguf\", \"s\": $(( ($(date +%s%N) - t) / 1000000 )).0e-3}" | jl
+    fi
+    rm -f "$HF"/*.safetensors
+}
+
+# llama-server (CUDA) against lmstore serve: greedy ids of one prompt
+# (bench/peer_gpu.py greedy), then for each of SERVE_ROUNDS rounds and each
+# C, both servers in turn (the order alternating) as serve8b measures them.
+peerserve8b() {
+    say "llama-server (CUDA) against lmstore serve --device cuda, llama8b-tok"
+    peer_wait || return
+    [ -f "$GGUF" ] || gguf8b
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
+    local r c who order port=18200
+    timeout 120 "$LMS" run llama8b-tok --store "$ST" --device cuda --max-tokens 16 --ignore-eos --json \
+        -p "$($PY bench/peer_gpu.py prompt)" >"$OUT/greedy_lmstore.json" 2>>"$LOG"
+    timeout 120 "$LMS" logits llama8b-tok --store "$ST" --device cuda --out "$W/logits.f32" --prompt-ids \
+        "$($PY -c 'import json, sys; print(",".join(map(str, json.load(sys.stdin)["prompt_ids"])))' \
+        <"$OUT/greedy_lmstore.json")" 2>>"$LOG"
+    server_start llama 1 "$port"
+    $PY bench/peer_gpu.py greedy "http://127.0.0.1:$port" "$OUT/greedy_lmstore.json" "$W/logits.f32" | jl
+    kill "$SPID"; wait "$SPID"
+    for ((r = 1; r <= ${SERVE_ROUNDS:-2}; r++)); do
+        for c in 1 4 16 64; do
+            order="lmstore llama"
+            [ $(((r + c) % 2)) = 1 ] || order="llama lmstore"
+            for who in $order; do
+                port=$((port + 1))
+                server_start "$who" "$c" "$port"
+                timeout 60 $PY bench/serve_load.py "http://127.0.0.1:$port" --clients "$c" --seconds 10 --warmup 3 \
+                    --model llama8b-tok |
+                    sed "s/^{/{\"what\": \"serve_peer\", \"engine\": \"$who\", \"round\": $r, /" | jl
+                kill "$SPID"; wait "$SPID"
+            done
+        done
+    done
+    $PY bench/peer_gpu.py servetable "$RES" | tee -a "$LOG"
+}
+
+# CPU engines on the 8B shape: for each of PAIRS rounds (the order
+# alternating) `lmstore bench engine --device cpu` and llama-bench with the
+# GPU hidden, as bench/bench_vs_llamacpp.sh runs them; bench/membw.c's read
+# bandwidth with the same threads before each round when it is in $BIN.
+cpu8b() {
+    local t=${CPU_THREADS:-$(nproc)} r a who bw
+    say "CPU engines, llama8b-tok: lmstore --device cpu against llama.cpp (GPU hidden), $t threads"
+    peer_wait || return
+    [ -f "$GGUF" ] || gguf8b
+    grep -m1 'model name' /proc/cpuinfo | tee -a "$LOG"
+    cat "$GGUF" "$ST"/segments/* >/dev/null
+    for ((r = 1; r <= ${PAIRS:-3}; r++)); do
+        bw=null
+        [ -x "$BIN/membw" ] && bw=$("$BIN/membw" --threads "$t" --mib 1024 --reps 5 --json)
+        echo "{\"what\": \"cpu_pair\", \"round\": $r, \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"membw\": $bw}" | jl
+        for who in $([ $((r % 2)) = 1 ] && echo "lmstore llama" || echo "llama lmstore"); do
+            if [ "$who" = lmstore ]; then
+                for a in "--prompt 128 --gen 64" "--prompt 512 --gen 2"; do
+                    timeout 300 "$LMS" bench engine llama8b-tok --store "$ST" --device cpu --threads "$t" $a --reps 1 \
+                        --membw-mib 16 --json 2>>"$LOG" | sed "s/^{/{\"what\": \"cpu_lmstore\", \"round\": $r, /" | jl
+                done
+            else
+                for a in "-p 0 -n 64 -d 128" "-p 128,512 -n 0"; do
+                    CUDA_VISIBLE_DEVICES= timeout 300 "$LLB/llama-bench" -m "$GGUF" -t "$t" -r 1 $a -ngl 0 -nopo 1 \
+                        -o jsonl 2>>"$LOG" | sed "s/^{/{\"what\": \"cpu_llama\", \"round\": $r, /" | jl
+                done
+            fi
+        done
+    done
+    $PY bench/peer_gpu.py cputable "$RES" | tee -a "$LOG"
 }
 
 mlx8b() {
@@ -304,6 +441,10 @@ while [ $# -gt 0 ]; do
     decode8b) decode8b ;;
     gemma12bdec) gemma12bdec ;;
     coldstart) coldstart ;;
+    peerbuild) peerbuild "$2"; shift ;;
+    gguf8b) gguf8b ;;
+    peerserve8b) peerserve8b ;;
+    cpu8b) cpu8b ;;
     *) echo "unknown phase $1" >&2; exit 2 ;;
     esac
     shift

@@ -187,8 +187,8 @@ typedef struct lms__fwd_ops {
      * roofline decode is measured against). 0 when it cannot be measured. */
     double (*membw)(lms__bk *bk, size_t bytes);
 
-    /* Test access to activations: copy rows [0, n) of buffer b to or from host memory
-     * (the buffer's width per row). Synchronous. */
+    /* Copy rows [0, n) of buffer b to or from host memory (the buffer's width per row).
+     * Synchronous. Tests, and a gated step's embedding rows (layers.c). */
     int (*read)(lms__bk *bk, lms__buf b, uint32_t n, float *host);
     int (*write)(lms__bk *bk, lms__buf b, uint32_t n, const float *host);
 } lms__fwd_ops;

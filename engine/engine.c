@@ -58,6 +58,8 @@ static int model_file(void *ctx, const char *name, char **data, size_t *len)
 
 static int model_tokenizer(void *ctx, lms_tokenizer **out) { return lms_model_tokenizer(ctx, out); }
 
+static int wait_layer(void *ctx, int32_t layer) { return lms_model_wait_layer(ctx, layer); }
+
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
@@ -430,15 +432,21 @@ int lms__engine_create_model(lms_model *model, const lms_engine_params *params, 
                         lms_model_name(model));
     if (dev && dev->kind == LMS_DEVICE_CPU)
         dev = NULL; /* the CPU backend reads host views; its KV cache lives in host memory */
-    if (dev) {
-        /* resident placement: the weights arrive layer by layer; wait for all of them */
-        int rc = lms_model_wait_layer(model, LMS_LAYER_ALL);
-        if (rc)
-            return rc;
-    }
     lms__wsrc src = {model, model_tensor, model_file, lms_free, lms_model_name(model), model_tokenizer,
                      model_prefetch};
-    return lms__engine_create_ex(&src, lms_model_id(model), dev, params, opts, out);
+    /* A resident load may still be copying: the engine is created meanwhile (its
+     * scratch, KV cache and libraries while the weights arrive) and its first
+     * steps run each layer as that layer's weights are in (lms__fwd_gate). */
+    lms_engine *e = NULL;
+    int rc = lms__engine_create_ex(&src, lms_model_id(model), dev, params, opts, &e);
+    if (!rc && dev && !lms_model_layer_ready(model, LMS_LAYER_ALL))
+        rc = lms__fwd_gate(e->fwd, wait_layer, model);
+    if (rc) {
+        lms_engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
 }
 
 void lms_engine_free(lms_engine *e)

@@ -195,6 +195,13 @@ out:
         }
         mm.peak_rss = lms__peak_rss_bytes();
         mm.device = e->device_name;
+        lms_kv_stats ks;
+        lms_kv_geometry kg;
+        lms_kv_get_stats(e->kv, &ks);
+        lms_kv_get_geometry(e->kv, &kg);
+        mm.kv_bytes = (uint64_t)kg.n_pages * kg.page_bytes + (uint64_t)kg.window_n_pages * kg.window_page_bytes;
+        mm.kv_touched_bytes =
+            (uint64_t)ks.touched_pages * kg.page_bytes + (uint64_t)ks.window_touched_pages * kg.window_page_bytes;
         *m = mm;
     }
     lms_stop_matcher_free(sm);

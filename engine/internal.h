@@ -267,6 +267,10 @@ float lms__f16_to_f32(uint16_t h);
 uint16_t lms__f32_to_f16(float f);  /* round to nearest even */
 /* Row `row` of a matrix view as f32 (embedding lookups). */
 void lms__row_to_f32(const lms__wt *w, uint32_t row, float *out);
+/* Embedding row `row` of w's host view as f32, of any encoding the CPU backend
+ * reads, times scale (scale != 1: in the weights' dtype, as transformers
+ * scales Gemma's embeddings). engine/cpu/fwd_cpu.c. */
+void lms__embed_row(const lms__wt *w, uint32_t row, float scale, float *out);
 
 /* ---- forward pass (layers.c) ------------------------------------------------------- */
 
@@ -343,6 +347,19 @@ int lms__fwd_block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos
 int lms__fwd_block_argmax(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0, const lms__kvview *kv,
                           int32_t *id);
 bool lms__fwd_has_argmax(const lms__fwd *f);
+
+/*
+ * Gate f's steps behind weights that are still arriving (a resident load in
+ * progress): wait(ctx, layer) blocks until layer `layer` (LMS_LAYER_ALL: every
+ * weight; lms_model_wait_layer's indices) is on the device, 0 or an error.
+ * Until a wait for every weight returned 0, a step of several rows runs its
+ * layers as their weights arrive (layers.c says how); a step of one row, or
+ * of several sequences, waits for every weight first. ctx is borrowed until
+ * then. LMS_ENOMEM.
+ */
+typedef int (*lms__fwd_wait_fn)(void *ctx, int32_t layer);
+int lms__fwd_gate(lms__fwd *f, lms__fwd_wait_fn wait, void *ctx);
+bool lms__fwd_gated(const lms__fwd *f);
 
 /*
  * Several sequences in one pass (the batched engine): tokens[0..nb) are the

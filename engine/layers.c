@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "lmstore/loader.h"
 
 struct lms__fwd {
     const lms__fwd_ops *ops;
@@ -25,6 +26,13 @@ struct lms__fwd {
     const lms__hparams *hp;
     const lms__weights *w;
     uint32_t B, n_ctx;
+    /* The gate (lms__fwd_gate): set while the weights are still arriving; NULL once
+     * a wait for every layer returned 0. rows: the gated step's embedding rows. */
+    lms__fwd_wait_fn wait;
+    void *wait_ctx;
+    float *rows;
+    uint32_t behind;  /* layers whose wait blocked (their weights were still arriving) */
+    double waited_s;
 };
 
 /* Rows of logits computed per head() call when every position's are asked
@@ -106,7 +114,77 @@ void lms__fwd_free(lms__fwd *f)
     if (!f)
         return;
     f->ops->destroy(f->bk);
+    lms__free(f->rows);
     lms__free(f);
+}
+
+/* ---- the gate: steps behind a resident load ----------------------------------------------------
+ *
+ * A resident load copies the blocks first (layer 0, 1, ...) and the tensors
+ * outside them (embedding, final norm, LM head) last (lms_load_order). A
+ * gated step therefore looks its tokens' embedding rows up in the
+ * embedding's host view, writes them into X, and waits for each layer's
+ * weights just before issuing that layer's operations: layer l computes
+ * while layer l + 1 is copied. Before the head it waits for every weight,
+ * which also ends the gate.
+ *
+ * Invariants:
+ *   1. No operation reading a layer's weights is issued before wait(layer)
+ *      returned 0 in this step or an earlier one.
+ *   2. A step of one row (which a backend may record into a graph and replay:
+ *      no host wait may sit inside it) is never gated: it waits for every
+ *      weight first.
+ *   3. A failed wait still ends the step (end()), so the backend is ready for
+ *      the next; the wait's error is returned and the gate stays.
+ */
+
+int lms__fwd_gate(lms__fwd *f, lms__fwd_wait_fn wait, void *ctx)
+{
+    assert(wait && !f->wait);
+    if (!f->rows && !(f->rows = lms__malloc((size_t)f->B * f->hp->n_embd * sizeof(float))))
+        return LMS_ENOMEM;
+    f->wait = wait;
+    f->wait_ctx = ctx;
+    return 0;
+}
+
+bool lms__fwd_gated(const lms__fwd *f) { return f->wait != NULL; }
+
+/* Wait for layer `layer`, counting the waits that blocked. */
+static int gate_wait(lms__fwd *f, int32_t layer)
+{
+    double t = lms__now();
+    int rc = f->wait(f->wait_ctx, layer);
+    double dt = lms__now() - t;
+    if (dt > 1e-4) {
+        f->behind += layer != LMS_LAYER_ALL;
+        f->waited_s += dt;
+    }
+    return rc;
+}
+
+/* Wait for every weight; then the gate is gone. */
+static int ungate(lms__fwd *f)
+{
+    int rc = gate_wait(f, LMS_LAYER_ALL);
+    if (rc)
+        return rc;
+    lms__debug("forward pass: %u of %u layers ran as their weights arrived; %.1f ms waited for weights",
+               f->behind, f->hp->n_layers, f->waited_s * 1e3);
+    f->wait = NULL;
+    lms__free(f->rows);
+    f->rows = NULL;
+    return 0;
+}
+
+/* The step's embedding from the host view (the CPU backend's lookup, the
+ * same values a device's embedding kernel writes), into X. */
+static int embed_host(lms__fwd *f, const int32_t *tokens, uint32_t nb)
+{
+    uint32_t E = f->hp->n_embd;
+    for (uint32_t t = 0; t < nb; t++)
+        lms__embed_row(&f->w->embed, (uint32_t)tokens[t], f->hp->embed_scale, f->rows + (size_t)t * E);
+    return f->ops->write(f->bk, LMS__B_X, nb, f->rows);
 }
 
 const char *lms__fwd_describe(const lms__fwd *f) { return f->ops->describe(f->bk); }
@@ -178,13 +256,27 @@ static int block(lms__fwd *f, const int32_t *tokens, uint32_t nb, uint32_t pos0,
     assert((pos0 + nb + kv->page_tokens - 1) / kv->page_tokens <= kv->n_pages);
 
     lms__step st = {.tokens = tokens, .nb = nb, .pos0 = pos0, .kv = kv, .out = ok, .logits = logits, .argmax = id};
-    bool replayed = false;
-    int rc = o->begin(b, &st, &replayed);
-    if (rc)
+    int rc = 0;
+    if (f->wait && nb == 1 && (rc = ungate(f))) /* invariant 2 */
+        return rc;
+    bool replayed = false, gated = f->wait != NULL;
+    if ((rc = o->begin(b, &st, &replayed)))
         return rc;
     if (!replayed) {
-        o->embed(b, hp->embed_scale);
-        for (uint32_t l = 0; l < hp->n_layers; l++) layer(f, l);
+        if (gated)
+            rc = embed_host(f, tokens, nb);
+        else
+            o->embed(b, hp->embed_scale);
+        for (uint32_t l = 0; l < hp->n_layers && !rc; l++)
+            if (!gated || !(rc = gate_wait(f, (int32_t)l)))
+                layer(f, l);
+        if (gated && !rc)
+            rc = ungate(f); /* the final norm and the LM head (or the tied embedding) */
+        if (rc) {
+            int erc = o->end(b); /* invariant 3 */
+            (void)erc;
+            return rc;
+        }
         lms__mm head = {&f->w->lm_head, LMS__B_X, f->w->final_norm, LMS__ACT_NONE, 0, 0, NULL, false};
         if (ok == LMS__OUT_LAST)
             o->head(b, &head, nb - 1, 1, hp->final_softcap, logits);
@@ -220,8 +312,11 @@ int lms__fwd_segments(lms__fwd *f, const int32_t *tokens, uint32_t nb, const lms
                segs[i].kv->n_pages);
     lms__step st = {tokens, nb, segs[0].pos0, segs[0].kv, n_out ? LMS__OUT_ROWS : LMS__OUT_NONE, logits, NULL,
                     segs, n_segs, out_rows, n_out};
+    int rc = 0;
+    if (f->wait && (rc = ungate(f))) /* the batched engine's steps are not gated */
+        return rc;
     bool replayed = false;
-    int rc = o->begin(b, &st, &replayed);
+    rc = o->begin(b, &st, &replayed);
     if (rc)
         return rc;
     assert(!replayed);

@@ -101,7 +101,7 @@ static int group_alloc(kv_group *G, uint32_t n_pages)
     /* Free stack: page 0 on top, so pages are handed out in ascending order. */
     for (uint32_t i = 0; i < n_pages; i++)
         G->free_stack[i] = n_pages - 1 - i;
-    G->n_free = n_pages;
+    G->n_free = G->free_low = n_pages;
     return 0;
 }
 
@@ -272,11 +272,17 @@ int lms_kv_create(lms_device *dev, const lms_kv_layout *layout, const lms_kv_par
     }
     kv->g[0].arena = kv->arena;
     kv->g[1].arena = kv->arena + (size_t)np[0] * pb[0];
-    /* Touch the whole arena now (device memset): its memory is committed at
-     * creation, so resident memory stays flat while tokens flow. */
+    /* Zero the arena (attention kernels read whole tiles of a page, masked, so
+     * every byte must be finite). A GPU's memory is committed by its allocation;
+     * in host memory (the CPU device) the zeroing leaves whole huge pages
+     * unpopulated, so they are committed when first written: resident memory
+     * grows with the pages in use (lms_kv_stats.touched_pages), up to the
+     * budget, and the pages stay committed when given back and reused. */
     rc = dev->ops->memset(dev, kv->arena, 0, (size_t)arena_bytes, NULL);
-    if (!rc && dev->ops->sync)
-        rc = dev->ops->sync(dev);
+    /* the default stream only: a resident load's copies on the device's other
+     * streams go on (an engine is created while the weights arrive) */
+    if (!rc && dev->ops->stream_sync)
+        rc = dev->ops->stream_sync(dev, NULL);
     if (rc) {
         lms__err_prefix(rc, "KV cache: clearing the arena: ");
         goto out_free;
@@ -357,6 +363,7 @@ void lms_kv_get_stats(const lms_kv *kv, lms_kv_stats *out)
     out->free_pages = G->n_free;
     out->cached_pages = G->n_cached;
     out->used_pages = G->n_pages - G->n_free - G->n_cached;
+    out->touched_pages = G->n_pages - G->free_low;
     for (uint32_t p = 0; p < G->n_pages; p++) {
         if (G->refs[p] > 1)
             out->shared_pages++;
@@ -372,6 +379,7 @@ void lms_kv_get_stats(const lms_kv *kv, lms_kv_stats *out)
         out->window_free_pages = W->n_free;
         out->window_cached_pages = W->n_cached;
         out->window_used_pages = W->n_pages - W->n_free - W->n_cached;
+        out->window_touched_pages = W->n_pages - W->free_low;
     }
 }
 
@@ -503,6 +511,7 @@ uint32_t lms__kv_take_page(kv_group *G)
     uint32_t p;
     if (G->n_free) {
         p = G->free_stack[--G->n_free];
+        G->free_low = LMS_MIN(G->free_low, G->n_free);
         assert(G->flags[p] == 0); /* a free page is neither keyed nor published */
     } else if (G->lru_head != KV_NONE) {
         p = G->lru_head;
@@ -1000,6 +1009,7 @@ static void attach_group(lms_kv *kv, uint32_t g, const lms__kv_attach *a, uint32
         }
     }
     G->n_free -= n_from_free;
+    G->free_low = LMS_MIN(G->free_low, G->n_free);
     for (uint32_t k = 0; k < m; k++) {
         if (a->cached[k] != KV_NONE)
             continue;

@@ -85,6 +85,9 @@ typedef struct kv_group {
 
     uint32_t *free_stack;
     uint32_t n_free;
+    uint32_t free_low; /* the least n_free has been: pages [0, n_pages - free_low) were handed
+                        * out at least once (the stack hands out untouched pages in ascending
+                        * order below every returned one) */
 
     uint32_t *lru_prev, *lru_next;
     uint32_t lru_head, lru_tail, n_cached;

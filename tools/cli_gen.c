@@ -637,9 +637,11 @@ void lms_cli_print_metrics(FILE *f, const lms_gen_metrics *mt)
 {
     fprintf(f,
             "load %.1f ms | prompt %u tok (%u reused) %.1f tok/s | first token %.1f ms | "
-            "generated %u tok %.1f tok/s | peak RSS %.1f MiB | stop: %s | %s\n",
+            "generated %u tok %.1f tok/s | peak RSS %.1f MiB | KV %.1f MiB written of %.1f reserved | "
+            "stop: %s | %s\n",
             mt->load_ms, mt->prompt_tokens, mt->reused_tokens, mt->prompt_tps, mt->ttft_ms,
             mt->gen_tokens, mt->gen_tps, (double)mt->peak_rss / (1024.0 * 1024.0),
+            (double)mt->kv_touched_bytes / (1024.0 * 1024.0), (double)mt->kv_bytes / (1024.0 * 1024.0),
             lms_cli_stop_name(mt->stop_reason), mt->device ? mt->device : "cpu");
 }
 
@@ -695,6 +697,7 @@ void lms_cli_json_metrics(FILE *f, const lms_gen_metrics *mt)
     json_num(f, mt->gen_ms);
     fputs(", \"gen_tps\": ", f);
     json_num(f, mt->gen_tps);
-    fprintf(f, ", \"peak_rss_bytes\": %llu, \"stop\": \"%s\"}", (unsigned long long)mt->peak_rss,
-            lms_cli_stop_name(mt->stop_reason));
+    fprintf(f, ", \"peak_rss_bytes\": %llu, \"kv_bytes\": %llu, \"kv_touched_bytes\": %llu, \"stop\": \"%s\"}",
+            (unsigned long long)mt->peak_rss, (unsigned long long)mt->kv_bytes,
+            (unsigned long long)mt->kv_touched_bytes, lms_cli_stop_name(mt->stop_reason));
 }

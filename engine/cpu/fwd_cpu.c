@@ -543,7 +543,7 @@ static int cpu_end(lms__bk *b)
     return 0;
 }
 
-static void embed_row(const lms__wt *e, uint32_t row, float scale, float *out)
+void lms__embed_row(const lms__wt *e, uint32_t row, float scale, float *out)
 {
     if (e->dt == LMS_DTYPE_MLX_AFFINE) {
         lms__mlx_mat m = mlx_rows(e, row);
@@ -575,7 +575,7 @@ static void cpu_embed(lms__bk *b, float scale)
     uint32_t E = b->hp->n_embd;
     for (uint32_t t = 0; t < st->nb; t++) {
         assert(st->tokens[t] >= 0 && (uint32_t)st->tokens[t] < b->hp->n_vocab);
-        embed_row(&b->w->embed, (uint32_t)st->tokens[t], scale, b->buf[LMS__B_X] + (size_t)t * E);
+        lms__embed_row(&b->w->embed, (uint32_t)st->tokens[t], scale, b->buf[LMS__B_X] + (size_t)t * E);
     }
 }
 

@@ -16,8 +16,13 @@
  * CUDA graph per kind of output and replayed afterwards: kernels read the
  * token, the position and the block table from device memory that begin()
  * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
- * turns graphs off, LMSTORE_CUDA_PDL=0 programmatic dependent launch,
- * LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products.
+ * turns graphs off, LMSTORE_CUDA_PDL=1 turns programmatic dependent launch
+ * on, LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products
+ * off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
+ * persistent grid to that many blocks a multiprocessor (0: a block per group
+ * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
+ * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split and
+ * LMSTORE_CUDA_ATT_SPLITS=n the most splits a short context gets.
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -52,6 +57,8 @@
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
 #define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
 #define DQ_BYTES (64u << 20)    /* MLX matrices in GEMMs: rows dequantized to bf16 this many bytes at a time */
+#define ATT_CHUNK_MIN 16        /* decoding attention: fewest positions a split takes */
+#define ATT_SPLITS_FINE 32u     /* decoding attention: at most this many splits for short contexts */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
 
@@ -100,7 +107,8 @@ struct lms__bk {
     float *nadd_ws;     /* a GEMV's post-norm sums and ticket (kernels.h), zero between launches */
     float *part;        /* split-attention partials */
     int *counters;      /* [B][n_kv] */
-    int splits, chunk;
+    int splits, chunk;  /* blocks per kv head and token; splits x chunk >= n_ctx */
+    int att_chunk;      /* fewest positions a split takes (kernels.h: lms_cu_attn.chunk) */
     lms_cu_kv kvg[2];   /* the cache's groups: 0, and the window group (sliding-window layers) */
     const lms__kvview *kv; /* the geometry create was given (group and index of each layer) */
     const lms__step *st;
@@ -281,6 +289,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
     lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
+    lms_cu_set_gemv_blocks(getenv("LMSTORE_CUDA_GEMV_BLOCKS") ? atoi(getenv("LMSTORE_CUDA_GEMV_BLOCKS")) : -1,
+                           getenv("LMSTORE_CUDA_GEMV_GRID") ? atoi(getenv("LMSTORE_CUDA_GEMV_GRID")) : 0);
     if ((e = cudaSetDevice(b->ordinal)) || (e = cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, b->ordinal)) ||
         (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) || (e = lms_cu_kernels_init())) {
         rc = cu_err(e, "engine setup");
@@ -300,9 +310,20 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         cudaMemset(b->buf[i], 0, B * b->width[i] * 4);
     }
     size_t V = hp->n_vocab, hd = hp->head_dim, G = hp->n_heads / hp->n_kv_heads;
-    /* split decoding: splits of chunk positions (128, more for contexts past 32k) cover n_ctx */
+    /* split decoding: splits of chunk positions (128, more for contexts past 32k) cover n_ctx;
+     * a shorter range is split finer, down to att_chunk positions a split (more blocks, less
+     * serial work each), in up to ATT_SPLITS_FINE splits (each split's partial is merged by
+     * one block: more would cost the merge more than they save); LMSTORE_CUDA_ATT_CHUNK
+     * sets att_chunk (tuning) */
+    b->att_chunk = ATT_CHUNK_MIN;
+    if (getenv("LMSTORE_CUDA_ATT_CHUNK") && atoi(getenv("LMSTORE_CUDA_ATT_CHUNK")) > 0)
+        b->att_chunk = atoi(getenv("LMSTORE_CUDA_ATT_CHUNK"));
+    uint32_t fine = ATT_SPLITS_FINE;
+    if (getenv("LMSTORE_CUDA_ATT_SPLITS") && atoi(getenv("LMSTORE_CUDA_ATT_SPLITS")) > 0)
+        fine = (uint32_t)atoi(getenv("LMSTORE_CUDA_ATT_SPLITS"));
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
-    b->splits = (int)((cfg->n_ctx + b->chunk - 1) / b->chunk);
+    b->splits = (int)LMS_MAX((cfg->n_ctx + b->chunk - 1) / b->chunk,
+                             LMS_MIN((cfg->n_ctx + b->att_chunk - 1) / b->att_chunk, fine));
     /* step parameters: a block table per group of the cache (kernels.h), then the rows and
      * tables of a step of segments */
     uint32_t ng = cfg->kv->window ? 2 : 1;
@@ -351,8 +372,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
         e = cudaMemcpy(b->dvec, b->w->vec_store, b->w->vec_len * 4, cudaMemcpyHostToDevice);
     if (!e)
         e = cudaMemset(b->counters, 0, B * hp->n_kv_heads * 4);
-    if (!e)
-        e = cudaDeviceSynchronize();
+    if (!e) /* the default stream's memsets; not the device: a resident load may still be copying */
+        e = cudaStreamSynchronize(0);
     if (e) {
         rc = cu_err(e, "engine setup copies");
         goto out_fail;
@@ -749,7 +770,7 @@ static void attention_rows(lms__bk *b, lms_cu_attn *a, uint32_t r0, uint32_t n)
 {
     uint32_t sp = LMS_MIN((uint32_t)b->splits, LMS_MAX(1u, GEMV_MAX_ROWS * (uint32_t)b->splits / n));
     a->splits = (int)sp;
-    a->chunk = (int)LMS_MAX((uint32_t)b->chunk, (b->n_ctx + sp - 1) / sp);
+    a->chunk = b->att_chunk;
     a->row0 = (int)r0;
     a->nrows = (int)n;
     a->decode_only = 1;
@@ -798,7 +819,7 @@ static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float sc
     a.part = b->part;
     a.counters = b->counters;
     a.splits = b->splits;
-    a.chunk = b->chunk;
+    a.chunk = b->att_chunk;
     if (b->rope.pending && b->rope.layer == layer) {
         b->rope.pending = false;
         a.fuse_rope = 1;

@@ -4,15 +4,17 @@
  * bounds every one of them at the sizes an LLM has:
  *
  *   gemv       reads each weight byte once (rows x K x elem), x (nb x K
- *              floats, from L2) once per block, writes nb x rows floats.
- *              A persistent grid (a few blocks per SM) loops over row pairs;
- *              each lane keeps 8 16-byte weight loads in flight; the input
- *              transform (RMSNorm or gated activation) runs once per block
- *              into shared memory. Decode: 1 row of x; batches of up to 8.
+ *              floats, from L2) once per group of rows, writes nb x rows
+ *              floats. A block per group of 4 rows, or for small one-row
+ *              products a persistent grid (3 blocks per SM) looping over
+ *              groups; each thread keeps 8 16-byte weight loads in flight;
+ *              the input's RMSNorm is fused. Decode: 1 row of x; batches
+ *              of up to 8.
  *   attention  decoding: reads K and V of the positions attended once
  *              (2 x positions x kv heads x head_dim x elem per layer),
- *              split over `splits` blocks per kv head, merged by the last
- *              block to finish (no second launch). Prefill: tensor cores
+ *              split over up to `splits` blocks per kv head by context
+ *              length, merged by the last block to finish (no second
+ *              launch). Prefill: tensor cores
  *              (mma.sync m16n8k16, f32 accumulation), 64 queries x 64 keys
  *              per tile, online softmax in registers (FlashAttention-2's
  *              scheme); K/V re-read from L2 per query head.
@@ -179,6 +181,8 @@ __device__ __forceinline__ float act_f(int pro, float g)
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_R 4 /* rows of a block */
 #define GEMV_U 2 /* 16-byte chunks per row and thread in flight (x GEMV_R rows) */
+#define GEMV_PERSIST_BLOCKS 3 /* one-row GEMVs: a persistent grid of 3 blocks a multiprocessor */
+#define GEMV_PERSIST_GROUPS 8 /* ... for products of at most this many groups of rows a block */
 
 /*
  * A block's GEMV_R rows: rows g*R .. of the jobs' rows laid end to end
@@ -296,16 +300,19 @@ __device__ __forceinline__ void gemv_norm_add(const lms_cu_gemv &a, int nb, floa
 }
 
 /*
- * The end of a GEMV block: partial sums (and sums of x^2 with a norm)
- * reduced over the block, then thread (r, b) writes row r of token b:
- * the RMS scale, bias, residual add, and with pair_act act(gate) * up;
- * with nadd_y, the post-norm (gemv_norm_add).
- * red: WARPS x (GEMV_R*NB + NB) floats of shared memory (WARPS: the block's warps).
+ * The end of a GEMV block's group of rows: partial sums (and sums of x^2
+ * with a norm) reduced over the block, then thread (r, b) writes row r of
+ * token b: the RMS scale, bias, residual add, and with pair_act act(gate)
+ * * up. Returns the square of the value that thread wrote (0 elsewhere),
+ * which the block sums over its groups for the post-norm (gemv_norm_add).
+ * red: WARPS x (GEMV_R*NB + NB) floats of shared memory (WARPS: the block's
+ * warps); a block that finishes several groups alternates two of them, so
+ * that one barrier a group suffices.
  */
 template <int NB, int WARPS = GEMV_WARPS>
-__device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_rows &gr, int g, int nb,
-                                            float (&acc)[GEMV_R][NB], float (&ss)[NB],
-                                            float (*red)[GEMV_R * NB + NB])
+__device__ __forceinline__ float gemv_finish(const lms_cu_gemv &a, const gemv_rows &gr, int g, int nb,
+                                             float (&acc)[GEMV_R][NB], float (&ss)[NB],
+                                             float (*red)[GEMV_R * NB + NB])
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
@@ -357,8 +364,7 @@ __device__ __forceinline__ void gemv_finish(const lms_cu_gemv &a, const gemv_row
                 a.h[(size_t)b * a.ldh + lr] = act_f(a.pair_act, v) * red[0][(r + 2) * NB + b];
         }
     }
-    if (a.nadd_y)
-        gemv_norm_add<NB>(a, nb, t2);
+    return t2;
 }
 
 /* Code k (of BITS bits) of word wd as the float 1 + q / 2^BITS: the code moved
@@ -462,7 +468,9 @@ __global__ void __launch_bounds__(TH, NB == 1 ? 768 / TH : 1) gemv_mlx_kernel(co
         if (c0 + GEMV_U * TH < nch)
             gemv_load<TH>(w, wr, ok, c0 + GEMV_U * TH, nch);
     }
-    gemv_finish<NB, TH / 32>(a, gr, g, nb, acc, ss, red);
+    const float t2 = gemv_finish<NB, TH / 32>(a, gr, g, nb, acc, ss, red);
+    if (a.nadd_y)
+        gemv_norm_add<NB>(a, nb, t2);
 }
 
 /* ---- MLX affine GEMV on int8 activations (one row of x: decode) -------------------------- */
@@ -497,11 +505,105 @@ template <> struct mlx_sb<LMS_CU_F32> {
     __device__ __forceinline__ float b() const { return bv; }
 };
 
+/* in(x) (x, or x * norm: the RMS scale is applied to the sums) of K elements quantized to int8
+ * per group of gs (a power of two, 32 to 128; gsh = log2 gs) into xq, in code order for 4-bit
+ * codes (gemv_mlxq_kernel's comment), and xg[group] = (dx, dx * sum of the rounded values *
+ * EPC / gs); thread tid of TH takes 4 elements at a time, gs / 4 consecutive threads a group,
+ * XB float4s of x (and of the norm) in flight at a time. Returns the thread's share of
+ * sum x^2 (0 without norm). Ends before the block's barrier. */
+template <int BITS, int TH, int XB, bool NORM>
+__device__ __forceinline__ float mlxq_quantize(const float *x, const float *norm, int K, int gs, int gsh, int tid,
+                                               uint8_t *xq, float2 *xg)
+{
+    constexpr int EPC = 128 / BITS;
+    const int gl = gs / 4; /* lanes of a group: 8, 16 or 32 */
+    float ss = 0.f;
+    for (int base = 0; base < K; base += XB * 4 * TH) {
+        float4 v[XB], n[XB];
+#pragma unroll
+        for (int i = 0; i < XB; i++) {
+            const int k = base + (i * TH + tid) * 4;
+            v[i] = k < K ? __ldg((const float4 *)(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (NORM)
+                n[i] = k < K ? __ldg((const float4 *)(norm + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < XB; i++) {
+            const int k = base + (i * TH + tid) * 4;
+            if (base + i * TH * 4 >= K) /* the same for the whole block: no thread waits at a shuffle alone */
+                break;
+            float4 t = v[i];
+            if (NORM) {
+                ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
+                t.x *= n[i].x, t.y *= n[i].y, t.z *= n[i].z, t.w *= n[i].w;
+            }
+            float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
+            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
+            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
+            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
+            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+            if (k >= K)
+                continue;
+            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
+                           q3 = (uint32_t)i3 & 0xffu;
+            if (BITS == 8) {
+                *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
+            } else { /* elements e0 .. e0 + 3 of a word of codes (e0 0 or 4): even ones to the low
+                      * word's bytes e0 / 2, e0 / 2 + 1, odd ones to the high word's */
+                const int c = k >> 5, i8 = (k & 31) >> 3, e0 = k & 7;
+                uint8_t *p = xq + (i8 >> 1) * (K >> 1) + c * 16 + (i8 & 1) * 8 + (e0 >> 1);
+                *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
+                *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
+            }
+            if ((k & (gs - 1)) == 0) /* each of the group's gs / EPC chunks adds b * its share of the sum */
+                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
+        }
+    }
+    return ss;
+}
+
+/* The block's barrier after mlxq_quantize, and the RMS scale 1 / sqrt(mean x^2 + eps) of in(x)
+ * with a norm (1 without): ss the thread's share of sum x^2, red W floats of shared memory. */
+template <int W> __device__ __forceinline__ float mlxq_rms_scale(const lms_cu_gemv &a, float ss, float *red)
+{
+    if (a.norm) {
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0)
+            red[threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    if (!a.norm)
+        return 1.f;
+    float t = 0.f;
+#pragma unroll
+    for (int i = 0; i < W; i++) t += red[i];
+    return 1.0f / sqrtf(t / (float)a.K + a.eps);
+}
+
+/* sum q x_q over one 16-byte chunk of codes q: xa (and xb, 4-bit) its bytes of x in code order */
+template <int BITS> __device__ __forceinline__ int mlxq_dot(uint4 q, uint4 xa, uint4 xb)
+{
+    int s = 0;
+    if (BITS == 4) {
+        const uint32_t m = 0x0f0f0f0fu;
+        s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
+        s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
+        s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
+        s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
+    } else {
+        s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
+        s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
+    }
+    return s;
+}
+
 #define MLXQ_TH 256 /* threads a block */
 #define MLXQ_RW 2   /* rows of a warp */
 #define MLXQ_U 4    /* 16-byte chunks of codes per row and lane in flight */
 #define MLXQ_BLOCKS 2 /* resident blocks per multiprocessor (registers) */
-#define MLXQ_XB 4   /* float4s of x per thread in flight while quantizing */
+#define MLXQ_XB 4   /* float4s of x and of the norm per thread in flight while quantizing (8 of x without one) */
 
 /* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, then (scale, sum) per group. */
 __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + (size_t)(K / gs) * sizeof(float2); }
@@ -517,6 +619,9 @@ __host__ __device__ static size_t mlxq_smem(int K, int gs) { return (size_t)K + 
  *      at bits 4e, so the bytes of x are laid out in code order: for each
  *      word of codes, the even elements' bytes, then the odd ones' (word &
  *      0x0f0f0f0f and (word >> 4) & 0x0f0f0f0f meet them with one dp4a each).
+ *      x and the norm are loaded together (mlxq_quantize), MLXQ_XB float4s
+ *      of each per thread at a time, twice that of x without a norm: one L2
+ *      round trip for a row of 4096 (8192 without a norm).
  *   2. A persistent grid (MLXQ_BLOCKS blocks per multiprocessor: x is
  *      quantized once per block): each warp takes units of MLXQ_RW rows (gate
  *      row r and up row r with pair_act), lane l the 16-byte chunks l, l + 32,
@@ -595,65 +700,11 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
     load(0);
     griddep_wait();
 
-    /* 1. quantize: thread t takes 4 elements at a time, gs / 4 consecutive threads a group */
+    /* 1. quantize */
     const float *x = a.x + (size_t)a.row0 * a.ldx;
-    const int gl = gs / 4; /* lanes of a group: 8, 16 or 32 */
-    float ss = 0.f;
-    for (int base = 0; base < K; base += MLXQ_XB * 4 * MLXQ_TH) {
-        float4 v[MLXQ_XB];
-#pragma unroll
-        for (int i = 0; i < MLXQ_XB; i++) {
-            const int k = base + (i * MLXQ_TH + tid) * 4;
-            v[i] = k < K ? __ldg((const float4 *)(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < MLXQ_XB; i++) {
-            const int k = base + (i * MLXQ_TH + tid) * 4;
-            if (base + i * MLXQ_TH * 4 >= K) /* the same for the whole block: no thread waits at a shuffle alone */
-                break;
-            float4 t = v[i];
-            if (a.norm && k < K) {
-                const float4 n4 = __ldg((const float4 *)(a.norm + k));
-                ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
-                t.x *= n4.x, t.y *= n4.y, t.z *= n4.z, t.w *= n4.w;
-            }
-            float amax = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
-            for (int o = 1; o < gl; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float inv = amax > 0.f ? 127.f / amax : 0.f;
-            const int i0 = __float2int_rn(t.x * inv), i1 = __float2int_rn(t.y * inv);
-            const int i2 = __float2int_rn(t.z * inv), i3 = __float2int_rn(t.w * inv);
-            int isum = (i0 + i1) + (i2 + i3); /* the group's sum of the rounded values */
-            for (int o = 1; o < gl; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
-            if (k >= K)
-                continue;
-            const uint32_t q0 = (uint32_t)i0 & 0xffu, q1 = (uint32_t)i1 & 0xffu, q2 = (uint32_t)i2 & 0xffu,
-                           q3 = (uint32_t)i3 & 0xffu;
-            if (BITS == 8) {
-                *(uint32_t *)(xq + k) = q0 | q1 << 8 | q2 << 16 | q3 << 24;
-            } else { /* elements e0 .. e0 + 3 of a word of codes (e0 0 or 4): even ones to the low
-                      * word's bytes e0 / 2, e0 / 2 + 1, odd ones to the high word's */
-                const int c = k >> 5, i8 = (k & 31) >> 3, e0 = k & 7;
-                uint8_t *p = xq + (i8 >> 1) * (K >> 1) + c * 16 + (i8 & 1) * 8 + (e0 >> 1);
-                *(uint16_t *)p = (uint16_t)(q0 | q2 << 8);
-                *(uint16_t *)(p + 4) = (uint16_t)(q1 | q3 << 8);
-            }
-            if ((k & (gs - 1)) == 0) /* each of the group's gs / EPC chunks adds b * its share of the sum */
-                xg[k >> gsh] = make_float2(amax * (1.f / 127.f), amax * (1.f / 127.f) * (float)isum * (float)EPC / (float)gs);
-        }
-    }
-    if (a.norm) {
-        ss = warp_sum(ss);
-        if (lane == 0)
-            red[warp] = ss;
-    }
-    __syncthreads();
-    float rs = 1.f;
-    if (a.norm) {
-        float t = 0.f;
-#pragma unroll
-        for (int i = 0; i < W; i++) t += red[i];
-        rs = 1.0f / sqrtf(t / (float)K + a.eps);
-    }
+    float ss = a.norm ? mlxq_quantize<BITS, MLXQ_TH, MLXQ_XB, true>(x, a.norm, K, gs, gsh, tid, xq, xg)
+                      : mlxq_quantize<BITS, MLXQ_TH, 2 * MLXQ_XB, false>(x, a.norm, K, gs, gsh, tid, xq, xg);
+    const float rs = mlxq_rms_scale<W>(a, ss, red);
 
     /* 2. the products, unit after unit; the next unit's first loads before this one's sums */
     for (; gw < units; gw += gstride) {
@@ -673,18 +724,7 @@ __global__ void __launch_bounds__(MLXQ_TH) gemv_mlxq_kernel(const lms_cu_gemv a)
                     xb = *(const uint4 *)(xq + (K >> 1) + (size_t)c * 16);
 #pragma unroll
                 for (int r = 0; r < RW; r++) {
-                    const uint4 q = w[r][u];
-                    int s = 0;
-                    if (BITS == 4) {
-                        const uint32_t m = 0x0f0f0f0fu;
-                        s = dp4a_us(q.x & m, xa.x, s), s = dp4a_us((q.x >> 4) & m, xa.y, s);
-                        s = dp4a_us(q.y & m, xa.z, s), s = dp4a_us((q.y >> 4) & m, xa.w, s);
-                        s = dp4a_us(q.z & m, xb.x, s), s = dp4a_us((q.z >> 4) & m, xb.y, s);
-                        s = dp4a_us(q.w & m, xb.z, s), s = dp4a_us((q.w >> 4) & m, xb.w, s);
-                    } else {
-                        s = dp4a_us(q.x, xa.x, s), s = dp4a_us(q.y, xa.y, s);
-                        s = dp4a_us(q.z, xa.z, s), s = dp4a_us(q.w, xa.w, s);
-                    }
+                    const int s = mlxq_dot<BITS>(w[r][u], xa, xb);
                     /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
                     acc[r] = fmaf(sb[r][u].s(), g2.x * (float)s, fmaf(sb[r][u].b(), g2.y, acc[r]));
                 }
@@ -782,96 +822,118 @@ __global__ void embed_mlx_kernel(float *x, const uint8_t *w, const void *scales,
 }
 
 /*
- * Block g: GEMV_R rows, the whole of K split over the block's threads
- * (thread i takes the 16-byte chunks i, i + 256, ...), GEMV_U x GEMV_R
- * loads per thread in flight; partial sums reduced over the block. Many
- * short blocks (4 per SM resident, 32 warps) keep the memory busy whatever
- * the shape: a 4096-row matrix is 1024 blocks. With a norm, the input is
- * x * norm and the block also sums x^2 over the same chunks, so the RMS
- * scale (a scalar per row of x) multiplies the result: the RMSNorm costs no
- * pass of its own. The first loads are issued before griddepcontrol.wait
- * (weights do not depend on the previous kernel).
+ * Block i: groups of GEMV_R rows g = i, i + gridDim.x, ... (a persistent
+ * grid of a few blocks per SM when the launcher sizes it so; one group per
+ * block otherwise), the whole of K split over the block's threads (thread
+ * t takes the 16-byte chunks t, t + 256, ...), GEMV_U x GEMV_R loads per
+ * thread in flight; partial sums reduced over the block. The loads of a
+ * group's first chunks are issued as soon as the previous group's last
+ * chunks are in registers, before that group's reduction, so that a block's
+ * memory pipe never drains between groups and the blocks of a launch do
+ * not move in lockstep (waves of blocks that all load, then all reduce).
+ * With a norm, the input is x * norm and the block also sums x^2 over the
+ * same chunks, so the RMS scale (a scalar per row of x) multiplies the
+ * result: the RMSNorm costs no pass of its own. The first loads are issued
+ * before griddepcontrol.wait (weights do not depend on the previous kernel).
  */
-template <int T, int NB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_vec_kernel(const lms_cu_gemv a)
+template <int T, int NB, int MINB, bool LOOP>
+__global__ void __launch_bounds__(GEMV_THREADS, MINB) gemv_vec_kernel(const lms_cu_gemv a)
 {
     typedef elem<T> E;
     constexpr int per = E::per16;
     constexpr int NV = GEMV_R * NB + NB; /* reduced values: sums, then sums of squares */
-    __shared__ float red[GEMV_WARPS][NV];
+    __shared__ float red[LOOP ? 2 : 1][GEMV_WARPS][NV];
     griddep_launch();
-    const int K = a.K, tid = threadIdx.x, nch = K / per, g = blockIdx.x;
+    const int K = a.K, tid = threadIdx.x, nch = K / per;
     const gemv_rows gr(a);
     const size_t row_bytes = (size_t)K * sizeof(typename E::t);
+    uint4 w[GEMV_R][GEMV_U];
     const uint8_t *wr[GEMV_R];
     bool ok[GEMV_R];
+    auto rows_of = [&](int g) {
 #pragma unroll
-    for (int r = 0; r < GEMV_R; r++) {
-        int j, lr;
-        ok[r] = gr.at(a, g, r, &j, &lr);
-        wr[r] = (const uint8_t *)a.w[j] + (size_t)(ok[r] ? lr : 0) * row_bytes;
-    }
-    uint4 w[GEMV_R][GEMV_U];
-    gemv_load<GEMV_THREADS>(w, wr, ok, tid, nch);
+        for (int r = 0; r < GEMV_R; r++) {
+            int j, lr;
+            ok[r] = gr.at(a, g, r, &j, &lr);
+            wr[r] = (const uint8_t *)a.w[j] + (size_t)(ok[r] ? lr : 0) * row_bytes;
+        }
+    };
+    /* chunks c0, c0 + 256, ... of group g's rows into w; with LOOP the row addresses are
+     * recomputed each time (fewer registers live across the loop) */
+    auto load = [&](int g, int c0) {
+        if (LOOP)
+            rows_of(g);
+        gemv_load<GEMV_THREADS>(w, wr, ok, c0, nch);
+    };
+    int g = blockIdx.x;
+    rows_of(g);
+    load(g, tid);
     griddep_wait();
     const int nb = NB == 1 ? 1 : a.nb_fixed > 0 ? a.nb_fixed : a.step[LMS_CU_STEP_NB];
     const float *x = a.x + (size_t)a.row0 * a.ldx;
+    float t2 = 0.f; /* with nadd_y: the squares of the rows this thread wrote */
 
-    float acc[GEMV_R][NB], ss[NB];
+    for (int par = 0; g < gr.groups; g += LOOP ? gridDim.x : gr.groups, par ^= 1) {
+        float acc[GEMV_R][NB], ss[NB];
 #pragma unroll
-    for (int b = 0; b < NB; b++) {
-        ss[b] = 0.f;
+        for (int b = 0; b < NB; b++) {
+            ss[b] = 0.f;
 #pragma unroll
-        for (int r = 0; r < GEMV_R; r++) acc[r][b] = 0.f;
-    }
-    for (int c0 = tid; c0 < nch; c0 += GEMV_U * GEMV_THREADS) {
+            for (int r = 0; r < GEMV_R; r++) acc[r][b] = 0.f;
+        }
+        for (int c0 = tid; c0 < nch; c0 += GEMV_U * GEMV_THREADS) {
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            const int c = c0 + u * GEMV_THREADS;
-            if (c >= nch)
-                break;
-            float wf[GEMV_R][8], nf[8];
-#pragma unroll
-            for (int r = 0; r < GEMV_R; r++) E::unpack(w[r][u], wf[r]);
-            if (a.norm) {
-                const float4 *nv = (const float4 *)(a.norm + (size_t)c * per);
-                float4 n0 = __ldg(nv);
-                nf[0] = n0.x, nf[1] = n0.y, nf[2] = n0.z, nf[3] = n0.w;
-                if (per == 8) {
-                    float4 n1 = __ldg(nv + 1);
-                    nf[4] = n1.x, nf[5] = n1.y, nf[6] = n1.z, nf[7] = n1.w;
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (NB > 1 && b >= nb)
+            for (int u = 0; u < GEMV_U; u++) {
+                const int c = c0 + u * GEMV_THREADS;
+                if (c >= nch)
                     break;
-                const float4 *xv = (const float4 *)(x + (size_t)b * a.ldx + (size_t)c * per);
-                float xf[8];
-                float4 x0 = __ldg(xv);
-                xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
-                if (per == 8) {
-                    float4 x1 = __ldg(xv + 1);
-                    xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
-                }
-                if (a.norm) {
+                float wf[GEMV_R][8], nf[8];
 #pragma unroll
-                    for (int e = 0; e < per; e++) {
-                        ss[b] = fmaf(xf[e], xf[e], ss[b]);
-                        xf[e] *= nf[e];
+                for (int r = 0; r < GEMV_R; r++) E::unpack(w[r][u], wf[r]);
+                if (a.norm) {
+                    const float4 *nv = (const float4 *)(a.norm + (size_t)c * per);
+                    float4 n0 = __ldg(nv);
+                    nf[0] = n0.x, nf[1] = n0.y, nf[2] = n0.z, nf[3] = n0.w;
+                    if (per == 8) {
+                        float4 n1 = __ldg(nv + 1);
+                        nf[4] = n1.x, nf[5] = n1.y, nf[6] = n1.z, nf[7] = n1.w;
                     }
                 }
 #pragma unroll
-                for (int r = 0; r < GEMV_R; r++)
+                for (int b = 0; b < NB; b++) {
+                    if (NB > 1 && b >= nb)
+                        break;
+                    const float4 *xv = (const float4 *)(x + (size_t)b * a.ldx + (size_t)c * per);
+                    float xf[8];
+                    float4 x0 = __ldg(xv);
+                    xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+                    if (per == 8) {
+                        float4 x1 = __ldg(xv + 1);
+                        xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+                    }
+                    if (a.norm) {
 #pragma unroll
-                    for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
+                        for (int e = 0; e < per; e++) {
+                            ss[b] = fmaf(xf[e], xf[e], ss[b]);
+                            xf[e] *= nf[e];
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+                        for (int e = 0; e < per; e++) acc[r][b] = fmaf(wf[r][e], xf[e], acc[r][b]);
+                }
             }
+            /* the next round's loads: this group's next chunks, or the next group's first */
+            if (c0 + GEMV_U * GEMV_THREADS < nch)
+                load(g, c0 + GEMV_U * GEMV_THREADS);
+            else if (LOOP && g + (int)gridDim.x < gr.groups)
+                load(g + gridDim.x, tid);
         }
-        /* the next round's loads */
-        if (c0 + GEMV_U * GEMV_THREADS < nch)
-            gemv_load<GEMV_THREADS>(w, wr, ok, c0 + GEMV_U * GEMV_THREADS, nch);
+        t2 += gemv_finish<NB>(a, gr, g, nb, acc, ss, red[LOOP ? par : 0]);
     }
-    gemv_finish<NB>(a, gr, g, nb, acc, ss, red);
+    if (a.nadd_y)
+        gemv_norm_add<NB>(a, nb, t2);
 }
 
 /* Scalar path (rows not 16-byte aligned, or K not a multiple of 16 bytes): a warp per row. */
@@ -932,18 +994,50 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_kernel(const lms_cu_
 
 int gemv_norm_add_launch(const lms_cu_gemv *a, void *stream);
 
+/* One-row GEMVs: blocks a multiprocessor of the persistent grid, 3 or 4 (the kernel's
+ * register budget: 80 or 64 a thread), or 0: a block per group of rows
+ * (lms_cu_set_gemv_blocks). */
+int g_gemv_blocks = GEMV_PERSIST_BLOCKS;
+int g_gemv_grid_cap; /* > 0: at most this many blocks (lms_cu_set_gemv_blocks) */
+
+/* The grid of a persistent GEMV of `groups` groups of rows, `fit` blocks a multiprocessor:
+ * at most the blocks that run at once, each taking the same number of groups (the last
+ * maybe fewer). */
+int gemv_grid(int groups, int fit, int sms)
+{
+    int most = fit * (sms > 0 ? sms : 132);
+    if (g_gemv_grid_cap > 0 && g_gemv_grid_cap < most)
+        most = g_gemv_grid_cap;
+    if (groups <= most)
+        return groups;
+    const int each = (groups + most - 1) / most;
+    return (groups + each - 1) / each;
+}
+
 template <int T, int NB>
 int gemv_typed(const lms_cu_gemv *a, int sms, void *stream)
 {
-    (void)sms;
     bool vec = a->K % elem<T>::per16 == 0;
     for (int j = 0; j < a->n_jobs; j++) vec = vec && ((uintptr_t)a->w[j] % 16 == 0);
     vec = vec && ((uintptr_t)a->x % 16 == 0) && a->ldx % 4 == 0;
     int total = 0;
     for (int j = 0; j < a->n_jobs; j++) total += a->rows[j];
     int groups = a->pair_act ? (a->rows[0] + 1) / 2 : (total + GEMV_R - 1) / GEMV_R;
+    /* one row and a product small enough that its blocks would come in a few lockstep
+     * waves (each group's rows in one round of loads, a few groups a block at most): the
+     * persistent grid. Larger products keep a block per group (many waves, the blocks
+     * desynchronized already, 4 of them a multiprocessor: measured faster). */
+    const bool persist = vec && NB == 1 && g_gemv_blocks &&
+                         (g_gemv_grid_cap > 0 || (a->K / elem<T>::per16 <= GEMV_U * GEMV_THREADS &&
+                                                  groups <= GEMV_PERSIST_GROUPS * g_gemv_blocks * std::max(sms, 1)));
+    if (persist && g_gemv_blocks == 3)
+        return launch(gemv_vec_kernel<T, 1, 3, true>, dim3(gemv_grid(groups, 3, sms)), dim3(GEMV_THREADS), 0, stream,
+                      *a);
+    if (persist)
+        return launch(gemv_vec_kernel<T, 1, 4, true>, dim3(gemv_grid(groups, 4, sms)), dim3(GEMV_THREADS), 0, stream,
+                      *a);
     if (vec)
-        return launch(gemv_vec_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
+        return launch(gemv_vec_kernel<T, NB, NB == 1 ? 4 : 2, false>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
     int rc = launch(gemv_scalar_kernel<T, NB>, dim3(groups), dim3(GEMV_THREADS), 0, stream, *a);
     return rc ? rc : gemv_norm_add_launch(a, stream); /* the scalar kernel leaves the post-norm */
 }
@@ -1279,21 +1373,68 @@ __global__ void rope_kernel(const lms_cu_rope a)
     }
 }
 
+/* ---- asynchronous copies into shared memory -------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+/* 4 bytes global -> shared, asynchronous. */
+__device__ __forceinline__ void cp_async4(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 /* ---- attention: decoding ------------------------------------------------------------------------ */
 
 #define ATT_GMAX 16  /* query heads per kv head */
-#define ATT_SUB 128  /* positions staged in shared memory at once (64 for rows over 512 bytes) */
+#define ATT_T 32     /* positions of a tile: one per lane when scoring */
 #define ATT_PSTRIDE(hd) ((hd) + 4) /* floats of a split's partial per head: m, l, 2 unused, acc[hd] */
 
-/* Positions staged at once for K/V rows of tb bytes. */
-__host__ __device__ inline int attn_sub(int64_t tb) { return tb > 512 ? 64 : ATT_SUB; }
+/* Shared-memory stages of K/V tiles (rows of tb bytes): 3, 2 for rows over 512 bytes (deeper
+ * pipelines, 5 stages of 128-dim rows, were measured slower at 4096 positions). */
+__host__ __device__ inline int attn_stages(int64_t tb) { return tb > 512 ? 2 : 3; }
 
-/* Dynamic shared memory of the decoding kernel. */
-__host__ __device__ inline size_t attn_decode_smem(int G, int hd, int64_t token_bytes)
+#define ATT_THREADS 256 /* threads of a decoding block */
+
+/* Threads of a decoding block for head_dim hd: ATT_THREADS, in attn_groups(hd) groups of
+ * hd / 2 threads (each thread 2 dimensions; each group sums V over a share of a tile's
+ * positions). */
+__host__ __device__ inline int attn_threads(int hd) { return (void)hd, ATT_THREADS; }
+__host__ __device__ inline int attn_groups(int hd) { return ATT_THREADS / (hd / 2); }
+
+/* Parts each query head's dot products are split into, so that the G heads
+ * keep the block's warps busy: a power of two, at most warps / G, dividing hd
+ * into whole 16-byte chunks of K (1 for rows not a multiple of 16 bytes). */
+__host__ __device__ inline int attn_parts(int G, int hd, int64_t tb)
 {
-    int sub = attn_sub(token_bytes);
-    return (size_t)G * hd * 4 + sub * (size_t)(token_bytes + 16) + sub * (size_t)token_bytes +
-           (size_t)ATT_GMAX * ATT_SUB * 4;
+    const int nw = attn_threads(hd) / 32, per = (int)(16 * hd / tb); /* elements in 16 bytes */
+    int p = 1;
+    if (tb % 16)
+        return 1;
+    while (2 * p * G <= nw && hd % (2 * p * per) == 0) p *= 2;
+    return p;
+}
+
+/* Bytes of the K/V tile stages, which hold the thread groups' sums of V at the end. */
+__host__ __device__ inline size_t attn_stage_bytes(int G, int hd, int64_t tb)
+{
+    const size_t st = (size_t)attn_stages(tb) * ATT_T * (2 * tb + 16), sums = (size_t)(attn_groups(hd) - 1) * G * hd * 4;
+    return ((st > sums ? st : sums) + 15) / 16 * 16;
+}
+
+/* Dynamic shared memory of the decoding kernel: q, the K/V tile stages, the
+ * scores, and the new token's K and V rows. */
+__host__ __device__ inline size_t attn_decode_smem(int G, int hd, int64_t tb)
+{
+    return ((size_t)G * hd * 4 + 15) / 16 * 16 + attn_stage_bytes(G, hd, tb) +
+           (size_t)G * attn_parts(G, hd, tb) * ATT_T * 4 + 2 * (size_t)tb;
 }
 
 /* RMSNorm (weight nw, optional) and RoPE of one head of hd floats at position pos, by one
@@ -1319,26 +1460,33 @@ __device__ void warp_norm_rope(float *dst, const float *src, const float *nw, co
 }
 
 /*
- * Block (h, s, b): kv head h, split s, token b. A split is `chunk` positions
- * of the attended range [lo, P) (one split for ranges up to ATT_SUB
- * positions: no merge); blocks of splits past the range exit at once. The
- * split's K and V rows are staged in shared memory (page offsets read once,
- * 8 16-byte loads per thread in flight), scored with lanes over positions
- * and warps over the G query heads of the kv head, and summed with an online
- * softmax. The last block of (h, b) to finish merges the splits' partials,
- * all threads at once. With fuse_rope (one-token steps), the block applies
- * q/k RMSNorm and RoPE itself, and the last split writes the token's K and
- * V into the cache first (it alone reads that position): no RoPE launch.
- * HD > 0: head_dim HD with HD threads; HD == 0: a.hd (<= 256) rounded up to
- * a warp.
+ * Block (h, s, b): kv head h, split s, token b. The attended range [lo, P)
+ * is cut into splits of `chunk` positions, chunk = max(a.chunk, len /
+ * gridDim.y): short contexts get several small splits (many blocks at once,
+ * each little serial work) instead of one long one; blocks of splits past
+ * the range exit at once. A split's K and V rows go into shared memory by
+ * cp.async in tiles of ATT_T positions, attn_stages() - 1 tiles in flight (the
+ * next tiles load while this one is scored), issued before the query's
+ * RoPE so that their latency covers it. Per tile: scores with lanes over
+ * positions and warps over (query head, part of the head dim), an online
+ * softmax by one warp per head, then each thread sums its dimension of V.
+ * The last block of (h, b) to finish (ticket) merges the splits' partials,
+ * every thread over the splits of its 4 dimensions in one pass (online
+ * rescaling: the partials' loads are independent). With fuse_rope
+ * (one-token steps) the block applies q/k RMSNorm and RoPE itself, and the
+ * last split writes the token's K and V into the cache and into its tile
+ * (it alone reads that position): no RoPE launch.
+ * ATT_THREADS threads; HD > 0: head_dim HD, HD == 0: a.hd (<= 256). The
+ * weighted sum of V runs in attn_groups() groups of hd (rounded up to a warp)
+ * threads, each over its share of a tile's positions (all of them at head
+ * dim 256, every second at 128, every fourth at 64), added up at the end.
  */
-template <int KT, int HD>
-__global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu_attn a)
+template <int KT, int HD, int GM>
+__global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(const lms_cu_attn a)
 {
     typedef elem<KT> E;
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float sm_m[ATT_GMAX], sm_l[ATT_GMAX], sm_alpha[ATT_GMAX];
-    __shared__ int64_t srow[ATT_SUB];
     __shared__ int sm_last;
     griddep_launch();
     griddep_wait();
@@ -1351,35 +1499,85 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     const lms_cu_kv *kv = &a.kv;
     const int pos = row_pos(a.step, kv, row), P = pos + 1;
     const int lo = a.window > 0 && P > a.window ? P - a.window : 0, len = P - lo;
-    const int chunk = gridDim.y == 1 || len <= ATT_SUB ? len : a.chunk;
+    const int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
     const int S = (len + chunk - 1) / chunk; /* splits with positions */
     if (s >= S)
         return;
     const int t0 = lo + s * chunk, t1 = min(P, t0 + chunk);
-    const int tb = (int)kv->token_bytes, tbp = tb + 16, sub_n = attn_sub(tb);
+    const bool own_new = a.fuse_rope && t1 == P; /* this split writes and reads the token's own row */
+    const int tl = own_new ? P - 1 : t1;        /* rows [t0, tl) come from the cache */
+    const int tb = (int)kv->token_bytes, tbp = tb + 16, stg = attn_stages(tb), Pp = attn_parts(G, hd, tb);
+    const int pt = kv->page_tokens;
     const int32_t *pages = row_pages(a.step, kv, row); /* the row's table of the layer's group */
     const size_t qd = (size_t)a.n_heads * hd, kvd = (size_t)a.n_kv * hd;
-    const uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
-    float *qs = (float *)smem;                                /* [G][hd] */
-    uint8_t *ks = smem + (size_t)G * hd * 4;                  /* [sub_n][tbp]: rows padded, lanes read rows */
-    uint8_t *vs = ks + (size_t)sub_n * tbp;                   /* [sub_n][tb] */
-    float *sc = (float *)(vs + (size_t)sub_n * tb);           /* [ATT_GMAX][ATT_SUB] */
+    uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
+    float *qs = (float *)smem;                                   /* [G][hd] */
+    uint8_t *ks = smem + ((size_t)G * hd * 4 + 15) / 16 * 16;    /* [stg][ATT_T][tbp]: rows padded */
+    uint8_t *vs = ks + (size_t)stg * ATT_T * tbp;                /* [stg][ATT_T][tb] */
+    float *sc = (float *)(ks + attn_stage_bytes(G, hd, tb));     /* [G][Pp][ATT_T] */
+    uint8_t *newrow = (uint8_t *)(sc + (size_t)G * Pp * ATT_T);  /* K then V of the token (tb each) */
     const float *qb = a.q + row * qd + (size_t)(h * G) * hd;
+
+    /* the K and V rows of positions [tt, min(tt + ATT_T, tl)) into stage st (one commit group) */
+    const int64_t pgb = kv->page_bytes, voff = kv->v_offset;
+    const int psh = (pt & (pt - 1)) == 0 ? __ffs(pt) - 1 : -1; /* page_tokens a power of two: shifts */
+    /* the K and V rows of positions [tt, min(tt + ATT_T, tl)) into stage st (one commit group):
+     * 16-byte pieces (4-byte for rows not a multiple of 16 bytes), the page-table reads of 4
+     * pieces a thread issued before their copies */
+    auto load_tile = [&](int st, int tt) {
+        const int n = min(ATT_T, tl - tt), w = tb % 16 == 0 ? 16 : 4, cpr = tb / w, total = n * cpr;
+        uint8_t *kd = ks + (size_t)st * ATT_T * tbp, *vd = vs + (size_t)st * ATT_T * tb;
+        for (int i0 = tid; i0 < total; i0 += 4 * (int)blockDim.x) {
+            const uint8_t *src[4];
+            int dk[4], dv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * (int)blockDim.x, r = i / cpr, c = i - r * cpr, p = tt + r;
+                src[u] = nullptr;
+                if (i < total) {
+                    const int pg = psh >= 0 ? p >> psh : p / pt, sl = psh >= 0 ? p & (pt - 1) : p % pt;
+                    src[u] = kbase + (int64_t)pages[pg] * pgb + (int64_t)sl * tb + c * w;
+                    dk[u] = r * tbp + c * w, dv[u] = r * tb + c * w;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (src[u]) {
+                    if (w == 16) {
+                        cp_async16(kd + dk[u], src[u], 16);
+                        cp_async16(vd + dv[u], src[u] + voff, 16);
+                    } else {
+                        cp_async4(kd + dk[u], src[u]);
+                        cp_async4(vd + dv[u], src[u] + voff);
+                    }
+                }
+        }
+        cp_async_commit();
+    };
+    /* the first stg - 1 tiles in flight before anything else (empty groups past the split) */
+    for (int i = 0; i < stg - 1; i++) {
+        if (t0 + i * ATT_T < tl)
+            load_tile(i, t0 + i * ATT_T);
+        else
+            cp_async_commit();
+    }
 
     if (a.fuse_rope) {
         for (int g = warp; g < G; g += nw)
             warp_norm_rope(qs + (size_t)g * hd, qb + (size_t)g * hd, a.q_norm, a.inv_freq, hd, pos, a.eps, a.scale,
                            lane);
-        if (s == S - 1 && warp == 0) { /* this token's K and V into the cache, before any row is read */
+        if (own_new && warp == nw - 1) { /* this token's K and V: into the cache and into newrow */
             float *kn = a.k_new + row * kvd + (size_t)h * hd;
             warp_norm_rope(kn, kn, a.k_norm, a.inv_freq, hd, pos, a.eps, 1.f, lane);
             __syncwarp();
-            uint8_t *dst = (uint8_t *)kbase + (size_t)pages[pos / kv->page_tokens] * kv->page_bytes +
-                           (size_t)(pos % kv->page_tokens) * tb;
+            uint8_t *dst = kbase + (size_t)pages[pos / pt] * kv->page_bytes + (size_t)(pos % pt) * tb;
             const float *vn = a.v_new + row * kvd + (size_t)h * hd;
             for (int i = lane; i < hd; i += 32) {
-                E::put(dst, i, kn[i]);
-                E::put(dst + kv->v_offset, i, vn[i]);
+                const float kf = kn[i], vf = vn[i];
+                E::put(dst, i, kf);
+                E::put(dst + kv->v_offset, i, vf);
+                E::put(newrow, i, kf);
+                E::put(newrow + tb, i, vf);
             }
         }
     } else {
@@ -1387,62 +1585,48 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     }
     if (tid < ATT_GMAX)
         sm_m[tid] = -INFINITY, sm_l[tid] = 0.f;
-    float acc[ATT_GMAX];
+    float acc[GM][2]; /* dimensions 2 dim, 2 dim + 1 of query head g */
 #pragma unroll
-    for (int g = 0; g < ATT_GMAX; g++) acc[g] = 0.f;
+    for (int g = 0; g < GM; g++) acc[g][0] = acc[g][1] = 0.f;
 
-    for (int sub = t0; sub < t1; sub += sub_n) {
-        const int n = min(sub_n, t1 - sub);
-        __syncthreads(); /* the previous round's readers are done (qs, the new K/V row written) */
-        /* each position's row offset (one page-table read per position, in parallel) */
-        for (int t = tid; t < n; t += blockDim.x) {
-            int p = sub + t;
-            srow[t] = (int64_t)pages[p / kv->page_tokens] * kv->page_bytes + (int64_t)(p % kv->page_tokens) * tb;
-        }
-        __syncthreads();
-        /* K and V rows into shared memory: 8 loads per thread in flight, then the stores */
-        if (tb % 16 == 0) {
-            const int cpr = tb / 16, total = n * cpr;
-            for (int i0 = tid; i0 < total; i0 += 4 * blockDim.x) {
-                uint4 kr[4], vr[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    int i = i0 + u * blockDim.x;
-                    if (i < total) {
-                        const uint8_t *row = kbase + srow[i / cpr] + (size_t)(i % cpr) * 16;
-                        kr[u] = *(const uint4 *)row;
-                        vr[u] = *(const uint4 *)(row + kv->v_offset);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    int i = i0 + u * blockDim.x;
-                    if (i < total) {
-                        *(uint4 *)(ks + (size_t)(i / cpr) * tbp + (i % cpr) * 16) = kr[u];
-                        *(uint4 *)(vs + (size_t)(i / cpr) * tb + (i % cpr) * 16) = vr[u];
-                    }
-                }
-            }
-        } else {
-            const int cpr = tb / 4;
-            for (int i = tid; i < n * cpr; i += blockDim.x) {
-                const uint8_t *row = kbase + srow[i / cpr] + (size_t)(i % cpr) * 4;
-                *(uint32_t *)(ks + (size_t)(i / cpr) * tbp + (i % cpr) * 4) = *(const uint32_t *)row;
-                *(uint32_t *)(vs + (size_t)(i / cpr) * tb + (i % cpr) * 4) = *(const uint32_t *)(row + kv->v_offset);
+    const int dpp = hd / Pp; /* dimensions of a part */
+    const int hh = hd / 2, ngr = attn_groups(hd), qg = tid / hh, dim = tid % hh; /* group, dimension pair */
+    for (int tt = t0, it = 0; tt < t1; tt += ATT_T, it++) {
+        const int n = min(ATT_T, t1 - tt), st = it % stg;
+        uint8_t *kt = ks + (size_t)st * ATT_T * tbp, *vt = vs + (size_t)st * ATT_T * tb;
+        if (stg == 3)
+            cp_async_wait<1>(); /* this tile's group done (the next one may still fly) */
+        else
+            cp_async_wait<0>();
+        if (own_new && tt + n == P && warp == nw - 1) { /* the token's row, from the warp that wrote it */
+            const int r = P - 1 - tt;
+            for (int i = lane; i < tb / 4; i += 32) {
+                ((uint32_t *)(kt + (size_t)r * tbp))[i] = ((const uint32_t *)newrow)[i];
+                ((uint32_t *)(vt + (size_t)r * tb))[i] = ((const uint32_t *)(newrow + tb))[i];
             }
         }
-        __syncthreads();
-        /* scores: lanes over positions (no cross-lane sums), warps over query heads */
-        for (int g = warp; g < G; g += nw) {
-            const float *qg = qs + (size_t)g * hd;
-            for (int t = lane; t < n; t += 32) {
-                const uint8_t *krow = ks + (size_t)t * tbp;
+        __syncthreads(); /* the tile (and q) visible; every thread is past the previous tile */
+        {   /* the tile stg - 1 on, into the stage the previous tile used */
+            const int tn = tt + (stg - 1) * ATT_T;
+            if (tn < tl)
+                load_tile((it + stg - 1) % stg, tn);
+            else
+                cp_async_commit();
+        }
+        /* scores: lanes over positions, warps over (head, part of the head dim) */
+        for (int wi = warp; wi < G * Pp; wi += nw) {
+            const int g = wi / Pp, part = wi % Pp;
+            if (lane < n) {
+                const float *qg = qs + (size_t)g * hd + part * dpp;
+                const uint8_t *krow = kt + (size_t)lane * tbp;
                 float dsum = 0.f;
                 if (tb % 16 == 0) {
                     constexpr int per = E::per16;
-                    for (int c = 0; c < tb / 16; c++) {
+                    const int c0 = part * dpp / per;
+#pragma unroll 4
+                    for (int c = 0; c < dpp / per; c++) {
                         float kf[8];
-                        E::unpack(*(const uint4 *)(krow + c * 16), kf);
+                        E::unpack(*(const uint4 *)(krow + (size_t)(c0 + c) * 16), kf);
                         const float4 *qv = (const float4 *)(qg + c * per);
                         float4 q0 = qv[0];
                         dsum = fmaf(kf[0], q0.x, dsum), dsum = fmaf(kf[1], q0.y, dsum);
@@ -1456,64 +1640,95 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
                 } else {
                     for (int d = 0; d < hd; d++) dsum = fmaf(E::get(krow, d), qg[d], dsum);
                 }
-                if (a.softcap > 0.f)
-                    dsum = a.softcap * tanhf(dsum / a.softcap);
-                sc[g * ATT_SUB + t] = dsum;
+                sc[(size_t)wi * ATT_T + lane] = dsum;
             }
         }
         __syncthreads();
+        /* online softmax: a warp per head */
         for (int g = warp; g < G; g += nw) {
-            float mx = -INFINITY;
-            for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[g * ATT_SUB + t]);
-            mx = warp_max(mx);
-            float mold = sm_m[g], mnew = fmaxf(mold, mx), sum = 0;
-            for (int t = lane; t < n; t += 32) {
-                float p = expf(sc[g * ATT_SUB + t] - mnew);
-                sc[g * ATT_SUB + t] = p;
-                sum += p;
+            float v = -INFINITY;
+            if (lane < n) {
+                v = 0.f;
+                for (int part = 0; part < Pp; part++) v += sc[((size_t)g * Pp + part) * ATT_T + lane];
+                if (a.softcap > 0.f)
+                    v = a.softcap * tanhf(v / a.softcap);
             }
-            sum = warp_sum(sum);
+            const float mold = sm_m[g], mnew = fmaxf(mold, warp_max(v));
+            const float p = lane < n ? expf(v - mnew) : 0.f;
+            const float sum = warp_sum(p);
+            sc[(size_t)g * Pp * ATT_T + lane] = p;
             if (lane == 0) {
-                float al = expf(mold - mnew); /* mold = -inf: 0 */
+                const float al = expf(mold - mnew); /* mold = -inf: 0 */
                 sm_alpha[g] = al;
                 sm_l[g] = sm_l[g] * al + sum;
                 sm_m[g] = mnew;
             }
         }
         __syncthreads();
-        if (tid < hd) {
+        if (qg < ngr) { /* group qg: positions 4 qg .. 4 qg + 3, then 4 (qg + ngr) .., of the tile */
 #pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++)
+            for (int g = 0; g < GM; g++)
                 if (g < G)
-                    acc[g] *= sm_alpha[g];
-            for (int t = 0; t < n; t++) {
-                float vv = E::get(vs + (size_t)t * tb, tid);
+                    acc[g][0] *= sm_alpha[g], acc[g][1] *= sm_alpha[g];
+            for (int t0 = 4 * qg; t0 < n; t0 += 4 * ngr) {
+                float v0[4], v1[4];
 #pragma unroll
-                for (int g = 0; g < ATT_GMAX; g++)
-                    if (g < G)
-                        acc[g] = fmaf(sc[g * ATT_SUB + t], vv, acc[g]);
+                for (int u = 0; u < 4; u++) { /* rows past the tile: 0 (their weights are 0 too) */
+                    v0[u] = v1[u] = 0.f;
+                    if (t0 + u < n) {
+                        const uint8_t *vr = vt + (size_t)(t0 + u) * tb;
+                        v0[u] = E::get(vr, 2 * dim), v1[u] = E::get(vr, 2 * dim + 1);
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+                    if (g < G) {
+                        const float4 p4 = *(const float4 *)(sc + (size_t)g * Pp * ATT_T + t0);
+                        acc[g][0] = fmaf(p4.x, v0[0], fmaf(p4.y, v0[1], fmaf(p4.z, v0[2], fmaf(p4.w, v0[3], acc[g][0]))));
+                        acc[g][1] = fmaf(p4.x, v1[0], fmaf(p4.y, v1[1], fmaf(p4.z, v1[2], fmaf(p4.w, v1[3], acc[g][1]))));
+                    }
             }
         }
     }
-
+    cp_async_wait<0>(); /* no copy outlives the block (the trailing groups are empty) */
+    if (ngr > 1) { /* the groups' sums of V into group 0's threads (tid = dim < hd / 2) */
+        float2 *sums = (float2 *)ks; /* [ngr - 1][G][hd / 2] */
+        __syncthreads();             /* every thread is past its last tile */
+        if (qg > 0 && qg < ngr)
+#pragma unroll
+            for (int g = 0; g < GM; g++)
+                if (g < G)
+                    sums[((size_t)(qg - 1) * G + g) * hh + dim] = make_float2(acc[g][0], acc[g][1]);
+        __syncthreads();
+        if (tid < hh)
+            for (int j = 0; j < ngr - 1; j++)
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+                    if (g < G) {
+                        const float2 v = sums[((size_t)j * G + g) * hh + tid];
+                        acc[g][0] += v.x, acc[g][1] += v.y;
+                    }
+    }
     float *out = a.out + row * qd + (size_t)(h * G) * hd;
     if (S == 1) {
-        if (tid < hd)
+        if (tid < hh)
 #pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++)
-                if (g < G)
-                    out[g * hd + tid] = acc[g] / sm_l[g];
+            for (int g = 0; g < GM; g++)
+                if (g < G) {
+                    const float il = 1.f / sm_l[g];
+                    out[g * hd + 2 * tid] = acc[g][0] * il, out[g * hd + 2 * tid + 1] = acc[g][1] * il;
+                }
         return;
     }
     /* partials: [b][h][s][g] = (m, l, -, -, acc[hd]) */
     const size_t stride = ATT_PSTRIDE(hd);
     const int SM = gridDim.y;
     float *part = a.part + (((size_t)b * a.n_kv + h) * SM + s) * G * stride;
-    if (tid < hd)
+    if (tid < hh)
 #pragma unroll
-        for (int g = 0; g < ATT_GMAX; g++)
+        for (int g = 0; g < GM; g++)
             if (g < G)
-                part[g * stride + 4 + tid] = acc[g];
+                part[g * stride + 4 + 2 * tid] = acc[g][0], part[g * stride + 4 + 2 * tid + 1] = acc[g][1];
     if (tid < G)
         part[tid * stride] = sm_m[tid], part[tid * stride + 1] = sm_l[tid];
     __threadfence();
@@ -1526,47 +1741,35 @@ __global__ void __launch_bounds__(HD ? HD : 256) attn_decode_kernel(const lms_cu
     if (!sm_last)
         return;
     __threadfence();
-    /* the merge, every thread at once: weights exp(m_s - M) into shared memory, then
-     * each thread sums 4 dimensions of one head over the splits */
+    /* the merge: thread i takes 4 dimensions (1 when hd % 4) of one head over every split,
+     * rescaling as the running maximum grows (each split's loads independent of the others) */
     const float *p0 = a.part + ((size_t)b * a.n_kv + h) * SM * G * stride;
-    float *wsm = (float *)ks; /* [S][G] weights, then [G] sums of l */
-    for (int i = tid; i < S * G; i += blockDim.x) wsm[i] = __ldcg(p0 + (size_t)i * stride);
-    __syncthreads();
-    for (int g = warp; g < G; g += nw) {
-        float M = -INFINITY;
-        for (int j = lane; j < S; j += 32) M = fmaxf(M, wsm[j * G + g]);
-        M = warp_max(M);
-        float L = 0.f;
-        for (int j = lane; j < S; j += 32) {
-            float w = expf(wsm[j * G + g] - M);
-            L += __ldcg(p0 + ((size_t)j * G + g) * stride + 1) * w;
-            wsm[j * G + g] = w;
-        }
-        L = warp_sum(L);
-        if (lane == 0)
-            sm_l[g] = L;
-    }
-    __syncthreads();
-    if (hd % 4 == 0) {
-        for (int i = tid; i < G * (hd / 4); i += blockDim.x) {
-            const int g = i / (hd / 4), d = (i % (hd / 4)) * 4;
-            float4 o = make_float4(0, 0, 0, 0);
+    const int vw = hd % 4 == 0 ? 4 : 1, nv = hd / vw;
+    for (int i = tid; i < G * nv; i += blockDim.x) {
+        const int g = i / nv, d = (i % nv) * vw;
+        float M = -INFINITY, L = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
-            for (int j = 0; j < S; j++) {
-                float w = wsm[j * G + g];
-                float4 v = __ldcg((const float4 *)(p0 + ((size_t)j * G + g) * stride + 4 + d));
-                o.x = fmaf(w, v.x, o.x), o.y = fmaf(w, v.y, o.y), o.z = fmaf(w, v.z, o.z), o.w = fmaf(w, v.w, o.w);
+        for (int j = 0; j < S; j++) {
+            const float *pj = p0 + ((size_t)j * G + g) * stride;
+            const float2 ml = __ldcg((const float2 *)pj);
+            float v[4];
+            if (vw == 4) {
+                const float4 v4 = __ldcg((const float4 *)(pj + 4 + d));
+                v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
+            } else {
+                v[0] = __ldcg(pj + 4 + d), v[1] = v[2] = v[3] = 0.f;
             }
-            float inv = 1.f / sm_l[g];
-            *(float4 *)(out + g * hd + d) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+            const float Mn = fmaxf(M, ml.x), al = expf(M - Mn), w = expf(ml.x - Mn);
+            L = L * al + ml.y * w;
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[e] = o[e] * al + v[e] * w;
+            M = Mn;
         }
-    } else {
-        for (int i = tid; i < G * hd; i += blockDim.x) {
-            const int g = i / hd, d = i % hd;
-            float o = 0.f;
-            for (int j = 0; j < S; j++) o = fmaf(wsm[j * G + g], __ldcg(p0 + ((size_t)j * G + g) * stride + 4 + d), o);
-            out[g * hd + d] = o / sm_l[g];
-        }
+        const float inv = 1.f / L;
+        if (vw == 4)
+            *(float4 *)(out + g * hd + d) = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+        else
+            out[g * hd + d] = o[0] * inv;
     }
     if (tid == 0)
         a.counters[b * a.n_kv + h] = 0;
@@ -1605,17 +1808,6 @@ template <> struct mma16<LMS_CU_BF16> {
 };
 
 #define FA_BQ 64 /* queries per block: 4 warps x 16 */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 /* Four 8x8 16-bit matrices: lane L gives the address of row L % 8 of matrix L / 8. */
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p)
@@ -1844,18 +2036,36 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
     }
 }
 
+typedef void (*attn_fn)(const lms_cu_attn);
+
+/* The decoding kernel for G query heads a kv head: its accumulators sized to G rounded up to
+ * a power of two (16-bit K/V at head dims 64/128/256), else to the most (ATT_GMAX). */
+template <int KT, int HD> attn_fn attn_decode_fn(int G)
+{
+    if constexpr (KT == LMS_CU_F32 || HD == 0) {
+        (void)G;
+        return attn_decode_kernel<KT, HD, ATT_GMAX>;
+    } else {
+        return G <= 1   ? attn_decode_kernel<KT, HD, 1>
+               : G <= 2 ? attn_decode_kernel<KT, HD, 2>
+               : G <= 4 ? attn_decode_kernel<KT, HD, 4>
+               : G <= 8 ? attn_decode_kernel<KT, HD, 8>
+                        : attn_decode_kernel<KT, HD, ATT_GMAX>;
+    }
+}
+
 template <int KT, int HD>
 int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
 {
-    int threads = HD ? HD : ((a->hd + 31) / 32) * 32;
+    int threads = attn_threads(a->hd), G = a->n_heads / a->n_kv;
     dim3 dec(a->n_kv, nb_max <= 8 || a->decode_only ? a->splits : 1, nb_max);
-    size_t smem = attn_decode_smem(a->n_heads / a->n_kv, a->hd, a->kv.token_bytes);
+    size_t smem = attn_decode_smem(G, a->hd, a->kv.token_bytes);
     if constexpr (KT == LMS_CU_F32 || HD == 0) {
-        return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
+        return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if (nb_max <= 8 || a->decode_only)
-            return launch(attn_decode_kernel<KT, HD>, dec, dim3(threads), smem, stream, *a);
+            return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
                       fa_smem<HD, BK>(), stream, *a);
     }
@@ -2067,15 +2277,23 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
+extern "C" void lms_cu_set_gemv_blocks(int per_sm, int cap)
+{
+    g_gemv_blocks = per_sm == 0 || per_sm == 3 || per_sm == 4 ? per_sm : GEMV_PERSIST_BLOCKS;
+    g_gemv_grid_cap = cap > 0 ? cap : 0;
+}
+
 extern "C" int lms_cu_kernels_init(void)
 {
     int limit = 200 * 1024;
     cudaError_t e = cudaSuccess;
 #define LMS_CU_ASMEM(KT)                                                                                               \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
-    if (!e) e = cudaFuncSetAttribute(attn_decode_kernel<KT, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    for (int G = 1; G <= ATT_GMAX; G *= 2) {                                                                           \
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 0>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit); \
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 64>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 128>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+        if (!e) e = cudaFuncSetAttribute(attn_decode_fn<KT, 256>(G), cudaFuncAttributeMaxDynamicSharedMemorySize, limit);\
+    }
     LMS_CU_ASMEM(LMS_CU_F32)
     LMS_CU_ASMEM(LMS_CU_F16)
     LMS_CU_ASMEM(LMS_CU_BF16)

@@ -157,7 +157,9 @@ typedef struct lms_cu_attn {
     float *part;      /* [8][n_kv][splits][G][hd + 4] */
     int *counters;    /* [8][n_kv], zero between launches */
     int splits;       /* blocks per kv head and token */
-    int chunk;        /* positions per split: splits x chunk >= the context */
+    int chunk;        /* fewest positions a split takes: a range of len positions is cut into
+                       * splits of max(chunk, ceil(len / splits)) (nrows > 8 without
+                       * decode_only: one split) */
     /* one-token steps: RoPE (and q/k RMSNorm) done here instead of a RoPE launch */
     int fuse_rope;
     float *k_new;            /* [nb][n_kv*hd] this token's k (before RoPE; written back after) */
@@ -205,6 +207,11 @@ int lms_cu_kernels_init(void);
 /* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0, the
  * default: measured slower on the H200, bench/RESULTS.md). */
 void lms_cu_set_pdl(int on);
+/* Blocks a multiprocessor of the one-row GEMV's persistent grid (each block loops over
+ * groups of rows): 3 (the default) or 4 (a tighter register budget), or 0: one block per
+ * group of rows (no loop); other values: the default. cap > 0: at most cap blocks in all
+ * (tests: every block loops), 0: no cap. */
+void lms_cu_set_gemv_blocks(int per_sm, int cap);
 
 #ifdef __cplusplus
 }

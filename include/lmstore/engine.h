@@ -64,7 +64,12 @@ LMS_API lms_engine_params lms_engine_default_params(void);
  * lms_engine_free). Reads config.json (and generation_config.json,
  * tokenizer.json) from the model's stored files, checks every tensor's
  * presence, dtype and shape, and allocates the KV cache and all scratch
- * buffers once: nothing is allocated on the token path.
+ * buffers once: nothing is allocated on the token path. A model opened
+ * resident without params.sync may still be copying: the engine does not
+ * wait for it; its first step of several tokens runs each layer as soon as
+ * that layer's weights are on the device (the embedding looked up in the
+ * host mapping meanwhile), any other step waits for every weight first, and
+ * a failed copy is that step's error (as lms_model_wait_layer reports it).
  * Errors: LMS_EUNSUPPORTED naming an architecture or setting this engine does
  * not run (e.g. "rope_scaling type 'yarn'"), LMS_EFORMAT for a malformed
  * config or a tensor of the wrong shape (named), LMS_ENOENT for a missing
@@ -199,6 +204,9 @@ typedef struct lms_gen_metrics {
     uint64_t peak_rss;       /* bytes, VmHWM */
     int stop_reason;         /* lms_stop_reason */
     const char *device;      /* the device that computed (lms_engine_info.device) */
+    uint64_t kv_bytes;       /* the KV cache's budget, reserved at creation */
+    uint64_t kv_touched_bytes; /* of it, the pages written at least once: on the CPU the
+                                  only ones that hold memory */
 } lms_gen_metrics;
 
 /*

@@ -195,6 +195,9 @@ typedef struct lms_kv_stats {
     uint64_t cow_copies;    /* copy-on-write page copies, since creation */
     /* the window group (0 without a window), counted like group 0's pages above */
     uint32_t window_pages, window_free_pages, window_cached_pages, window_used_pages;
+    /* pages handed out at least once since creation: in a host arena, the pages
+     * backed by memory (the others are address space only until written) */
+    uint32_t touched_pages, window_touched_pages;
 } lms_kv_stats;
 
 LMS_API void lms_kv_get_stats(const lms_kv *kv, lms_kv_stats *out);

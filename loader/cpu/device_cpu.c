@@ -3,15 +3,15 @@
  * memory is host memory (64-byte aligned), copies are memcpy, streams and
  * events are no-ops because every operation completes before it returns.
  *
- * Large allocations (the KV arena: hundreds of MB allocated and touched at
- * start-up) are anonymous mappings aligned to 2 MiB, and zeroing one of them
- * whole lets the kernel populate it (MADV_POPULATE_WRITE) instead of taking
- * a page fault per 4 KiB under memset: 466 MB in about 310 ms against 540.
- * They are advised as huge pages when the kernel has that many free 2 MiB
- * blocks at hand (/proc/buddyinfo): then 466 MB take about 85 ms and go back
- * in a millisecond; without free blocks the advice makes the kernel compact
- * memory first, which was seen to stall for seconds (bench/RESULTS.md, cold
- * start).
+ * Large allocations (the KV arena: hundreds of MB reserved at start-up) are
+ * anonymous mappings aligned to 2 MiB. Zeroing one of them whole drops its
+ * pages (they read back as zeros) instead of writing them, so the memory is
+ * taken only as pages are first written: a KV arena holds memory for the
+ * pages in use, not for its whole budget. They are advised as huge pages
+ * when the kernel has that many free 2 MiB blocks at hand (/proc/buddyinfo):
+ * then a page fault takes 2 MiB at once; without free blocks the advice makes
+ * the kernel compact memory first, which was seen to stall for seconds
+ * (bench/RESULTS.md, cold start).
  */
 #include <assert.h>
 #include <pthread.h>
@@ -24,9 +24,6 @@
 #include "common/common.h"
 #include "loader/device.h"
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 #define BIG_ALLOC ((size_t)2 << 20) /* and the huge page size on x86-64 and arm64 */
 
@@ -188,12 +185,12 @@ static int cpu_memset(lms_device *dev, void *dst, int byte, size_t n, lms_stream
     (void)dev;
     (void)s;
     /* Zeroing whole huge pages of a large allocation: drop them (anonymous
-     * memory reads back as zeros) and have the kernel populate them again,
-     * faster than faulting them in page by page; the edges by memset. */
+     * memory reads back as zeros) and leave them unpopulated, so they hold
+     * memory again only once written (the KV arena commits as it fills); the
+     * edges by memset. */
     uintptr_t a = ((uintptr_t)dst + BIG_ALLOC - 1) & ~(uintptr_t)(BIG_ALLOC - 1);
     uintptr_t e = ((uintptr_t)dst + n) & ~(uintptr_t)(BIG_ALLOC - 1);
-    if (byte == 0 && n >= BIG_ALLOC && e > a && big_find(dst, n, false) &&
-        !madvise((void *)a, e - a, MADV_DONTNEED) && !madvise((void *)a, e - a, MADV_POPULATE_WRITE)) {
+    if (byte == 0 && n >= BIG_ALLOC && e > a && big_find(dst, n, false) && !madvise((void *)a, e - a, MADV_DONTNEED)) {
         memset(dst, 0, a - (uintptr_t)dst);
         memset((void *)e, 0, (uintptr_t)dst + n - e);
         return 0;

@@ -6,8 +6,11 @@
  * attention), positions crossing pages, a scrambled block table, head sizes
  * 64/128/256, inputs whose width is not a multiple of 8 (the scalar GEMV),
  * F32/F16/BF16 and MLX affine (4- and 8-bit codes, groups of 32, 64
- * and 128) weights, F32/F16/BF16 K/V, norms, gated activations, biases, residual
- * adds, sliding windows and soft-capping. Then whole steps (the forward
+ * and 128, BF16/F16/F32 scales) weights, F32/F16/BF16 K/V, norms, gated
+ * activations, biases, residual adds, sliding windows and soft-capping;
+ * again with the decoding attention split into many short or a few long
+ * splits and the one-row GEMV's persistent grid capped at a few blocks.
+ * Then whole steps (the forward
  * pass of a random 2-layer model) on both backends, decode steps replayed
  * from the CUDA graph at moving positions, and the device argmax; and a
  * Gemma-3-like model whose sliding-window layer keeps its K/V in a second
@@ -63,24 +66,27 @@ static void *dev_copy(const void *h, size_t n)
     return d;
 }
 
-/* MLX affine matrices of the model being made: codes of g_mlx_bits bits, groups of g_mlx_group. */
+/* MLX affine matrices of the model being made: codes of g_mlx_bits bits, groups of g_mlx_group,
+ * scales and biases of g_mlx_sdt. */
 static uint32_t g_mlx_bits, g_mlx_group;
+static lms_dtype g_mlx_sdt = LMS_DTYPE_BF16;
 
 /* An MLX affine matrix whose values s * q + b spread over about [-scale, scale]:
- * random codes, bf16 scales and biases per group. */
+ * random codes, scales and biases per group. */
 static void make_mlx(lms__wt *w, uint32_t rows, uint32_t cols, float scale)
 {
     uint32_t bits = g_mlx_bits, group = g_mlx_group, ng = cols / group;
     size_t nbytes = (size_t)rows * cols * bits / 8, ns = (size_t)rows * ng;
     uint8_t *codes = malloc(nbytes);
-    uint16_t *sc = malloc(ns * 2), *bi = malloc(ns * 2);
+    size_t es = esz(g_mlx_sdt);
+    void *sc = malloc(ns * es), *bi = malloc(ns * es);
     for (size_t i = 0; i < nbytes; i++) codes[i] = (uint8_t)(g_rng = g_rng * 6364136223846793005ull + 1, g_rng >> 56);
     for (size_t i = 0; i < ns; i++) {
-        sc[i] = lms__f32_to_bf16(2.0f * scale / (float)((1u << bits) - 1) * (0.75f + 0.25f * frand()));
-        bi[i] = lms__f32_to_bf16(-scale * (1.0f + 0.1f * frand()));
+        put(sc, i, 2.0f * scale / (float)((1u << bits) - 1) * (0.75f + 0.25f * frand()), g_mlx_sdt);
+        put(bi, i, -scale * (1.0f + 0.1f * frand()), g_mlx_sdt);
     }
     lms__mlx_q *q = calloc(1, sizeof *q);
-    *q = (lms__mlx_q){sc, bi, dev_copy(sc, ns * 2), dev_copy(bi, ns * 2), LMS_DTYPE_BF16, bits, group};
+    *q = (lms__mlx_q){sc, bi, dev_copy(sc, ns * es), dev_copy(bi, ns * es), g_mlx_sdt, bits, group};
     *w = (lms__wt){codes, dev_copy(codes, nbytes), LMS_DTYPE_MLX_AFFINE, rows, cols, q};
 }
 
@@ -422,10 +428,12 @@ static void test_ops_shape(const shape *s)
     const lms__hparams *hp = &m.hp;
     const lms__layer_w *L = &m.layers[1];
     uint32_t qd = hp->n_heads * hp->head_dim;
-    const uint32_t nbs[] = {1, 3, 8, 9, 70, 80}, pos0s[] = {0, 13, 133};
+    /* positions: one split, a few, many (the decoding attention's splits of 32 positions and
+     * more, the last one holding the step's own token) */
+    const uint32_t nbs[] = {1, 3, 8, 9, 70, 80}, pos0s[] = {0, 13, 133, 300};
     double kv_tol = s->kvdt == LMS_DTYPE_F32 ? 2e-5 : s->kvdt == LMS_DTYPE_F16 ? 2e-3 : 1e-2;
     for (size_t ni = 0; ni < 6; ni++)
-        for (size_t pi = 0; pi < 3; pi++) {
+        for (size_t pi = 0; pi < 4; pi++) {
             uint32_t nb = nbs[ni], pos0 = pos0s[pi];
             if (pos0 + nb > N_PAGES * 16)
                 continue;
@@ -888,15 +896,66 @@ static const shape SHAPES[] = {
     {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, true, true, 4, 128},
     {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 8, 32},
     {64, 4, 2, 16, 96, 384, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, true, true, 4, 32}, /* the fixture's */
+    /* widths not a multiple of 512 with an odd number of groups a row, rows not a multiple
+     * of a warp's 2; rows of several passes of a warp's loads with a partial last one, and
+     * an input wider than one quantizing pass (4096 elements with a norm, 8192 without) */
+    {320, 5, 1, 64, 960, 1003, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64},
+    {288, 9, 3, 32, 800, 515, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 4, 32},
+    {256, 4, 2, 64, 8320, 301, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64},
+};
+
+/* MLX affine shapes with F16 and F32 scales and biases (the others have BF16 ones) */
+static const struct {
+    shape s;
+    lms_dtype sdt;
+} MLX_SDT[] = {
+    {{320, 5, 1, 64, 960, 1003, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F16, false, false, 4, 64}, LMS_DTYPE_F16},
+    {{384, 6, 2, 64, 1152, 999, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_BF16, true, false, 8, 128}, LMS_DTYPE_F32},
+    {{576, 9, 3, 64, 1536, 777, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 8, 32}, LMS_DTYPE_F16},
+    {{288, 9, 3, 32, 800, 515, LMS_DTYPE_MLX_AFFINE, LMS_DTYPE_F32, false, true, 4, 32}, LMS_DTYPE_F32},
 };
 
 static void ops_match_cpu(void **state)
 {
     setenv("LMSTORE_CUDA_GRAPH", "0", 1); /* activations are written between operations */
     for (size_t i = 0; i < LMS_ARRAY_LEN(SHAPES); i++) test_ops_shape(&SHAPES[i]);
+    for (size_t i = 0; i < LMS_ARRAY_LEN(MLX_SDT); i++) {
+        g_mlx_sdt = MLX_SDT[i].sdt;
+        test_ops_shape(&MLX_SDT[i].s);
+    }
+    g_mlx_sdt = LMS_DTYPE_BF16;
     printf("ops: %d checks, %d mismatches; one-row MLX products (int8 activations): largest rel err %.3g\n",
            g_checks, g_fail, g_mlxq_max);
     assert_int_equal(g_fail, 0);
+}
+
+/* The same operations with the decoding attention split finer and coarser than by default
+ * (splits of 7 positions: up to 32 of them, merged by the last block; of 100: several
+ * tiles a split, the step's own token at a tile's start or alone in its split) and the
+ * one-row GEMV's persistent grid capped at a few blocks, so that every block loops over
+ * many groups of rows (the post-norm's sums gathered over them). Head dims 64, 128 and
+ * 256 with 1 to 4 query heads per kv head. */
+static void split_attention_and_gemv_grid_match_cpu(void **state)
+{
+    static const shape T[] = {
+        {256, 4, 2, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+        {512, 8, 2, 128, 1024, 3001, LMS_DTYPE_BF16, LMS_DTYPE_BF16, true, true, 0, 0},
+        {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
+        {256, 4, 2, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0}, /* gemma-3's head */
+        {256, 2, 2, 128, 512, 777, LMS_DTYPE_F16, LMS_DTYPE_F32, false, true, 0, 0},
+    };
+    static const char *const chunk[] = {"7", "100"}, *const grid[] = {"7", "5"};
+    int before = g_fail;
+    setenv("LMSTORE_CUDA_GRAPH", "0", 1);
+    for (int v = 0; v < 2; v++) {
+        setenv("LMSTORE_CUDA_ATT_CHUNK", chunk[v], 1);
+        setenv("LMSTORE_CUDA_GEMV_GRID", grid[v], 1);
+        for (size_t i = 0; i < LMS_ARRAY_LEN(T); i++) test_ops_shape(&T[i]);
+    }
+    unsetenv("LMSTORE_CUDA_ATT_CHUNK");
+    unsetenv("LMSTORE_CUDA_GEMV_GRID");
+    printf("split attention, small GEMV grid: %d mismatches\n", g_fail - before);
+    assert_int_equal(g_fail - before, 0);
 }
 
 static void forward_matches_cpu(void **state)
@@ -958,6 +1017,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ops_match_cpu),
+        cmocka_unit_test(split_attention_and_gemv_grid_match_cpu),
         cmocka_unit_test(forward_matches_cpu),
         cmocka_unit_test(window_group_forward_matches_cpu),
         cmocka_unit_test(segments_match_cpu),

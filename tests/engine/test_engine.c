@@ -657,6 +657,44 @@ static void rss_flat_during_1000_token_generation(void **s)
     free(sd);
 }
 
+/* The KV budget is reserved at creation, but on the CPU only the pages
+ * written hold memory: a 256 MiB budget costs about the pages of the tokens
+ * run, and the metrics say how much of it was written. */
+static void kv_budget_holds_memory_only_for_pages_written(void **s)
+{
+    char *sd = store_with("kvlazy", "llama");
+    lms_store *st;
+    lms_model *m;
+    lms_engine *e;
+    assert_int_equal(lms_store_open(sd, 0, NULL, &st), 0);
+    assert_int_equal(lms_model_open(st, "llama", NULL, &m), 0);
+    lms_engine_params ep = lms_engine_default_params();
+    ep.threads = 2;
+    ep.n_ctx = 256;
+    ep.kv_bytes = 256u << 20;
+    long r0 = rss_kb();
+    assert_int_equal(lms_engine_create(m, &ep, &e), 0);
+    long r1 = rss_kb();
+    collect *c = calloc(1, sizeof *c);
+    lms_gen_params gp = greedy(16);
+    int32_t p[40];
+    for (int i = 0; i < 40; i++) p[i] = (int32_t)((i * 37 + 11) % 384);
+    lms_gen_metrics mt;
+    assert_int_equal(lms_generate(e, &gp, p, 40, on_token, c, &mt), 0);
+    long r2 = rss_kb();
+    printf("KV reserved %llu bytes, written %llu; RSS +%ld KB at creation, +%ld KB after 56 tokens\n",
+           (unsigned long long)mt.kv_bytes, (unsigned long long)mt.kv_touched_bytes, r1 - r0, r2 - r1);
+    assert_true(mt.kv_bytes >= (256u << 20) - (1u << 20) && mt.kv_bytes <= (256u << 20));
+    assert_true(mt.kv_touched_bytes > 0 && mt.kv_touched_bytes < (1u << 20)); /* 4 pages of 16 tokens */
+    assert_true(r2 - r0 < 32 * 1024);
+    free(c);
+    lms_engine_free(e);
+    lms_model_close(m);
+    assert_int_equal(lms_store_close(st), 0);
+    lms_test_rmrf(sd);
+    free(sd);
+}
+
 static long anon_kb(void)
 {
     char line[256];
@@ -979,6 +1017,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(resume_with_other_model_fails_and_keeps_sequence),
         cmocka_unit_test(prefix_reuse_is_reported_and_exact),
         cmocka_unit_test(rss_flat_during_1000_token_generation),
+        cmocka_unit_test(kv_budget_holds_memory_only_for_pages_written),
         cmocka_unit_test(anonymous_memory_does_not_grow_with_model_size),
         cmocka_unit_test(streamed_text_equals_decode_and_stop_strings_cut_it),
         cmocka_unit_test(unsupported_settings_fail_at_load_naming_them),

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "lmstore/loader.h"
 #include "testutil.h"
 
 typedef struct ref {
@@ -360,6 +361,101 @@ static void qwen3_forward_matches_transformers(void **s) { each_kernel("qwen3");
 static void gemma3_forward_matches_transformers(void **s) { each_kernel("gemma3"); }
 static void gemma3_multimodal_text_forward_matches_transformers(void **s) { each_kernel("gemma3-mm"); }
 
+/* ---- the gate: a step behind weights that are still arriving ---------------------------------- */
+
+typedef struct gate_log {
+    rig *g;
+    int32_t seen[80];
+    int n;
+    int32_t fail_at; /* a wait for this layer fails (LMS_EIO); -100: none */
+    bool kv_ok;      /* at every wait(l): layer l's K/V untouched, layer l - 1's written */
+} gate_log;
+
+/* K of layer l, position 0 (in its group): all zero bytes until the layer ran. */
+static bool layer_written(const rig *g, uint32_t l)
+{
+    lms__kvloc at = lms__kv_layer(&g->kv, l);
+    const uint8_t *p = at.base + (size_t)at.pages[0] * at.page_bytes + at.layer_off;
+    for (size_t i = 0; i < g->kv.token_bytes; i++)
+        if (p[i])
+            return true;
+    return false;
+}
+
+static void clear_kv(rig *g)
+{
+    memset(g->arena, 0, 64 * g->kv.page_bytes);
+    if (g->warena)
+        memset(g->warena, 0, 64 * g->kv.wpage_bytes);
+}
+
+static int gate_wait(void *ctx, int32_t layer)
+{
+    gate_log *lg = ctx;
+    assert_true(lg->n < 80);
+    lg->seen[lg->n++] = layer;
+    if (layer >= 0) /* the CPU backend has run every operation issued before this wait */
+        lg->kv_ok &= !layer_written(lg->g, (uint32_t)layer) && (layer == 0 || layer_written(lg->g, (uint32_t)layer - 1));
+    return layer == lg->fail_at ? lms__err(LMS_EIO, "layer %d: copy failed (test)", (int)layer) : 0;
+}
+
+/* A gated step of several rows waits for layer 0, 1, ... just before each
+ * layer's operations, then for every weight before the head; its logits
+ * equal an ungated step's bit for bit (the embedding looked up in the host
+ * view, as the backend's own lookup). A failed wait is the step's error and
+ * keeps the gate; a one-row step waits for every weight first. */
+static void gated_family(const char *family)
+{
+    rig g;
+    rig_open(&g, family, lms__kernels_best(), LMS_DTYPE_F32, 2, 16, LMS_DTYPE_BF16);
+    uint32_t V = g.hp.n_vocab, L = g.hp.n_layers, n = 9;
+    int32_t toks[9];
+    for (uint32_t i = 0; i < n; i++) toks[i] = (int32_t)((i * 7919 + 3) % V);
+    float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    assert_int_equal(lms__fwd_block(g.fwd, toks, n, 0, &g.kv, want, false), 0);
+
+    gate_log lg = {.g = &g, .fail_at = 1, .kv_ok = true};
+    clear_kv(&g);
+    assert_int_equal(lms__fwd_gate(g.fwd, gate_wait, &lg), 0);
+    assert_int_equal(lms__fwd_block(g.fwd, toks, n, 0, &g.kv, got, false), LMS_EIO);
+    assert_non_null(strstr(lms_last_error(), "layer 1"));
+    assert_true(lms__fwd_gated(g.fwd));
+    assert_int_equal(lg.n, 2); /* 0, 1: nothing after the failure */
+
+    lg = (gate_log){.g = &g, .fail_at = -100, .kv_ok = true};
+    clear_kv(&g);
+    assert_int_equal(lms__fwd_block(g.fwd, toks, n, 0, &g.kv, got, false), 0);
+    assert_false(lms__fwd_gated(g.fwd));
+    assert_int_equal(lg.n, (int)L + 1);
+    for (uint32_t l = 0; l < L; l++) assert_int_equal(lg.seen[l], (int32_t)l);
+    assert_int_equal(lg.seen[L], LMS_LAYER_ALL);
+    assert_true(lg.kv_ok);
+    assert_memory_equal(got, want, sizeof(float) * V);
+
+    /* gone: the next step waits for nothing */
+    assert_int_equal(lms__fwd_block(g.fwd, toks, 1, n, &g.kv, got, false), 0);
+    assert_int_equal(lg.n, (int)L + 1);
+
+    /* a one-row step: every weight first */
+    lg = (gate_log){.g = &g, .fail_at = -100, .kv_ok = true};
+    assert_int_equal(lms__fwd_gate(g.fwd, gate_wait, &lg), 0);
+    assert_int_equal(lms__fwd_block(g.fwd, toks, 1, n, &g.kv, want, false), 0);
+    assert_int_equal(lg.n, 1);
+    assert_int_equal(lg.seen[0], LMS_LAYER_ALL);
+    assert_false(lms__fwd_gated(g.fwd));
+    assert_memory_equal(got, want, sizeof(float) * V);
+    free(want);
+    free(got);
+    rig_close(&g);
+}
+
+/* llama: embeddings as they are; gemma3: scaled in the weights' dtype */
+static void gated_step_runs_each_layer_after_its_weights_arrive(void **s)
+{
+    gated_family("llama");
+    gated_family("gemma3");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -369,6 +465,7 @@ int main(void)
         cmocka_unit_test(gemma3_forward_matches_transformers),
         cmocka_unit_test(gemma3_multimodal_text_forward_matches_transformers),
         cmocka_unit_test(prefill_blocks_match_token_by_token),
+        cmocka_unit_test(gated_step_runs_each_layer_after_its_weights_arrive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
