@@ -59,6 +59,7 @@
  *  (7) LMS_KV_CODEC_AUTO is resolved before any page is encoded
  *      (save_choose_codec): records hold only real codecs.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -1164,6 +1165,49 @@ static void res_free(res_ctx *c)
     lms__free(c->mark);
 }
 
+/* Recording the session's last use is an LMDB write transaction (a commit
+ * and its sync, most of a millisecond), independent of the pages: it runs on
+ * its own thread while they are read, and the resume waits for it only at the
+ * end. It starts once the record has been read and planned, so a resume that
+ * fails on a page has still marked the session used. */
+typedef struct touch_job {
+    lms_store *store;
+    const char *name;
+    pthread_t th;
+    bool started;
+    int rc;
+    char err[256];
+} touch_job;
+
+static void *touch_run(void *arg)
+{
+    touch_job *j = arg;
+    j->rc = lms__kv_touch(j->store, j->name);
+    if (j->rc)
+        snprintf(j->err, sizeof j->err, "%s", lms_last_error());
+    return NULL;
+}
+
+static void touch_start(touch_job *j, lms_store *store, const char *name)
+{
+    j->store = store;
+    j->name = name;
+    j->started = pthread_create(&j->th, NULL, touch_run, j) == 0;
+    if (!j->started)
+        touch_run(j); /* no thread to be had: in series */
+}
+
+static void touch_finish(touch_job *j)
+{
+    if (j->started) {
+        pthread_join(j->th, NULL);
+        j->started = false;
+    }
+    if (j->rc)
+        lms__warn("KV resume '%s': could not update its last-used time: %s", j->name, j->err);
+    j->rc = 0;
+}
+
 int lms_kv_resume(lms_kv *kv, lms_store *store, const char *name, lms_kv_seq **out)
 {
     return lms_kv_resume_ex(kv, store, name, NULL, out, NULL);
@@ -1174,6 +1218,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
 {
     double t0 = lms__now(), t_prep, t_decoded;
     res_ctx c;
+    touch_job touch = {0};
     int rc;
 
     memset(&c, 0, sizeof c);
@@ -1195,6 +1240,7 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     if ((rc = res_open(&c, store)) || (rc = res_keys(&c)) || (rc = res_locate(&c)) || (rc = res_plan(&c)))
         goto out;
     t_prep = lms__now();
+    touch_start(&touch, store, name);
     if ((rc = res_decode(&c, params)) || (rc = res_copy_staged(&c)))
         goto out;
     t_decoded = lms__now();
@@ -1204,14 +1250,13 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
     *out = lms__kv_seq_attach(kv, att, c.tokens, c.r.n_tokens);
 
     double t_built = lms__now();
-    if ((rc = lms__kv_touch(store, name)))
-        lms__warn("KV resume '%s': could not update its last-used time: %s", name, lms_last_error());
+    touch_finish(&touch);
     T->prepare = t_prep - t0;
     T->build = t_built - t_decoded;
     T->touch = lms__now() - t_built;
     lms__debug("KV resume '%s': %u pages (%u read): prepare %.1f ms, set-up %.1f ms, pages %.1f ms (%d threads; "
                "per thread: ring wait %.1f, read %.1f, check %.1f, upload calls %.1f ms; last uploads %.1f ms), "
-               "build %.1f ms, last-used %.1f ms",
+               "build %.1f ms, last-used wait %.1f ms",
                name, c.n_pages, c.to_read, T->prepare * 1e3, T->setup * 1e3, T->pipeline * 1e3, T->threads,
                T->wait * 1e3 / LMS_MAX(1, T->threads), T->read * 1e3 / LMS_MAX(1, T->threads),
                T->hash * 1e3 / LMS_MAX(1, T->threads), T->upload * 1e3 / LMS_MAX(1, T->threads), T->sync * 1e3,
@@ -1220,6 +1265,10 @@ int lms_kv_resume_ex(lms_kv *kv, lms_store *store, const char *name, const lms_k
         res_stats(&c, t0, stats);
     rc = 0;
 out:
+    if (touch.started) { /* a failed resume: its error stays this thread's */
+        pthread_join(touch.th, NULL);
+        touch.started = false;
+    }
     res_free(&c);
     return rc;
 }

@@ -403,7 +403,7 @@ typedef struct lms_kv_session_info {
     uint32_t n_pages;
     uint32_t n_window_pages;  /* window-group pages saved (layout.window > 0): the last window's */
     uint64_t created;         /* unix seconds */
-    uint64_t last_used;       /* unix seconds (last save or resume) */
+    uint64_t last_used;       /* unix seconds (last save, or last resume once its pages began to be read) */
     uint64_t raw_bytes;       /* K/V bytes of its pages (valid tokens) */
     uint64_t stored_bytes;    /* bytes of its pages in segments (shared pages counted fully) */
     uint32_t missing_pages;   /* page records absent from the index (0 in a healthy store) */
