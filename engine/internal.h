@@ -249,6 +249,8 @@ typedef struct lms__kernels {
     double (*sumsq)(const float *x, int n);
     /* (optional) out[i] = x[i] as f16, the bits of lms__f32_to_f16; NULL: that function */
     void (*to_f16)(const float *x, uint16_t *out, int n);
+    /* (optional) out[i] = x[i] widened from f16 (exact); NULL: lms__f16_to_f32 */
+    void (*from_f16)(const uint16_t *x, float *out, int n);
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)

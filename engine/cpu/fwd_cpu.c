@@ -339,6 +339,10 @@ static void att_chunk(const att_run *a, const lms__attchunk *c, uint32_t h, int 
     float *l = mx + (size_t)ATT_TQ * G;
     uint8_t *Kc = (uint8_t *)(l + (size_t)ATT_TQ * G), *Vc = Kc + (size_t)ATT_PC * hd * 4;
     int dti = lms__dt_index(kv->dtype);
+    /* F16 values widened once as they are gathered (every query row reads them): the rows' sums in f32 */
+    bool vwide = kv->dtype == LMS_DTYPE_F16 && bk->k->from_f16 && bk->k->axpyn[0];
+    size_t vrow = vwide ? hd * 4 : hd * esz;
+    int vdti = vwide ? 0 : dti;
     lms__kvloc L = lms__kv_layer(kv, a->layer);
     size_t lo_off = L.layer_off + (size_t)h * kv->head_bytes;
     assert(!L.group || lo / pt >= kv->wfirst); /* the window's pages are held */
@@ -364,7 +368,10 @@ static void att_chunk(const att_run *a, const lms__attchunk *c, uint32_t h, int 
         for (uint32_t p = c0; p < c1; p++) {
             const uint8_t *src = L.base + (size_t)L.pages[p / pt] * L.page_bytes + lo_off + (p % pt) * kv->token_bytes;
             memcpy(Kc + (size_t)(p - c0) * hd * esz, src, hd * esz);
-            memcpy(Vc + (size_t)(p - c0) * hd * esz, src + kv->v_offset, hd * esz);
+            if (vwide)
+                bk->k->from_f16((const uint16_t *)(src + kv->v_offset), (float *)(Vc + (size_t)(p - c0) * vrow), (int)hd);
+            else
+                memcpy(Vc + (size_t)(p - c0) * vrow, src + kv->v_offset, hd * esz);
         }
         bk->k->gemm[dti](Kc, hd, Q + (size_t)tf * G * hd, hd, S + (size_t)tf * G * ATT_PC, ATT_PC, (int)(c1 - c0),
                          (int)((tl - tf) * G), (int)hd, false);
@@ -400,11 +407,11 @@ static void att_chunk(const att_run *a, const lms__attchunk *c, uint32_t h, int 
                     }
                 }
                 l[j] += sum;
-                const uint8_t *V = Vc + (size_t)a0 * hd * esz;
-                if (bk->k->axpyn[dti])
-                    bk->k->axpyn[dti](o, V, hd * esz, s + a0, (int)(a1 - a0), (int)hd);
+                const uint8_t *V = Vc + (size_t)a0 * vrow;
+                if (bk->k->axpyn[vdti])
+                    bk->k->axpyn[vdti](o, V, vrow, s + a0, (int)(a1 - a0), (int)hd);
                 else
-                    for (uint32_t p = a0; p < a1; p++) bk->k->axpy[dti](o, V + (p - a0) * hd * esz, s[p], (int)hd);
+                    for (uint32_t p = a0; p < a1; p++) bk->k->axpy[vdti](o, V + (p - a0) * vrow, s[p], (int)hd);
             }
         }
         c0 = c1;

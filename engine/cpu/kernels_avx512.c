@@ -535,6 +535,14 @@ static T void to_f16(const float *x, uint16_t *out, int n)
     }
 }
 
+static T void from_f16(const uint16_t *x, float *out, int n)
+{
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        _mm512_mask_storeu_ps(out + k, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + k)));
+    }
+}
+
 const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
@@ -546,6 +554,7 @@ const lms__kernels lms__kernels_avx512 = {
     silu_mul,
     sumsq,
     to_f16,
+    from_f16,
 };
 
 /* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
@@ -650,5 +659,6 @@ const lms__kernels lms__kernels_avx512bf16 = {
     silu_mul,
     sumsq,
     to_f16,
+    from_f16,
 };
 #endif

@@ -15,8 +15,9 @@
  *   - the optional element-wise kernels: expsum within 2 ulp of expf (and
  *     its sum that of its outputs), silu_mul within 4 ulp of the scalar
  *     formula, sumsq within double rounding of the scalar loop, to_f16 the
- *     bits of lms__f32_to_f16 (ties, subnormals, overflow), on lengths that
- *     are not whole 16s, elements past n untouched.
+ *     bits of lms__f32_to_f16 (ties, subnormals, overflow), from_f16 the
+ *     values of lms__f16_to_f32 (every kind of bits), on lengths that are
+ *     not whole 16s, elements past n untouched.
  */
 #include <math.h>
 #include <stdio.h>
@@ -267,6 +268,25 @@ static void elementwise_kernels_match_the_scalar_forms(void **state)
                     if (h[i] != lms__f32_to_f16(x[i]))
                         fail_msg("%s to_f16 n %d: %.9g gave %04x, want %04x", k->name, n, x[i], h[i], lms__f32_to_f16(x[i]));
                 assert_int_equal(h[n], 0x1234);
+            }
+            if (k->from_f16) {
+                ran++;
+                for (int i = 0; i < n; i++) { /* any bits: subnormals, inf, NaN */
+                    frand();
+                    h[i] = (uint16_t)(seed >> 48);
+                }
+                if (n > 2) {
+                    h[0] = 0x0001; /* the smallest subnormal */
+                    h[1] = 0xfc00; /* -inf */
+                }
+                e[n] = 42;
+                k->from_f16(h, e, n);
+                for (int i = 0; i < n; i++) {
+                    float w = lms__f16_to_f32(h[i]);
+                    if (memcmp(&e[i], &w, 4) && !(isnan(e[i]) && isnan(w)))
+                        fail_msg("%s from_f16 n %d: %04x gave %.9g, want %.9g", k->name, n, h[i], e[i], w);
+                }
+                assert_true(e[n] == 42);
             }
             free(x);
             free(e);
