@@ -33,7 +33,7 @@
 #             (default 4096); its peak RSS (/usr/bin/time)
 # Every tool runs with its defaults otherwise (llama-bench: batch 2048,
 # ubatch 512, flash attention auto, its own warm-up run; lmstore: prefill
-# blocks of 128 tokens on the CPU, its own warm-up). Prints each round and,
+# blocks of 512 tokens on the CPU, its own warm-up). Prints each round and,
 # per model and type, the median and min-max over rounds of lmstore /
 # llama.cpp for speeds (above 1: lmstore faster) and of llama.cpp / lmstore
 # for time to first token (above 1: lmstore faster), and both peak RSS.
