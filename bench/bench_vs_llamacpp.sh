@@ -208,8 +208,8 @@ fig() { # "decode pp128 pp512 ttft_s rss_kb" -> words
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "# bench_vs_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n), $cpu, $(nproc) CPUs, threads $threads"
-peer=$("$bin/llama-bench" --version 2>&1 | grep -m1 -o 'version: .*' || echo 'version ?')
-echo "# peer: llama.cpp $peer ($llama/build); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
+peer=$("$bin/llama-bench" --version 2>&1 | grep -m1 -o 'version: .*' || true)
+echo "# peer: llama.cpp ${peer:-version ?} ($llama/build); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode --ctx $ctx$([ -n "$base" ] && echo " --base $base")$([ $busy = 1 ] && echo ' --busy')$([ "$short" = 1 ] && echo ' --short')"
 for m in $models; do
   gen "$m"

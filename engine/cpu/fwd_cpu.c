@@ -241,6 +241,20 @@ typedef struct att_run {
     float scale, softcap;
 } att_run;
 
+/* Scores s[p0, p1) scaled (and soft-capped) in place; returns their max. */
+static float att_logits(const att_run *a, float *s, uint32_t p0, uint32_t p1)
+{
+    float m = -INFINITY;
+    for (uint32_t p = p0; p < p1; p++) {
+        float v = s[p] * a->scale;
+        if (a->softcap > 0)
+            v = a->softcap * tanhf(v / a->softcap);
+        s[p] = v;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
 /* One kv head h for one token t: its G query heads over positions [lo, pos0+t]. */
 static void att_one(const att_run *a, uint32_t h, uint32_t t, int worker)
 {
@@ -264,15 +278,8 @@ static void att_one(const att_run *a, uint32_t h, uint32_t t, int worker)
         bk->k->gemm[dti](K, hd, q, hd, sc + p0, bk->n_ctx, (int)(p1 - p0), (int)G, (int)hd, false);
     }
     for (uint32_t g = 0; g < G; g++) {
-        float *s = sc + (size_t)g * bk->n_ctx, mx = -INFINITY;
+        float *s = sc + (size_t)g * bk->n_ctx, mx = att_logits(a, s, lo, P);
         double sum = 0;
-        for (uint32_t p = lo; p < P; p++) {
-            float v = s[p] * a->scale;
-            if (a->softcap > 0)
-                v = a->softcap * tanhf(v / a->softcap);
-            s[p] = v;
-            mx = v > mx ? v : mx;
-        }
         for (uint32_t p = lo; p < P; p++) {
             s[p] = expf(s[p] - mx);
             sum += s[p];
@@ -382,14 +389,7 @@ static void att_chunk(const att_run *a, const lms__attchunk *c, uint32_t h, int 
                 continue;
             for (uint32_t g = 0; g < G; g++) {
                 uint32_t j = t * G + g;
-                float *s = S + (size_t)j * ATT_PC, m = -INFINITY;
-                for (uint32_t p = a0; p < a1; p++) {
-                    float v = s[p] * a->scale;
-                    if (a->softcap > 0)
-                        v = a->softcap * tanhf(v / a->softcap);
-                    s[p] = v;
-                    m = v > m ? v : m;
-                }
+                float *s = S + (size_t)j * ATT_PC, m = att_logits(a, s, a0, a1);
                 float *o = O + (size_t)j * hd;
                 if (m > mx[j]) {
                     float r = expf(mx[j] - m); /* 0 for the first block */
