@@ -7,7 +7,11 @@
  * prints the median per product, multiply-adds per second and weight bytes
  * per second.
  *
- *   bench_kernels [--rows R] [--cols C] [--nb N] [--reps K] [--dtype bf16|f16|f32]
+ * With --chunk R the product runs as the engine runs it: calls of R rows
+ * each (a thread's share), in order, so that a matrix larger than the
+ * caches streams its weights from memory once per product.
+ *
+ *   bench_kernels [--rows R] [--cols C] [--nb N] [--reps K] [--dtype bf16|f16|f32] [--chunk R]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +35,7 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int rows = 2048, cols = 2048, nb = 1, reps = 20;
+    int rows = 2048, cols = 2048, nb = 1, reps = 20, chunk = 0;
     lms_dtype dt = LMS_DTYPE_BF16;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rows"))
@@ -42,15 +46,17 @@ int main(int argc, char **argv)
             nb = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps"))
             reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--chunk"))
+            chunk = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dtype"))
             dt = !strcmp(argv[i + 1], "f32") ? LMS_DTYPE_F32 : !strcmp(argv[i + 1], "f16") ? LMS_DTYPE_F16 : LMS_DTYPE_BF16;
         else {
-            fprintf(stderr, "usage: bench_kernels [--rows R] [--cols C] [--nb N] [--reps K] [--dtype bf16|f16|f32]\n");
+            fprintf(stderr, "usage: bench_kernels [--rows R] [--cols C] [--nb N] [--reps K] [--dtype bf16|f16|f32] [--chunk R]\n");
             return 2;
         }
     }
-    if (rows <= 0 || cols <= 0 || cols % 2 || nb <= 0 || reps <= 0) {
-        fprintf(stderr, "bench_kernels: rows, nb, reps positive, cols positive and even\n");
+    if (rows <= 0 || cols <= 0 || cols % 2 || nb <= 0 || reps <= 0 || chunk < 0) {
+        fprintf(stderr, "bench_kernels: rows, nb, reps positive, cols positive and even, chunk not negative\n");
         return 2;
     }
     size_t esz = dt == LMS_DTYPE_F32 ? 4 : 2, wbytes = (size_t)rows * cols * esz;
@@ -69,7 +75,10 @@ int main(int argc, char **argv)
             ((uint16_t *)W)[i] = dt == LMS_DTYPE_F16 ? lms__f32_to_f16(v) : lms__f32_to_bf16(v);
     }
     for (size_t i = 0; i < (size_t)nb * cols; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
-    printf("# %d x %d %s, %d tokens, %d reps, one thread (thread CPU time)\n", rows, cols, lms_dtype_name(dt), nb, reps);
+    if (chunk == 0 || chunk > rows)
+        chunk = rows;
+    printf("# %d x %d %s, %d tokens, %d reps, calls of %d rows, one thread (thread CPU time)\n", rows, cols,
+           lms_dtype_name(dt), nb, reps, chunk);
     const char *sets[] = {"avx512bf16", "avx512", "avx2", "generic"};
     for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
         const lms__kernels *k = lms__kernels_by_name(sets[s]);
@@ -80,11 +89,15 @@ int main(int argc, char **argv)
                 continue;
             for (int r = 0; r < reps; r++) {
                 double t0 = cpu_now();
-                if (bf) {
+                if (bf)
                     for (int b = 0; b < nb; b++) k->to_bf16(x + (size_t)b * cols, xb + (size_t)b * cols, cols);
-                    k->gemm_xbf16((const uint16_t *)W, cols, xb, cols, y, rows, rows, nb, cols, false);
-                } else {
-                    k->gemm[lms__dt_index(dt)](W, cols, x, cols, y, rows, rows, nb, cols, false);
+                for (int r0 = 0; r0 < rows; r0 += chunk) {
+                    int n = rows - r0 < chunk ? rows - r0 : chunk;
+                    const uint8_t *Wr = W + (size_t)r0 * cols * esz;
+                    if (bf)
+                        k->gemm_xbf16((const uint16_t *)Wr, cols, xb, cols, y + r0, rows, n, nb, cols, false);
+                    else
+                        k->gemm[lms__dt_index(dt)](Wr, cols, x, cols, y + r0, rows, n, nb, cols, false);
                 }
                 t[r] = cpu_now() - t0;
             }

@@ -33,16 +33,20 @@
 #             (default 4096); its peak RSS (/usr/bin/time)
 # Every tool runs with its defaults otherwise (llama-bench: batch 2048,
 # ubatch 512, flash attention auto, its own warm-up run; lmstore: prefill
-# blocks of 128 tokens on the CPU, its own warm-up). Prints each round and,
+# blocks of 512 tokens on the CPU, its own warm-up). Prints each round and,
 # per model and type, the median and min-max over rounds of lmstore /
 # llama.cpp for speeds (above 1: lmstore faster) and of llama.cpp / lmstore
 # for time to first token (above 1: lmstore faster), and both peak RSS.
 #
+# --base DIR also measures a second lmstore build (DIR holds its lmstore binary; e.g. the main branch
+# built in a scratch tree) in the same rounds, between the two engines (order lmstore, base, llama.cpp
+# in odd rounds, reversed in even ones), and prints its ratios to llama.cpp and lmstore's to it: the
+# gain of a change in the same minutes as the comparison.
 # --short measures decode and prefill 128 only (no prefill 512, no whole-process run): a quarter of
 # the time, for a machine shared with other work.
 # usage: bench/bench_vs_llamacpp.sh [--llama DIR] [--work DIR] [--build DIR] [--threads T] [--pairs N]
 #            [--models "llama-3.2-1b qwen3-0.6b smollm2-135m"] [--types "Q8_0 Q4_0 Q4_K_M BF16 F16"] [--decode N]
-#            [--ctx N] [--busy] [--short]
+#            [--ctx N] [--busy] [--short] [--base DIR]
 #   --busy   also run lmstore's decode with a busy loop pinned on CPU 0 (another process holding a
 #            core), alternating with quiet rounds, and print the ratio to the quiet rate
 # Environment: LLAMACPP_DIR (the peer's folder, default ${TMPDIR:-/tmp}/lmstore-llamacpp),
@@ -63,6 +67,7 @@ decode=64
 short=0
 ctx=4096
 busy=0
+base=
 while [ $# -gt 0 ]; do
   case $1 in
     --llama) llama=$2; shift 2 ;;
@@ -76,6 +81,7 @@ while [ $# -gt 0 ]; do
     --short) short=1; shift ;;
     --busy) busy=1; shift ;;
     --ctx) ctx=$2; shift 2 ;;
+    --base) base=$2; shift 2 ;;
     *) sed -n '/^# usage/,/^# Needs/p' "$0" >&2; exit 2 ;;
   esac
 done
@@ -87,8 +93,11 @@ for b in lmstore membw; do
   [ -x "$build/$b" ] || { echo "bench_vs_llamacpp.sh: $build/$b not built (cmake --build $build)" >&2; exit 1; }
 done
 lms=$build/lmstore
+[ -z "$base" ] || [ -x "$base/lmstore" ] || { echo "bench_vs_llamacpp.sh: $base/lmstore not built" >&2; exit 1; }
 mkdir -p "$work" "$llama"
 store=$work/store
+timef=$(mktemp) # /usr/bin/time's output (the work folder may be read-only once made)
+trap 'rm -f "$timef"' EXIT
 
 # ---- the peer ----------------------------------------------------------------------------------
 bin=$llama/build/bin
@@ -162,17 +171,17 @@ PY
 
 py_json() { "$PYTHON" -c "import json,sys; d=json.loads(sys.stdin.read()); print($1)"; }
 
-lms_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
-  local name=$1-$2 j1 j2 dec pp128 pp512 tt
+lms_round() { # model type [lmstore binary] -> "decode pp128 pp512 ttft_s rss_kb"
+  local name=$1-$2 lms=${3:-$lms} j1 j2 dec pp128 pp512 tt
   j1=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 128 --gen "$decode" --reps 1 --membw-mib 16 --json)
   if [ "$short" = 1 ]; then echo "$(echo "$j1" | py_json 'd["decode_tps"]') $(echo "$j1" | py_json 'd["prefill_tps"]') 0 0 0"; return; fi
-  j2=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 512 --gen 1 --reps 1 --membw-mib 16 --json)
+  j2=$("$lms" bench engine "$name" --store "$store" --threads "$threads" --prompt 512 --gen 2 --reps 1 --membw-mib 16 --json)
   dec=$(echo "$j1" | py_json 'd["decode_tps"]')
   pp128=$(echo "$j1" | py_json 'd["prefill_tps"]')
   pp512=$(echo "$j2" | py_json 'd["prefill_tps"]')
-  /usr/bin/time -o "$work/time.txt" -f "%e %M" "$lms" run "$name" --store "$store" --threads "$threads" \
+  /usr/bin/time -o "$timef" -f "%e %M" "$lms" run "$name" --store "$store" --threads "$threads" \
     --ctx "$ctx" -p "$prompt" --max-tokens 1 --ignore-eos >/dev/null 2>&1
-  tt=$(tail -1 "$work/time.txt")
+  tt=$(tail -1 "$timef")
   echo "$dec $pp128 $pp512 $tt"
 }
 
@@ -187,16 +196,21 @@ llama_round() { # model type -> "decode pp128 pp512 ttft_s rss_kb"
   dec=$(echo "$j1" | py_json 'd[0]["avg_ts"]')
   pp128=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 128][0]')
   pp512=$(echo "$j2" | py_json '[x["avg_ts"] for x in d if x["n_prompt"] == 512][0]')
-  /usr/bin/time -o "$work/time.txt" -f "%e %M" "$bin/llama-completion" -m "$f" -t "$threads" -c "$ctx" -p "$prompt" \
+  /usr/bin/time -o "$timef" -f "%e %M" "$bin/llama-completion" -m "$f" -t "$threads" -c "$ctx" -p "$prompt" \
     -n 1 -no-cnv --no-display-prompt >/dev/null 2>&1 </dev/null
-  tt=$(tail -1 "$work/time.txt")
+  tt=$(tail -1 "$timef")
   echo "$dec $pp128 $pp512 $tt"
+}
+
+fig() { # "decode pp128 pp512 ttft_s rss_kb" -> words
+  echo "decode $(echo $1 | cut -d' ' -f1) tok/s, prefill128 $(echo $1 | cut -d' ' -f2), prefill512 $(echo $1 | cut -d' ' -f3), ttft $(echo $1 | cut -d' ' -f4) s, rss $(echo $1 | cut -d' ' -f5) KB"
 }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "# bench_vs_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n), $cpu, $(nproc) CPUs, threads $threads"
-echo "# peer: llama.cpp vendored by llama-cpp-python $pyver ($llama/build, GGML_NATIVE); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode --ctx $ctx$([ $busy = 1 ] && echo ' --busy')$([ "$short" = 1 ] && echo ' --short')"
+peer=$("$bin/llama-bench" --version 2>&1 | grep -m1 -o 'version: .*' || true)
+echo "# peer: llama.cpp ${peer:-version ?} ($llama/build); lmstore $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "# command: bench/bench_vs_llamacpp.sh --threads $threads --pairs $pairs --models \"$models\" --types \"$types\" --decode $decode --ctx $ctx$([ -n "$base" ] && echo " --base $base")$([ $busy = 1 ] && echo ' --busy')$([ "$short" = 1 ] && echo ' --short')"
 for m in $models; do
   gen "$m"
   for t in $types; do
@@ -205,10 +219,11 @@ for m in $models; do
     for r in $(seq 1 "$pairs"); do
       bw=$("$build/membw" --threads "$threads" --mib 1024 --reps 5 --json | py_json 'd["median_gbs"]')
       load=$(cut -d' ' -f1 /proc/loadavg)
-      if [ $((r % 2)) = 1 ]; then a=$(lms_round "$m" "$t"); b=$(llama_round "$m" "$t")
-      else b=$(llama_round "$m" "$t"); a=$(lms_round "$m" "$t"); fi
-      echo "$m $t round $r: load $load, membw $bw GB/s | lmstore: decode $(echo $a | cut -d' ' -f1) tok/s, prefill128 $(echo $a | cut -d' ' -f2), prefill512 $(echo $a | cut -d' ' -f3), ttft $(echo $a | cut -d' ' -f4) s, rss $(echo $a | cut -d' ' -f5) KB | llama.cpp: decode $(echo $b | cut -d' ' -f1), prefill128 $(echo $b | cut -d' ' -f2), prefill512 $(echo $b | cut -d' ' -f3), ttft $(echo $b | cut -d' ' -f4) s, rss $(echo $b | cut -d' ' -f5) KB"
-      rows+=("$bw $a $b $load")
+      c=
+      if [ $((r % 2)) = 1 ]; then a=$(lms_round "$m" "$t"); [ -z "$base" ] || c=$(lms_round "$m" "$t" "$base/lmstore"); b=$(llama_round "$m" "$t")
+      else b=$(llama_round "$m" "$t"); [ -z "$base" ] || c=$(lms_round "$m" "$t" "$base/lmstore"); a=$(lms_round "$m" "$t"); fi
+      echo "$m $t round $r: load $load, membw $bw GB/s | lmstore: $(fig "$a") | llama.cpp: $(fig "$b")$([ -z "$c" ] || echo " | base: $(fig "$c")")"
+      rows+=("$bw $a $b $load $c")
     done
     printf '%s\n' "${rows[@]}" | "$PYTHON" -c '
 import statistics as st, sys
@@ -217,7 +232,7 @@ R = [[float(x) for x in l.split()] for l in sys.stdin if l.strip()]
 def s(v, f="{:.2f}"):
     return (f + "x (" + f + "-" + f + ")").format(st.median(v), min(v), max(v))
 bw = [r[0] for r in R]
-a = [r[1:6] for r in R]; b = [r[6:11] for r in R]; ld = [r[11] for r in R]
+a = [r[1:6] for r in R]; b = [r[6:11] for r in R]; ld = [r[11] for r in R]; c = [r[12:17] for r in R if len(r) > 12]
 print(f"{m} {t}: {len(R)} pairs, membw {st.median(bw):.1f} GB/s ({min(bw):.1f}-{max(bw):.1f}), "
       f"load average {st.median(ld):.1f} ({min(ld):.1f}-{max(ld):.1f})")
 print(f"  decode {st.median([x[0] for x in a]):.2f} vs {st.median([x[0] for x in b]):.2f} tok/s: lmstore/llama.cpp " + s([x[0] / y[0] for x, y in zip(a, b)]))
@@ -226,6 +241,11 @@ if all(x[2] > 0 for x in a + b):  # not --short
     print(f"  prefill 512 {st.median([x[2] for x in a]):.1f} vs {st.median([x[2] for x in b]):.1f} tok/s: " + s([x[2] / y[2] for x, y in zip(a, b)]))
     print(f"  process to first token {st.median([x[3] for x in a]):.2f} vs {st.median([x[3] for x in b]):.2f} s: llama.cpp/lmstore " + s([y[3] / x[3] for x, y in zip(a, b)]))
     print(f"  peak RSS {st.median([x[4] for x in a]) / 1024:.0f} vs {st.median([x[4] for x in b]) / 1024:.0f} MiB")
+if c:  # --base: its own ratios to llama.cpp, and lmstore / base
+    full = all(x[2] > 0 for x in a + b + c)
+    for i, what in [(0, "decode"), (1, "prefill 128")] + ([(2, "prefill 512")] if full else []):
+        print(f"  base {what} {st.median([x[i] for x in c]):.1f} tok/s: base/llama.cpp " + s([x[i] / y[i] for x, y in zip(c, b)])
+              + ", lmstore/base " + s([x[i] / y[i] for x, y in zip(a, c)]))
 ' "$m" "$t"
     [ "$busy" = 1 ] || continue
     # contention: a busy loop pinned on CPU 0 in every other round; decode rates of both engines

@@ -196,7 +196,10 @@ static int resolve_params(lms_engine *e, const lms__hparams *hp, const lms__wsrc
         e->p.kv_page_tokens = LMS_KV_PAGE_TOKENS_DEFAULT;
     if (e->p.prefill_block == 0) {
         if (!on_device) {
-            e->p.prefill_block = 128; /* each weight read from memory once per 128 tokens */
+            /* each weight read from memory once per 512 tokens; the packed products
+             * amortize their panels over more tokens (bench_kernels, 8192 x 2048
+             * bf16: 98 GMAC/s at 128 tokens, 106 at 512) for 15-70 MiB of scratch */
+            e->p.prefill_block = 512;
         } else {
             /* a device computes a whole prompt per pass while its scratch (the f32
              * activation rows of every buffer and the GEMM input) stays under 4%

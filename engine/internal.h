@@ -238,6 +238,19 @@ typedef struct lms__kernels {
     lms__gemm_xbf16_fn gemm_xbf16; /* NULL: BF16 weights go through gemm[2] with f32 x */
     void (*to_bf16)(const float *x, uint16_t *out, int n);
     lms__axpyn_fn axpyn[3];       /* (optional) NULL: axpy row by row */
+    /* (optional) s[i] = exp(s[i] - m) for i in [0, n), returns their sum
+     * (within 2 ulp of expf each); NULL: expf row by row */
+    float (*expsum)(float *s, int n, float m);
+    /* (optional) o[i] = silu(g[i]) * u[i] (silu(g) = g / (1 + exp(-g)), exp
+     * as expsum's); NULL: expf element by element */
+    void (*silu_mul)(float *o, const float *g, const float *u, int n);
+    /* (optional) the sum of x[i]^2 in double (the same terms as a scalar
+     * loop, added in another order); NULL: the scalar loop */
+    double (*sumsq)(const float *x, int n);
+    /* (optional) out[i] = x[i] as f16, the bits of lms__f32_to_f16; NULL: that function */
+    void (*to_f16)(const float *x, uint16_t *out, int n);
+    /* (optional) out[i] = x[i] widened from f16 (exact); NULL: lms__f16_to_f32 */
+    void (*from_f16)(const uint16_t *x, float *out, int n);
 } lms__kernels;
 
 static inline int lms__dt_index(lms_dtype dt)

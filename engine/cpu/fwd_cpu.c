@@ -32,6 +32,11 @@
 /* The two forms of quantized activations: for Q4_0 .. Q8_0 and for the K types. */
 enum { XQ_32 = 0, XQ_K = 1 };
 
+/* Consecutive tokens of one sequence whose attention runs as one block. */
+typedef struct lms__attchunk {
+    uint32_t t0, nt;
+} lms__attchunk;
+
 struct lms__bk {
     const lms__hparams *hp;
     const lms__weights *w;
@@ -48,8 +53,11 @@ struct lms__bk {
     uint16_t *xb;              /* [B][ldxb]: that input rounded to bf16 (kernels with gemm_xbf16) */
     size_t ldxb;
     float *inv_freq[2];        /* [hd/2] global, local */
-    float *cs;                 /* [B][hd] cos | sin per token (table of the current qk_rope) */
+    float *cs;                 /* [B][hd] cos | sin per token (tables of the current qk_rope) */
     float *scores;             /* [threads][G][n_ctx] */
+    float *ascr;               /* [threads][att_scratch_floats] blocked attention's scratch */
+    lms__attchunk *achunk;     /* [B] this step's query chunks (cpu_attention) */
+    uint32_t n_achunk;
     uint32_t *rpos;            /* [B] each row's position in its sequence (this step) */
     const lms__kvview **rkv;   /* [B] each row's KV view (this step) */
     const lms__step *st;       /* the step in progress */
@@ -180,10 +188,13 @@ static void mm_multi(lms__bk *b, mm_job *jobs, int n, uint32_t nb)
 
 /* ---- small ops --------------------------------------------------------------------------- */
 
-static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+static void rmsnorm(const lms__kernels *k, float *out, const float *x, const float *w, uint32_t n, float eps)
 {
     double ss = 0;
-    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    if (k->sumsq)
+        ss = k->sumsq(x, (int)n);
+    else
+        for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float r = 1.0f / sqrtf((float)(ss / n) + eps);
     for (uint32_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
@@ -199,10 +210,12 @@ static void rope(float *v, const float *cs, uint32_t hd)
     }
 }
 
-static void store_kv(void *dst, const float *src, uint32_t n, lms_dtype dt)
+static void store_kv(const lms__kernels *k, void *dst, const float *src, uint32_t n, lms_dtype dt)
 {
     if (dt == LMS_DTYPE_F32) {
         memcpy(dst, src, n * sizeof(float));
+    } else if (dt == LMS_DTYPE_F16 && k->to_f16) {
+        k->to_f16(src, dst, (int)n);
     } else if (dt == LMS_DTYPE_F16) {
         uint16_t *d = dst;
         for (uint32_t i = 0; i < n; i++) d[i] = lms__f32_to_f16(src[i]);
@@ -228,13 +241,25 @@ typedef struct att_run {
     float scale, softcap;
 } att_run;
 
-/* One kv head h for one token t: its G query heads over positions [lo, pos0+t]. */
-static void att_task(void *arg, size_t item, int worker)
+/* Scores s[p0, p1) scaled (and soft-capped) in place; returns their max. */
+static float att_logits(const att_run *a, float *s, uint32_t p0, uint32_t p1)
 {
-    att_run *a = arg;
+    float m = -INFINITY;
+    for (uint32_t p = p0; p < p1; p++) {
+        float v = s[p] * a->scale;
+        if (a->softcap > 0)
+            v = a->softcap * tanhf(v / a->softcap);
+        s[p] = v;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+/* One kv head h for one token t: its G query heads over positions [lo, pos0+t]. */
+static void att_one(const att_run *a, uint32_t h, uint32_t t, int worker)
+{
     lms__bk *bk = a->b;
     const lms__hparams *hp = bk->hp;
-    uint32_t h = (uint32_t)(item % hp->n_kv_heads), t = (uint32_t)(item / hp->n_kv_heads);
     const lms__kvview *kv = bk->rkv[t];
     uint32_t hd = hp->head_dim, G = bk->G, P = bk->rpos[t] + 1, pt = kv->page_tokens;
     uint32_t lo = a->window && P > a->window ? P - a->window : 0;
@@ -253,15 +278,8 @@ static void att_task(void *arg, size_t item, int worker)
         bk->k->gemm[dti](K, hd, q, hd, sc + p0, bk->n_ctx, (int)(p1 - p0), (int)G, (int)hd, false);
     }
     for (uint32_t g = 0; g < G; g++) {
-        float *s = sc + (size_t)g * bk->n_ctx, mx = -INFINITY;
+        float *s = sc + (size_t)g * bk->n_ctx, mx = att_logits(a, s, lo, P);
         double sum = 0;
-        for (uint32_t p = lo; p < P; p++) {
-            float v = s[p] * a->scale;
-            if (a->softcap > 0)
-                v = a->softcap * tanhf(v / a->softcap);
-            s[p] = v;
-            mx = v > mx ? v : mx;
-        }
         for (uint32_t p = lo; p < P; p++) {
             s[p] = expf(s[p] - mx);
             sum += s[p];
@@ -286,6 +304,140 @@ static void att_task(void *arg, size_t item, int worker)
     }
 }
 
+/*
+ * Prefill attention by blocks of queries: a chunk of up to ATT_TQ
+ * consecutive tokens of one sequence (consecutive positions, one KV view)
+ * and one kv head. The chunk's nt * G query rows run over the keys ATT_PC
+ * positions at a time, gathered from their pages into this thread's
+ * scratch: the scores by the kernels' packed product (each block of keys
+ * packed once for all the chunk's rows), then an online softmax (a running
+ * max and sum per row; the row's partial output is rescaled when its max
+ * grows) and the value rows weighted into the output, each row over its
+ * own causal (and window) range only. Chunks of fewer than ATT_MIN tokens
+ * (decode) take att_one a token at a time.
+ *
+ * Invariants: (1) a row's output is the softmax-weighted sum of exactly the
+ * positions att_one gives it ([lo, pos]); the two differ only in float
+ * rounding (f32 sums, a chunk's max); (2) items are claimed latest chunk
+ * first: a later chunk has more positions to attend to, so the long items
+ * start first and the threads finish together.
+ */
+enum { ATT_TQ = 32, ATT_PC = 48, ATT_MIN = 4 };
+
+/* Floats of one worker's scratch for the blocked attention. */
+static size_t att_scratch_floats(uint32_t G, uint32_t hd)
+{
+    size_t M = (size_t)ATT_TQ * G;
+    size_t n = 2 * M * hd + M * ATT_PC + 2 * M + 2 * (size_t)ATT_PC * hd;
+    return (n + 15) & ~(size_t)15;
+}
+
+static void att_chunk(const att_run *a, const lms__attchunk *c, uint32_t h, int worker)
+{
+    lms__bk *bk = a->b;
+    const lms__hparams *hp = bk->hp;
+    const lms__kvview *kv = bk->rkv[c->t0];
+    uint32_t hd = hp->head_dim, G = bk->G, nt = c->nt, M = nt * G, pt = kv->page_tokens;
+    uint32_t pos0 = bk->rpos[c->t0], P = pos0 + nt, W = a->window;
+    uint32_t lo = W && pos0 + 1 > W ? pos0 + 1 - W : 0; /* the first token's; later ones' are later */
+    size_t esz = kv->elem_size, qw = bk->width[LMS__B_Q], aw = bk->width[LMS__B_ATT];
+    float *Q = bk->ascr + (size_t)worker * att_scratch_floats(G, hd);
+    float *O = Q + (size_t)ATT_TQ * G * hd, *S = O + (size_t)ATT_TQ * G * hd, *mx = S + (size_t)ATT_TQ * G * ATT_PC;
+    float *l = mx + (size_t)ATT_TQ * G;
+    uint8_t *Kc = (uint8_t *)(l + (size_t)ATT_TQ * G), *Vc = Kc + (size_t)ATT_PC * hd * 4;
+    int dti = lms__dt_index(kv->dtype);
+    /* F16 values widened once as they are gathered (every query row reads them): the rows' sums in f32 */
+    bool vwide = kv->dtype == LMS_DTYPE_F16 && bk->k->from_f16 && bk->k->axpyn[0];
+    size_t vrow = vwide ? hd * 4 : hd * esz;
+    int vdti = vwide ? 0 : dti;
+    lms__kvloc L = lms__kv_layer(kv, a->layer);
+    size_t lo_off = L.layer_off + (size_t)h * kv->head_bytes;
+    assert(!L.group || lo / pt >= kv->wfirst); /* the window's pages are held */
+
+    for (uint32_t t = 0; t < nt; t++)
+        memcpy(Q + (size_t)t * G * hd, bk->buf[LMS__B_Q] + (size_t)(c->t0 + t) * qw + (size_t)h * G * hd,
+               (size_t)G * hd * 4);
+    memset(O, 0, (size_t)M * hd * 4);
+    for (uint32_t j = 0; j < M; j++) {
+        mx[j] = -INFINITY;
+        l[j] = 0;
+    }
+    for (uint32_t c0 = lo; c0 < P;) {
+        uint32_t c1 = LMS_MIN(c0 + ATT_PC, P);
+        /* the rows that see any of [c0, c1): tokens at or past c0, and (window) starting before c1 */
+        uint32_t tf = c0 > pos0 ? c0 - pos0 : 0, tl = nt;
+        if (W)
+            tl = LMS_MIN(nt, c1 + W - 1 - pos0);
+        if (tf >= tl) {
+            c0 = c1;
+            continue;
+        }
+        for (uint32_t p = c0; p < c1; p++) {
+            const uint8_t *src = L.base + (size_t)L.pages[p / pt] * L.page_bytes + lo_off + (p % pt) * kv->token_bytes;
+            memcpy(Kc + (size_t)(p - c0) * hd * esz, src, hd * esz);
+            if (vwide)
+                bk->k->from_f16((const uint16_t *)(src + kv->v_offset), (float *)(Vc + (size_t)(p - c0) * vrow), (int)hd);
+            else
+                memcpy(Vc + (size_t)(p - c0) * vrow, src + kv->v_offset, hd * esz);
+        }
+        bk->k->gemm[dti](Kc, hd, Q + (size_t)tf * G * hd, hd, S + (size_t)tf * G * ATT_PC, ATT_PC, (int)(c1 - c0),
+                         (int)((tl - tf) * G), (int)hd, false);
+        for (uint32_t t = tf; t < tl; t++) {
+            uint32_t pos = pos0 + t, lt = W && pos + 1 > W ? pos + 1 - W : 0;
+            uint32_t a0 = LMS_MAX(c0, lt) - c0, a1 = LMS_MIN(c1, pos + 1) - c0;
+            if (a0 >= a1)
+                continue;
+            for (uint32_t g = 0; g < G; g++) {
+                uint32_t j = t * G + g;
+                float *s = S + (size_t)j * ATT_PC, m = att_logits(a, s, a0, a1);
+                float *o = O + (size_t)j * hd;
+                if (m > mx[j]) {
+                    float r = expf(mx[j] - m); /* 0 for the first block */
+                    for (uint32_t i = 0; i < hd; i++) o[i] *= r;
+                    l[j] *= r;
+                    mx[j] = m;
+                }
+                float sum = 0;
+                if (bk->k->expsum) {
+                    sum = bk->k->expsum(s + a0, (int)(a1 - a0), mx[j]);
+                } else {
+                    for (uint32_t p = a0; p < a1; p++) {
+                        s[p] = expf(s[p] - mx[j]);
+                        sum += s[p];
+                    }
+                }
+                l[j] += sum;
+                const uint8_t *V = Vc + (size_t)a0 * vrow;
+                if (bk->k->axpyn[vdti])
+                    bk->k->axpyn[vdti](o, V, vrow, s + a0, (int)(a1 - a0), (int)hd);
+                else
+                    for (uint32_t p = a0; p < a1; p++) bk->k->axpy[vdti](o, V + (p - a0) * vrow, s[p], (int)hd);
+            }
+        }
+        c0 = c1;
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t g = 0; g < G; g++) {
+            uint32_t j = t * G + g;
+            float inv = 1.0f / l[j], *out = bk->buf[LMS__B_ATT] + (size_t)(c->t0 + t) * aw + (size_t)(h * G + g) * hd;
+            for (uint32_t i = 0; i < hd; i++) out[i] = O[(size_t)j * hd + i] * inv;
+        }
+}
+
+/* Item i: kv head i % n_kv_heads of chunk (n_chunks - 1 - i / n_kv_heads) (invariant 2). */
+static void att_task(void *arg, size_t item, int worker)
+{
+    att_run *a = arg;
+    lms__bk *bk = a->b;
+    uint32_t nkv = bk->hp->n_kv_heads, h = (uint32_t)(item % nkv);
+    const lms__attchunk *c = &bk->achunk[bk->n_achunk - 1 - item / nkv];
+    if (c->nt < ATT_MIN) {
+        for (uint32_t t = 0; t < c->nt; t++) att_one(a, h, c->t0 + t, worker);
+        return;
+    }
+    att_chunk(a, c, h, worker);
+}
+
 /* ---- the operations ------------------------------------------------------------------------ */
 
 static void cpu_destroy(lms__bk *b)
@@ -299,6 +451,8 @@ static void cpu_destroy(lms__bk *b)
     lms__free(b->inv_freq[1]);
     lms__free(b->cs);
     lms__free(b->scores);
+    lms__free(b->ascr);
+    lms__free(b->achunk);
     lms__free(b->rpos);
     lms__free(b->rkv);
     lms__free(b->xq[0]);
@@ -335,8 +489,14 @@ static int cpu_create(const lms__fwd_cfg *cfg, lms__bk **out)
     if (!(b->xin = lms__aligned_alloc(64, B * maxw * 4)) || !(b->inv_freq[0] = lms__malloc(hd / 2 * 4 + 4)) ||
         !(b->inv_freq[1] = lms__malloc(hd / 2 * 4 + 4)) || !(b->cs = lms__malloc(B * hd * 4)) ||
         !(b->scores = lms__aligned_alloc(64, ssz)) || !(b->rpos = lms__calloc(B, sizeof *b->rpos)) ||
-        !(b->rkv = lms__calloc(B, sizeof *b->rkv)))
+        !(b->rkv = lms__calloc(B, sizeof *b->rkv)) || !(b->achunk = lms__calloc(B, sizeof *b->achunk)))
         goto nomem;
+    if (B >= ATT_MIN) {
+        size_t an = (size_t)b->nthreads * att_scratch_floats(b->G, (uint32_t)hd) * 4;
+        if (!(b->ascr = lms__aligned_alloc(64, an)))
+            goto nomem;
+        memset(b->ascr, 0, an);
+    }
     memset(b->xin, 0, B * maxw * 4);
     if (b->k->gemm_xbf16) {
         b->ldxb = (maxw + 31) & ~(size_t)31;
@@ -444,10 +604,13 @@ static void in_task(void *arg, size_t t, int worker)
     float *o = b->xin + t * W;
     (void)worker;
     if (j->norm) {
-        rmsnorm(o, x, j->norm, W, b->hp->eps);
+        rmsnorm(b->k, o, x, j->norm, W, b->hp->eps);
     } else if (j->act != LMS__ACT_NONE) {
         const float *x2 = r->x2 + t * W;
-        for (uint32_t i = 0; i < W; i++) o[i] = act_val(j->act, x[i]) * x2[i];
+        if (j->act == LMS__ACT_SILU && b->k->silu_mul)
+            b->k->silu_mul(o, x, x2, (int)W);
+        else
+            for (uint32_t i = 0; i < W; i++) o[i] = act_val(j->act, x[i]) * x2[i];
     }
     if (r->tobf)
         b->k->to_bf16(r->xform ? o : x, b->xb + t * b->ldxb, (int)W);
@@ -505,45 +668,69 @@ static void cpu_matmul(lms__bk *b, const lms__mm *jobs, int n)
     }
 }
 
+typedef struct rope_run {
+    lms__bk *b;
+    uint32_t layer;
+    const float *q_norm, *k_norm, *inv_freq;
+} rope_run;
+
+/* Token t: its q and k heads normed (Qwen3, Gemma 3) and rotated, k and v stored into its KV slot. */
+static void rope_task(void *arg, size_t item, int worker)
+{
+    rope_run *r = arg;
+    lms__bk *b = r->b;
+    const lms__hparams *hp = b->hp;
+    uint32_t t = (uint32_t)item, hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
+    const lms__kvview *kv = b->rkv[t];
+    lms__kvloc L = lms__kv_layer(kv, r->layer);
+    float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
+    const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
+    float p = (float)b->rpos[t], *cs = b->cs + (size_t)t * hd;
+    (void)worker;
+    for (uint32_t i = 0; i < hd / 2; i++) {
+        float fr = p * r->inv_freq[i];
+        cs[i] = cosf(fr);
+        cs[hd / 2 + i] = sinf(fr);
+    }
+    for (uint32_t h = 0; h < hp->n_heads; h++) {
+        if (r->q_norm)
+            rmsnorm(b->k, q + h * hd, q + h * hd, r->q_norm, hd, hp->eps);
+        rope(q + h * hd, cs, hd);
+    }
+    uint32_t pos = b->rpos[t], page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
+    assert(!L.group || pos / kv->page_tokens >= kv->wfirst);
+    uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
+    for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
+        if (r->k_norm)
+            rmsnorm(b->k, k + h * hd, k + h * hd, r->k_norm, hd, hp->eps);
+        rope(k + h * hd, cs, hd);
+        store_kv(b->k, dst + (size_t)h * kv->head_bytes, k + h * hd, hd, kv->dtype);
+        store_kv(b->k, dst + kv->v_offset + (size_t)h * kv->head_bytes, v + h * hd, hd, kv->dtype);
+    }
+}
+
+/* Tokens over the pool (each writes its own KV slot and cs row). */
 static void cpu_qk_rope(lms__bk *b, uint32_t layer, const float *q_norm, const float *k_norm, int which)
 {
-    const lms__hparams *hp = b->hp;
-    const lms__step *st = b->st;
-    uint32_t hd = hp->head_dim, qd = b->width[LMS__B_Q], kvd = b->width[LMS__B_K];
-    const float *inv_freq = b->inv_freq[which == LMS__ROPE_LOCAL];
-    for (uint32_t t = 0; t < st->nb; t++) {
-        const lms__kvview *kv = b->rkv[t];
-        lms__kvloc L = lms__kv_layer(kv, layer);
-        float *q = b->buf[LMS__B_Q] + (size_t)t * qd, *k = b->buf[LMS__B_K] + (size_t)t * kvd;
-        const float *v = b->buf[LMS__B_V] + (size_t)t * kvd;
-        float p = (float)b->rpos[t], *cs = b->cs;
-        for (uint32_t i = 0; i < hd / 2; i++) {
-            float fr = p * inv_freq[i];
-            cs[i] = cosf(fr);
-            cs[hd / 2 + i] = sinf(fr);
-        }
-        for (uint32_t h = 0; h < hp->n_heads; h++) {
-            if (q_norm)
-                rmsnorm(q + h * hd, q + h * hd, q_norm, hd, hp->eps);
-            rope(q + h * hd, cs, hd);
-        }
-        uint32_t pos = b->rpos[t], page = L.pages[pos / kv->page_tokens], slot = pos % kv->page_tokens;
-        assert(!L.group || pos / kv->page_tokens >= kv->wfirst);
-        uint8_t *dst = L.base + (size_t)page * L.page_bytes + L.layer_off + (size_t)slot * kv->token_bytes;
-        for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
-            if (k_norm)
-                rmsnorm(k + h * hd, k + h * hd, k_norm, hd, hp->eps);
-            rope(k + h * hd, cs, hd);
-            store_kv(dst + (size_t)h * kv->head_bytes, k + h * hd, hd, kv->dtype);
-            store_kv(dst + kv->v_offset + (size_t)h * kv->head_bytes, v + h * hd, hd, kv->dtype);
-        }
-    }
+    rope_run r = {b, layer, q_norm, k_norm, b->inv_freq[which == LMS__ROPE_LOCAL]};
+    if (b->st->nb == 1)
+        rope_task(&r, 0, 0);
+    else
+        lms__pool_run(b->pool, b->st->nb, rope_task, &r);
 }
 
 static void cpu_attention(lms__bk *b, uint32_t layer, uint32_t window, float scale, float softcap)
 {
     att_run ar = {b, layer, window, scale, softcap};
-    lms__pool_run(b->pool, (size_t)b->hp->n_kv_heads * b->st->nb, att_task, &ar);
+    uint32_t nb = b->st->nb, n = 0;
+    for (uint32_t t = 0; t < nb;) {
+        uint32_t e = t + 1;
+        while (e < nb && e - t < ATT_TQ && b->rkv[e] == b->rkv[t] && b->rpos[e] == b->rpos[e - 1] + 1) e++;
+        b->achunk[n++] = (lms__attchunk){t, e - t};
+        t = e;
+    }
+    b->n_achunk = n;
+    lms__pool_run(b->pool, (size_t)b->hp->n_kv_heads * n, att_task, &ar);
 }
 
 static void cpu_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
@@ -551,7 +738,7 @@ static void cpu_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
     uint32_t E = b->hp->n_embd;
     for (uint32_t t = 0; t < b->st->nb; t++) {
         float *yr = b->buf[y] + (size_t)t * E, *tmp = b->xin;
-        rmsnorm(tmp, b->buf[x] + (size_t)t * E, w, E, b->hp->eps);
+        rmsnorm(b->k, tmp, b->buf[x] + (size_t)t * E, w, E, b->hp->eps);
         for (uint32_t i = 0; i < E; i++) yr[i] += tmp[i];
     }
 }

@@ -15,6 +15,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "engine/cpu/quant.h"
 #include "engine/internal.h"
 
 #define T __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
@@ -226,20 +227,70 @@ static inline T void tr16(__m512i v[16])
 
 /*
  * The blocking shared by the packed products: a thread's rows go in blocks
- * of MR (three 16-lane vectors), their columns in blocks of KC; each block
- * of weights is packed once, transposed so that one vector holds one column
- * (f32) or one pair of columns (bf16) of 16 rows, into an L1 buffer, and
+ * of MR (three 16-lane vectors), their columns in blocks of KC or KCX; each
+ * block of weights is packed once, transposed so that one vector holds one
+ * column (f32) or one pair of columns (bf16) of 16 rows, into a panel, and
  * every token of the call runs over it, NR at a time, with a tile of
  * 3 x NR accumulators and each token's value broadcast: no horizontal sums,
  * and the outputs of 16 rows are one vector store. Weights are read from
- * memory once per call, the block's activations (KC columns of all tokens)
- * stay in L2.
+ * memory once per call, and the next block's rows are prefetched while
+ * this one's tiles run.
  */
 #define MR 48
 #define NR 8
-#define KC 128 /* columns (f32 path) or column pairs (bf16 path) per block */
+#define KC 128 /* columns (f32 path) or column pairs (bf16 path) per block, in an L1 panel on the stack */
+/* Products longer than KC take blocks of up to KCX columns (or pairs) in a
+ * panel in this thread's scratch (lms__qscratch_slot(1): 192 KiB, held in
+ * L2): a tile then runs over up to 1024 columns (2048 for bf16 pairs) with
+ * its accumulators in registers, and a row is read from the mapping in runs
+ * of 2-4 KiB. Without the scratch (ENOMEM) the blocks are KC on the stack. */
+#define KCX 1024
 
 static inline T __mmask16 lanes(int n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+
+/*
+ * The next block's weights, fetched into L2 while this block's tiles run
+ * (48 row streams at once are more than the hardware prefetchers follow, and
+ * the weights come from memory once per call): the block's rows [0, rl)
+ * at src, ldb bytes apart, lines_per_row cache lines each, n lines a step
+ * in row order.
+ */
+typedef struct pf_next {
+    const uint8_t *src;
+    size_t ldb;
+    int rl, lines_per_row, row, line; /* the next line to fetch: line `line` of row `row` */
+} pf_next;
+
+static inline void pf_step(pf_next *f, int n)
+{
+    for (; n > 0 && f->row < f->rl; n--) {
+        _mm_prefetch((const char *)f->src + (size_t)f->row * f->ldb + (size_t)f->line * 64, _MM_HINT_T1);
+        if (++f->line == f->lines_per_row) {
+            f->line = 0;
+            f->row++;
+        }
+    }
+}
+
+/* The block after rows [r, r + MR) of column block k0 (kn wide): the next
+ * rows of the same columns, or the first rows of the next columns (none
+ * after the last). esz: bytes per weight element. */
+static inline pf_next pf_after(const uint8_t *W, size_t ldw, size_t esz, int rows, int cols, int r, int k0, int kb)
+{
+    pf_next f = {NULL, ldw * esz, 0, 0, 0, 0};
+    int nr = r + MR, nk = k0;
+    if (nr >= rows) {
+        nr = 0;
+        nk = k0 + kb;
+    }
+    if (nk >= cols)
+        return f;
+    int kn = LMS_MIN(kb, cols - nk);
+    f.src = W + ((size_t)nr * ldw + (size_t)nk) * esz;
+    f.rl = LMS_MIN(MR, rows - nr);
+    f.lines_per_row = (int)((kn * esz + 63) / 64);
+    return f;
+}
 
 /* Stores or adds the 3 x nr tile c into y[t*ldy + 16g + i], for the rl rows left. */
 static inline T __attribute__((always_inline)) void tile_out(__m512 c[3][NR], int nr, float *y, size_t ldy,
@@ -338,16 +389,24 @@ PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
             ROWS(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                        \
             return;                                                                                   \
         }                                                                                             \
-        float wp[KC * MR] __attribute__((aligned(64)));                                               \
+        float wps[KC * MR] __attribute__((aligned(64)));                                              \
+        float *wp = cols > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;                  \
+        int kb = wp ? LMS_MIN(KCX, cols) : LMS_MIN(KC, cols);                                         \
+        if (!wp)                                                                                      \
+            wp = wps;                                                                                 \
         const uint8_t *Wb = W;                                                                        \
-        for (int k0 = 0; k0 < cols; k0 += KC) {                                                       \
-            int kn = LMS_MIN(KC, cols - k0);                                                          \
+        for (int k0 = 0; k0 < cols; k0 += kb) {                                                       \
+            int kn = LMS_MIN(kb, cols - k0);                                                          \
             for (int r = 0; r < rows; r += MR) {                                                      \
                 int rl = LMS_MIN(MR, rows - r);                                                       \
                 PACK(Wb + (size_t)r * ldw * ESZ, ldw, rl, k0, kn, wp);                                \
-                for (int t = 0; t < nb; t += NR)                                                      \
+                pf_next f = pf_after(Wb, ldw, ESZ, rows, cols, r, k0, kb);                            \
+                int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;   \
+                for (int t = 0; t < nb; t += NR) {                                                    \
+                    pf_step(&f, per);                                                                 \
                     tile_f32_n(wp, kn, x + (size_t)t * ldx + k0, ldx, LMS_MIN(NR, nb - t),            \
                                y + (size_t)t * ldy + r, ldy, rl, acc || k0 > 0);                      \
+                }                                                                                     \
             }                                                                                         \
         }                                                                                             \
     }
@@ -408,6 +467,82 @@ AXPYN_IMPL(axpyn_f32, ld_f32, ldm_f32)
 AXPYN_IMPL(axpyn_f16, ld_f16, ldm_f16)
 AXPYN_IMPL(axpyn_bf16, ld_bf16, ldm_bf16)
 
+/*
+ * exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts),
+ * exp(r) by its Taylor polynomial to r^7 (relative error under 1e-9 there),
+ * times 2^n by vscalefps; x below -87.3 (exp under FLT_MIN) gives about 1e-38.
+ */
+static inline T __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static T float expsum(float *s, int n, float m)
+{
+    __m512 mv = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 msk = lanes(n - k);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + k), mv));
+        _mm512_mask_storeu_ps(s + k, msk, e);
+        acc = _mm512_mask_add_ps(acc, msk, acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static T void silu_mul(float *o, const float *g, const float *u, int n)
+{
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + k);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + k)));
+    }
+}
+
+static T double sumsq(const float *x, int n)
+{
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+    for (int k = 0; k < n; k += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(lanes(n - k), x + k);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
+static T void to_f16(const float *x, uint16_t *out, int n)
+{
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(out + k, m, h);
+    }
+}
+
+static T void from_f16(const uint16_t *x, float *out, int n)
+{
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        _mm512_mask_storeu_ps(out + k, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + k)));
+    }
+}
+
 const lms__kernels lms__kernels_avx512 = {
     "avx512",
     {gemm_f32, gemm_f16, gemm_bf16},
@@ -415,6 +550,11 @@ const lms__kernels lms__kernels_avx512 = {
     NULL,
     NULL,
     {axpyn_f32, axpyn_f16, axpyn_bf16},
+    expsum,
+    silu_mul,
+    sumsq,
+    to_f16,
+    from_f16,
 };
 
 /* ---- AVX-512 BF16: bf16 weights x bf16 activations (vdpbf16ps) ------------------------ */
@@ -473,6 +613,7 @@ static TB void gemm_xbf16_rows(const uint16_t *W, size_t ldw, const uint16_t *xb
 PACK_IMPL(pack_pairs, TB, uint32_t, LOAD_PAIRS)
 TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_si512, BCAST_PAIR, dp)
 
+/* Prefill (4 tokens or more): the bf16 pairs' packed product (GEMM_PACKED's blocking, vdpbf16ps). */
 static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
                           int rows, int nb, int cols, bool acc)
 {
@@ -480,18 +621,29 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
         gemm_xbf16_rows(W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);
         return;
     }
-    uint32_t wp[KC * MR] __attribute__((aligned(64)));
+    uint32_t wps[KC * MR] __attribute__((aligned(64)));
     const uint32_t *x = (const uint32_t *)xb;
     size_t ldx = ldxb / 2;
     int np = cols / 2;
-    for (int p0 = 0; p0 < np; p0 += KC) {
-        int pn = LMS_MIN(KC, np - p0);
+    int kb = LMS_MIN(KCX, np);
+    uint32_t *wp = kb > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;
+    if (!wp) {
+        wp = wps;
+        kb = LMS_MIN(KC, np);
+    }
+    for (int p0 = 0; p0 < np; p0 += kb) {
+        int pn = LMS_MIN(kb, np - p0);
         for (int r = 0; r < rows; r += MR) {
             int rl = LMS_MIN(MR, rows - r);
             pack_pairs(W + (size_t)r * ldw, ldw, rl, p0, pn, wp);
-            for (int t = 0; t < nb; t += NR)
+            /* in 16-bit elements: column pairs 2 * p0 on */
+            pf_next f = pf_after((const uint8_t *)W, ldw, 2, rows, cols, r, 2 * p0, 2 * kb);
+            int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;
+            for (int t = 0; t < nb; t += NR) {
+                pf_step(&f, per);
                 tile_bf16_n(wp, pn, x + (size_t)t * ldx + p0, ldx, LMS_MIN(NR, nb - t), y + (size_t)t * ldy + r, ldy,
                             rl, acc || p0 > 0);
+            }
         }
     }
 }
@@ -503,5 +655,10 @@ const lms__kernels lms__kernels_avx512bf16 = {
     gemm_xbf16,
     to_bf16,
     {axpyn_f32, axpyn_f16, axpyn_bf16},
+    expsum,
+    silu_mul,
+    sumsq,
+    to_f16,
+    from_f16,
 };
 #endif

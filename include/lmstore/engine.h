@@ -49,7 +49,7 @@ typedef struct lms_engine_params {
                                for the prefix cache */
     lms_dtype kv_dtype;     /* LMS_DTYPE_F32, _F16 or _BF16; 0 (LMS_DTYPE_BOOL) = F16 */
     uint32_t kv_page_tokens;/* tokens per KV page; 0 = 16 */
-    uint32_t prefill_block; /* tokens per prefill block (weight reuse); 0 = 128 on the CPU */
+    uint32_t prefill_block; /* tokens per prefill block (weight reuse); 0 = 512 on the CPU */
     lms_device *device;     /* where to compute: NULL = the device the model was opened on
                                (lms_model_params.device), the CPU when none. A GPU engine reads
                                the weights the loader placed on that device (resident or mapped) and

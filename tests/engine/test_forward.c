@@ -205,11 +205,11 @@ static void poison_below_window(rig *g, uint32_t end)
     kv->wfirst = first;
 }
 
-/* Run ids[0..n) from position pos0 in blocks; logits of every position into all (n x vocab) */
-static void run(rig *g, const int32_t *toks, uint32_t n, uint32_t pos0, float *all)
+/* Run ids[0..n) from position pos0 in blocks of `block`; logits of every position into all (n x vocab) */
+static void run_blocks(rig *g, const int32_t *toks, uint32_t n, uint32_t pos0, float *all, uint32_t block)
 {
     for (uint32_t i = 0; i < n;) {
-        uint32_t nb = LMS_MIN(n - i, 11u); /* odd block size: partial blocks and pages; >= 8 and < 8 kernels */
+        uint32_t nb = LMS_MIN(n - i, block);
         if (g->kv.window)
             g->kv.wfirst = pos0 + i > g->kv.window ? (pos0 + i - g->kv.window) / g->kv.page_tokens : 0;
         assert_int_equal(lms__fwd_block(g->fwd, toks + i, nb, pos0 + i, &g->kv, all + (size_t)i * g->hp.n_vocab, true), 0);
@@ -218,6 +218,9 @@ static void run(rig *g, const int32_t *toks, uint32_t n, uint32_t pos0, float *a
             poison_below_window(g, pos0 + i);
     }
 }
+
+/* odd block size: partial blocks and pages; >= 8 and < 8 kernels */
+static void run(rig *g, const int32_t *toks, uint32_t n, uint32_t pos0, float *all) { run_blocks(g, toks, n, pos0, all, 11); }
 
 static int argmax(const float *v, int n)
 {
@@ -300,6 +303,56 @@ static void each_kernel(const char *family)
     const lms__kernels *best = lms__kernels_best();
     check_family(family, best, LMS_DTYPE_F16, best->gemm_xbf16 ? BF16_ACT_TOL : 1e-2, LMS_DTYPE_BF16);
     check_family(family, best, LMS_DTYPE_BF16, best->gemm_xbf16 ? BF16_ACT_TOL : 1e-2, LMS_DTYPE_BF16);
+}
+
+/*
+ * Prefill blocks against one token at a time, over 100 positions (7 pages):
+ * blocks of 100 (attention chunks of 32, 32, 32 and 4 query tokens), 34
+ * (a chunk of 32 and 2 tokens, which take the token-at-a-time path) and 7,
+ * on 2, 3 and 1 threads, give every position's logits of the token-by-token
+ * run on 1 thread within f32 rounding (F32 weights and K/V: no other
+ * rounding differs). Gemma 3 adds the sliding window (16: chunks whose
+ * first tokens' windows start pages apart, pages below the window poisoned)
+ * and the logit soft-cap.
+ */
+static void blocks_match_token_by_token(const char *family)
+{
+    const lms__kernels *k = lms__kernels_best();
+    const uint32_t n = 100;
+    const struct { uint32_t block; int threads; } runs[] = {{100, 2}, {34, 3}, {7, 1}};
+    rig g;
+    rig_open(&g, family, k, LMS_DTYPE_F32, 1, 1, LMS_DTYPE_F32);
+    uint32_t V = g.hp.n_vocab;
+    int32_t toks[100];
+    uint64_t x = 7;
+    for (uint32_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)((x >> 33) % V);
+    }
+    float *want = malloc(sizeof(float) * V * n), *got = malloc(sizeof(float) * V * n);
+    run_blocks(&g, toks, n, 0, want, 1);
+    rig_close(&g);
+    double mx = 0;
+    for (size_t i = 0; i < (size_t)V * n; i++) mx = fmax(mx, fabs((double)want[i]));
+    for (size_t r = 0; r < LMS_ARRAY_LEN(runs); r++) {
+        rig_open(&g, family, k, LMS_DTYPE_F32, runs[r].threads, runs[r].block, LMS_DTYPE_F32);
+        run_blocks(&g, toks, n, 0, got, runs[r].block);
+        rig_close(&g);
+        double md = 0;
+        for (size_t i = 0; i < (size_t)V * n; i++) md = fmax(md, fabs((double)got[i] - want[i]));
+        printf("%s %s: blocks of %u on %d threads against one token at a time: max abs diff / max abs logit %.3g\n",
+               family, k->name, runs[r].block, runs[r].threads, md / mx);
+        assert_true(md / mx < 1e-5);
+    }
+    free(want);
+    free(got);
+}
+
+static void prefill_blocks_match_token_by_token(void **s)
+{
+    blocks_match_token_by_token("llama");
+    blocks_match_token_by_token("qwen3");
+    blocks_match_token_by_token("gemma3");
 }
 
 static void llama_forward_matches_transformers(void **s) { each_kernel("llama"); }
@@ -411,6 +464,7 @@ int main(void)
         cmocka_unit_test(qwen3_forward_matches_transformers),
         cmocka_unit_test(gemma3_forward_matches_transformers),
         cmocka_unit_test(gemma3_multimodal_text_forward_matches_transformers),
+        cmocka_unit_test(prefill_blocks_match_token_by_token),
         cmocka_unit_test(gated_step_runs_each_layer_after_its_weights_arrive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

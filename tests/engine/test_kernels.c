@@ -11,7 +11,13 @@
  *     lms__f32_to_bf16), within the same slack;
  *   - acc adds to y, other outputs are left alone;
  *   - axpyn (the attention's weighted sum of value rows) gives the bits of
- *     axpy row by row, on widths that are not whole 64s or 16s.
+ *     axpy row by row, on widths that are not whole 64s or 16s;
+ *   - the optional element-wise kernels: expsum within 2 ulp of expf (and
+ *     its sum that of its outputs), silu_mul within 4 ulp of the scalar
+ *     formula, sumsq within double rounding of the scalar loop, to_f16 the
+ *     bits of lms__f32_to_f16 (ties, subnormals, overflow), from_f16 the
+ *     values of lms__f16_to_f32 (every kind of bits), on lengths that are
+ *     not whole 16s, elements past n untouched.
  */
 #include <math.h>
 #include <stdio.h>
@@ -190,12 +196,114 @@ static void axpyn_equals_axpy_row_by_row(void **state)
     printf("axpyn checked for %d kernel set x dtype pairs\n", ran);
 }
 
+/* n random values in [-lim, lim], some specials mixed in. */
+static void fill(float *x, int n, float lim)
+{
+    for (int i = 0; i < n; i++) x[i] = frand() * lim;
+}
+
+static void elementwise_kernels_match_the_scalar_forms(void **state)
+{
+    (void)state;
+    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const int ns[] = {1, 15, 16, 17, 100, 1000};
+    int ran = 0;
+    for (size_t s = 0; s < LMS_ARRAY_LEN(names); s++) {
+        const lms__kernels *k = lms__kernels_by_name(names[s]);
+        if (!k)
+            continue;
+        for (size_t ni = 0; ni < LMS_ARRAY_LEN(ns); ni++) {
+            int n = ns[ni];
+            float *x = malloc((n + 1) * 4), *e = malloc((n + 1) * 4), *u = malloc((n + 1) * 4);
+            uint16_t *h = malloc((n + 1) * 2);
+            if (k->expsum) {
+                ran++;
+                fill(x, n, 30);
+                x[0] = -100; /* below exp's float range: ~0 */
+                memcpy(e, x, (n + 1) * 4);
+                float m = 2.5f, sum = k->expsum(e, n, m);
+                double want_sum = 0;
+                for (int i = 0; i < n; i++) {
+                    double w = expf(x[i] - m);
+                    if (fabs(e[i] - w) > 2.5e-7 * w + 1e-37)
+                        fail_msg("%s expsum n %d: exp(%g) = %.9g, want %.9g", k->name, n, x[i] - m, e[i], w);
+                    want_sum += e[i];
+                }
+                assert_true(e[n] == x[n]);
+                assert_true(fabs(sum - want_sum) <= 1e-6 * want_sum);
+            }
+            if (k->silu_mul) {
+                ran++;
+                fill(x, n, 20);
+                fill(u, n + 1, 3);
+                x[0] = -120; /* exp(120) past float: silu ~ 0 */
+                e[n] = 42;
+                k->silu_mul(e, x, u, n);
+                for (int i = 0; i < n; i++) {
+                    double w = (double)x[i] / (1.0 + exp(-(double)x[i])) * u[i];
+                    if (fabs(e[i] - w) > 5e-7 * fabs(w) + 1e-30)
+                        fail_msg("%s silu_mul n %d: silu(%g) * %g = %.9g, want %.9g", k->name, n, x[i], u[i], e[i], w);
+                }
+                assert_true(e[n] == 42);
+            }
+            if (k->sumsq) {
+                ran++;
+                fill(x, n, 1000);
+                double want = 0;
+                for (int i = 0; i < n; i++) want += (double)x[i] * x[i];
+                assert_true(fabs(k->sumsq(x, n) - want) <= 1e-13 * want);
+            }
+            if (k->to_f16) {
+                ran++;
+                fill(x, n, 70000);
+                if (n > 4) {
+                    x[1] = 3e-6f;   /* subnormal in f16 */
+                    x[2] = 1.0009765625f + 0.00048828125f; /* a tie: 1 + 2^-10 + 2^-11 */
+                    x[3] = -65520.f; /* rounds to -inf */
+                    x[4] = 1e-9f;   /* underflows to 0 */
+                }
+                h[n] = 0x1234;
+                k->to_f16(x, h, n);
+                for (int i = 0; i < n; i++)
+                    if (h[i] != lms__f32_to_f16(x[i]))
+                        fail_msg("%s to_f16 n %d: %.9g gave %04x, want %04x", k->name, n, x[i], h[i], lms__f32_to_f16(x[i]));
+                assert_int_equal(h[n], 0x1234);
+            }
+            if (k->from_f16) {
+                ran++;
+                for (int i = 0; i < n; i++) { /* any bits: subnormals, inf, NaN */
+                    frand();
+                    h[i] = (uint16_t)(seed >> 48);
+                }
+                if (n > 2) {
+                    h[0] = 0x0001; /* the smallest subnormal */
+                    h[1] = 0xfc00; /* -inf */
+                }
+                e[n] = 42;
+                k->from_f16(h, e, n);
+                for (int i = 0; i < n; i++) {
+                    float w = lms__f16_to_f32(h[i]);
+                    if (memcmp(&e[i], &w, 4) && !(isnan(e[i]) && isnan(w)))
+                        fail_msg("%s from_f16 n %d: %04x gave %.9g, want %.9g", k->name, n, h[i], e[i], w);
+                }
+                assert_true(e[n] == 42);
+            }
+            free(x);
+            free(e);
+            free(u);
+            free(h);
+        }
+    }
+    printf("element-wise kernels checked: %d (kernel set x length)\n", ran);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernels_equal_the_double_dot_on_awkward_shapes),
         cmocka_unit_test(packed_prefill_spans_column_and_row_blocks),
         cmocka_unit_test(axpyn_equals_axpy_row_by_row),
+        cmocka_unit_test(elementwise_kernels_match_the_scalar_forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,6 +35,17 @@ REF_PATH = os.path.join(tm.SRC, "tests", "fixtures", "smollm2", "reference.json"
 EXACT_TOL = [(True, 1e-3, 1e-3), (False, 2e-2, 5e-3)]
 
 
+def same_top3(top, c, dev):
+    """The 3 highest logits' ids equal transformers' in order, except that two
+    ids may trade places where transformers' logits for them are within
+    2 * dev (dev: the largest absolute difference measured at transformers'
+    top-10 ids), the most a difference of dev on each side can reorder: with
+    bf16 activations chat3's 3rd to 5th ids, 0.02 apart on 31, may swap. An
+    id outside transformers' top 10 never passes."""
+    ref = dict(zip(c["top10_ids"], c["top10_logits"]))
+    return all(t == w or (t in ref and abs(ref[t] - ref[w]) <= 2 * dev) for t, w in zip(top[:3], c["top10_ids"][:3]))
+
+
 @contextlib.contextmanager
 def bf16_act(on):
     old = os.environ.get("LMSTORE_BF16_ACT")
@@ -98,9 +109,12 @@ def main():
                 tm.lms("logits", "smollm2", "--prompt-ids", ids, "--out", out, store=store)
             x = np.fromfile(out, dtype="<f4")
             top = np.argsort(-x, kind="stable")[:10].tolist()
-            d = float(np.max(np.abs(x[c["top10_ids"]] - np.array(c["top10_logits"]))) / np.max(np.abs(c["top10_logits"])))
-            check(top[:3] == c["top10_ids"][:3] and d <= tol,
-                  f"{c['name']}: top logits match{'' if exact else ' (bf16 activations)'} (relative difference {d:.2e})")
+            dev = float(np.max(np.abs(x[c["top10_ids"]] - np.array(c["top10_logits"]))))
+            d = dev / float(np.max(np.abs(c["top10_logits"])))
+            top3 = same_top3(top, c, 0 if exact else dev)
+            check(top3 and d <= tol,
+                  f"{c['name']}: top logits match{'' if exact else ' (bf16 activations)'} (relative difference {d:.2e})"
+                  + ("" if top3 else f"\n  top 3 {top[:3]}, want {c['top10_ids'][:3]}"))
 
     if quick:
         shutil.rmtree(base, ignore_errors=True)
