@@ -115,8 +115,14 @@ def main():
     rss_end = srv.rss()
     elapsed = time.time() - t0
     alive = srv.proc.poll() is None
+    # a request leaves the running gauge before its response is counted (the
+    # count is taken when the HTTP layer completes it): wait for both, bounded
+    ok200 = 'lmstore_requests_total{endpoint="/v1/completions",status="200"}'
     deadline = time.time() + 30
-    while alive and time.time() < deadline and srv.metrics()['lmstore_requests_running{model="chat"}'] > 0:
+    while alive and time.time() < deadline:
+        m = srv.metrics()
+        if m['lmstore_requests_running{model="chat"}'] == 0 and m.get(ok200, 0) >= count["ok"] + count["abandoned"]:
+            break
         time.sleep(0.1)
     m = srv.metrics() if alive else {}
     code = srv.stop()
@@ -134,7 +140,7 @@ def main():
     if not su.sanitized_build() and rss_end > rss_warm * 1.10 + (16 << 20):
         failures.append(f"RSS grew from {rss_warm} to {rss_end} bytes after warm-up")
     if m:
-        got200 = m.get('lmstore_requests_total{endpoint="/v1/completions",status="200"}', 0)
+        got200 = m.get(ok200, 0)
         got400 = m.get('lmstore_requests_total{endpoint="/v1/completions",status="400"}', 0)
         if got200 != count["ok"] + count["abandoned"]:
             failures.append(f"/metrics: {got200} answered 200, the clients saw {count['ok']} + "
