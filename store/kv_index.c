@@ -456,10 +456,11 @@ void lms__kv_touch_wait(lms_store *s)
 {
     pthread_mutex_lock(&s->touch_mu);
     bool joinable = s->touch_joinable;
+    pthread_t th = s->touch_th;
     s->touch_joinable = false;
     pthread_mutex_unlock(&s->touch_mu);
     if (joinable)
-        pthread_join(s->touch_th, NULL); /* it empties the list first */
+        pthread_join(th, NULL); /* it empties the list first */
 }
 
 static int remove_txn(lms_store *s, MDB_txn *txn, void *arg)
