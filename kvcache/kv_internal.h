@@ -66,7 +66,7 @@ typedef struct lms__kv_resume_times {
     double setup;    /* threads, buffers, pinning the I/O ring (device arenas; 0 once kept) */
     double pipeline; /* reading, checking and uploading every page, until the last upload completed */
     double sync;     /* ...of which waiting for the last uploads once every page was read */
-    double build, touch;  /* attaching the sequence; waiting for the last-use record (written beside the pages) */
+    double build, touch;  /* attaching the sequence; handing the last-use record to the store (lms__kv_touch_later) */
     double wait, read, hash, upload; /* summed over the workers: for a ring slot, pread, checksum
                                       * (or decode), the upload calls */
     int threads;

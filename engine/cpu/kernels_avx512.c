@@ -292,6 +292,22 @@ static inline pf_next pf_after(const uint8_t *W, size_t ldw, size_t esz, int row
     return f;
 }
 
+/* The panel of a product n columns (or column pairs) long, and its block width *kb: this
+ * thread's scratch panel (KCX wide) when n > KC and it can be had, else `stack` (KC). */
+static inline void *panel_for(void *stack, int n, int *kb)
+{
+    void *p = n > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;
+    *kb = LMS_MIN(p ? KCX : KC, n);
+    return p ? p : stack;
+}
+
+/* Lines of the next block that each of a block's tiles (nb tokens, NR a tile) prefetches. */
+static inline int pf_share(const pf_next *f, int nb)
+{
+    int tiles = (nb + NR - 1) / NR;
+    return (f->rl * f->lines_per_row + tiles - 1) / tiles;
+}
+
 /* Stores or adds the 3 x nr tile c into y[t*ldy + 16g + i], for the rl rows left. */
 static inline T __attribute__((always_inline)) void tile_out(__m512 c[3][NR], int nr, float *y, size_t ldy,
                                                               int rl, bool acc)
@@ -390,10 +406,8 @@ PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
             return;                                                                                   \
         }                                                                                             \
         float wps[KC * MR] __attribute__((aligned(64)));                                              \
-        float *wp = cols > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;                  \
-        int kb = wp ? LMS_MIN(KCX, cols) : LMS_MIN(KC, cols);                                         \
-        if (!wp)                                                                                      \
-            wp = wps;                                                                                 \
+        int kb;                                                                                       \
+        float *wp = panel_for(wps, cols, &kb);                                                        \
         const uint8_t *Wb = W;                                                                        \
         for (int k0 = 0; k0 < cols; k0 += kb) {                                                       \
             int kn = LMS_MIN(kb, cols - k0);                                                          \
@@ -401,7 +415,7 @@ PACK_IMPL(pack_bf16, T, float, LOAD_BF16)
                 int rl = LMS_MIN(MR, rows - r);                                                       \
                 PACK(Wb + (size_t)r * ldw * ESZ, ldw, rl, k0, kn, wp);                                \
                 pf_next f = pf_after(Wb, ldw, ESZ, rows, cols, r, k0, kb);                            \
-                int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;   \
+                int per = pf_share(&f, nb);                                                           \
                 for (int t = 0; t < nb; t += NR) {                                                    \
                     pf_step(&f, per);                                                                 \
                     tile_f32_n(wp, kn, x + (size_t)t * ldx + k0, ldx, LMS_MIN(NR, nb - t),            \
@@ -625,12 +639,8 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
     const uint32_t *x = (const uint32_t *)xb;
     size_t ldx = ldxb / 2;
     int np = cols / 2;
-    int kb = LMS_MIN(KCX, np);
-    uint32_t *wp = kb > KC ? lms__qscratch_slot(1, (size_t)KCX * MR * 4) : NULL;
-    if (!wp) {
-        wp = wps;
-        kb = LMS_MIN(KC, np);
-    }
+    int kb;
+    uint32_t *wp = panel_for(wps, np, &kb);
     for (int p0 = 0; p0 < np; p0 += kb) {
         int pn = LMS_MIN(kb, np - p0);
         for (int r = 0; r < rows; r += MR) {
@@ -638,7 +648,7 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
             pack_pairs(W + (size_t)r * ldw, ldw, rl, p0, pn, wp);
             /* in 16-bit elements: column pairs 2 * p0 on */
             pf_next f = pf_after((const uint8_t *)W, ldw, 2, rows, cols, r, 2 * p0, 2 * kb);
-            int tiles = (nb + NR - 1) / NR, per = (f.rl * f.lines_per_row + tiles - 1) / tiles;
+            int per = pf_share(&f, nb);
             for (int t = 0; t < nb; t += NR) {
                 pf_step(&f, per);
                 tile_bf16_n(wp, pn, x + (size_t)t * ldx + p0, ldx, LMS_MIN(NR, nb - t), y + (size_t)t * ldy + r, ldy,

@@ -618,10 +618,14 @@ template <int BITS> __device__ __forceinline__ int mlxq_dot(uint4 q, uint4 xa, u
 #define MLXQ_SBW (MLXQ_SBP * 32 * 16) /* bytes of a warp's scales and biases in shared memory */
 
 /* Shared memory of gemv_mlxq_kernel for rows of K (group gs): the int8 input, (scale, sum) per
- * group, then each warp's scales and biases of a round. */
+ * group, then (from mlxq_sb_off, 16-byte aligned) each warp's scales and biases of a round. */
+__host__ __device__ static size_t mlxq_sb_off(int K, int gs)
+{
+    return ((size_t)K + (size_t)(K / gs) * sizeof(float2) + 15) / 16 * 16;
+}
 __host__ __device__ static size_t mlxq_smem(int K, int gs)
 {
-    return ((size_t)K + (size_t)(K / gs) * sizeof(float2) + 15) / 16 * 16 + (size_t)(MLXQ_TH / 32) * MLXQ_SBW;
+    return mlxq_sb_off(K, gs) + (size_t)(MLXQ_TH / 32) * MLXQ_SBW;
 }
 
 /*
@@ -672,8 +676,7 @@ __global__ void __launch_bounds__(MLXQ_TH, MLXQ_BLOCKS) gemv_mlxq_kernel(const l
     uint8_t *xq = mq_smem;                /* K bytes */
     float2 *xg = (float2 *)(mq_smem + K); /* [K / gs]: dx, and dx * sum q * EPC / gs (a chunk's share) */
     /* SBV: the warp's slot, per row scales then biases of a round's G groups */
-    uint16_t *sbs = (uint16_t *)(mq_smem + ((size_t)K + (size_t)(K / gs) * sizeof(float2) + 15) / 16 * 16 +
-                                 (size_t)warp * MLXQ_SBW);
+    uint16_t *sbs = (uint16_t *)(mq_smem + mlxq_sb_off(K, gs) + (size_t)warp * MLXQ_SBW);
     const int G = (U * 32 * EPC) >> gsh; /* groups of a row in a round: 16 to 128 */
     const int ppa = G / 8, ngr = K >> gsh; /* 16-byte pieces of a row's scales (or biases) in a round; groups a row */
     const size_t row_bytes = (size_t)K * BITS / 8, srow = (size_t)(K / gs) * sizeof(typename elem<ST>::t);
@@ -717,16 +720,16 @@ __global__ void __launch_bounds__(MLXQ_TH, MLXQ_BLOCKS) gemv_mlxq_kernel(const l
             for (int r = 0; r < RW; r++) {
                 if (ok[r] && c < nch) {
                     w[r][u] = ld_stream(wr[r] + (size_t)c * 16);
-                    if (!SBV)
-                        sb[SBV ? 0 : r][SBV ? 0 : u].load(scr[r], bir[r], grp);
+                    if constexpr (!SBV)
+                        sb[r][u].load(scr[r], bir[r], grp);
                 } else {
                     w[r][u] = make_uint4(0, 0, 0, 0);
-                    if (!SBV)
-                        sb[SBV ? 0 : r][SBV ? 0 : u].zero();
+                    if constexpr (!SBV)
+                        sb[r][u].zero();
                 }
             }
         }
-        if (SBV) {
+        if constexpr (SBV) {
             const int g0 = (i0 * 32 * EPC) >> gsh; /* the round's first group */
 #pragma unroll
             for (int i = 0; i < MLXQ_SBP; i++) {
@@ -755,7 +758,7 @@ __global__ void __launch_bounds__(MLXQ_TH, MLXQ_BLOCKS) gemv_mlxq_kernel(const l
 #pragma unroll
         for (int r = 0; r < RW; r++) acc[r] = 0.f;
         for (int i0 = 0; i0 * 32 < nch; i0 += U) {
-            if (SBV) { /* the round's scales and biases into the warp's slot (the last round's read) */
+            if constexpr (SBV) { /* the round's scales and biases into the warp's slot (the last round's read) */
                 __syncwarp();
 #pragma unroll
                 for (int i = 0; i < MLXQ_SBP; i++)
@@ -777,13 +780,13 @@ __global__ void __launch_bounds__(MLXQ_TH, MLXQ_BLOCKS) gemv_mlxq_kernel(const l
                 for (int r = 0; r < RW; r++) {
                     const int s = mlxq_dot<BITS>(w[r][u], xa, xb);
                     float sc, bi;
-                    if (SBV) {
+                    if constexpr (SBV) {
                         const int gl = ((u * 32 + lane) * EPC) >> gsh; /* the group within the round */
                         const uint32_t sv = sbs[(2 * r) * G + gl], bv = sbs[(2 * r + 1) * G + gl];
                         sc = ST == LMS_CU_BF16 ? bf16_lo(sv) : f16_lo(sv);
                         bi = ST == LMS_CU_BF16 ? bf16_lo(bv) : f16_lo(bv);
                     } else {
-                        sc = sb[SBV ? 0 : r][SBV ? 0 : u].s(), bi = sb[SBV ? 0 : r][SBV ? 0 : u].b();
+                        sc = sb[r][u].s(), bi = sb[r][u].b();
                     }
                     /* s * dx * sum q x_q + b * dx * sum x_q (this chunk's share) */
                     acc[r] = fmaf(sc, g2.x * (float)s, fmaf(bi, g2.y, acc[r]));
