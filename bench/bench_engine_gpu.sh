@@ -188,17 +188,19 @@ batch8b() {
 }
 
 # Per-kernel times of one decode step of model $1 (a 1-token prompt: every
-# launch is a one-row step; graphs off so that each kernel is seen), the first
-# $2 launches.
+# launch is a one-row step; graphs off so that each kernel is seen): the
+# second step (the first one's launches have no L2 hints yet) of the first $2
+# launches. The caches are left as the kernels leave them (--cache-control
+# none), as in a real step.
 step_profile() {
     local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     [ -n "$ncu" ] || { echo "no ncu" | tee -a "$LOG"; return; }
     say "ncu: one decode step of $1"
-    LMSTORE_CUDA_GRAPH=0 timeout 200 "$ncu" --clock-control none --csv --page raw -c "$2" \
+    LMSTORE_CUDA_GRAPH=0 timeout 200 "$ncu" --clock-control none --cache-control none --csv --page raw -c "$2" \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum "$LMS" run "$1" --store "$ST" \
-        --device cuda --prompt-ids 1 --max-tokens 2 --ignore-eos >"$OUT/ncu_step_$1.csv" 2>>"$LOG"
-    $PY bench/ncu_summary.py "$OUT/ncu_step_$1.csv" | tee -a "$LOG"
+        --device cuda --prompt-ids 1 --max-tokens 3 --ignore-eos >"$OUT/ncu_step_$1.csv" 2>>"$LOG"
+    $PY bench/ncu_summary.py "$OUT/ncu_step_$1.csv" --step 2 | tee -a "$LOG"
 }
 
 decode8b() {
@@ -220,8 +222,8 @@ decode8b() {
         LMSTORE_CUDA_MLX_EXACT=1 timeout 200 "$LMS" bench engine $m --store "$ST" --device cuda --prompt 128 --gen 128 \
             --json 2>>"$LOG" | sed 's/^{/{"variant": "f32 activations", /' | jl
     done
-    step_profile llama8b-mlx4 170
-    step_profile llama8b 170
+    step_profile llama8b-mlx4 400
+    step_profile llama8b 400
 }
 
 # The gemma-3-12b-shaped bf16 model in the store as gemma12b (the 8B model's
@@ -244,7 +246,7 @@ gemma12bdec() {
         --json 2>>"$LOG" | sed 's/^{/{"variant": "PDL", /' | jl
     LMSTORE_CUDA_FUSE_ROPE=0 timeout 200 "$LMS" bench engine gemma12b --store "$ST" --device cuda --prompt 128 --gen 128 \
         --json 2>>"$LOG" | sed 's/^{/{"variant": "RoPE not fused", /' | jl
-    step_profile gemma12b 250
+    step_profile gemma12b 700
 }
 
 # The 8B shape with Llama 3's tokenizer (its vocabulary is the shape's

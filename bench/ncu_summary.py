@@ -3,9 +3,10 @@
 --csv --page raw with gpu__time_duration.sum, dram__bytes_read.sum and
 dram__bytes_write.sum): launches, total and mean time, DRAM bytes and GB/s,
 sorted by total time. The kernels of one decode step or one prefill, as
-bench/bench_engine_gpu.sh records them.
+bench/bench_engine_gpu.sh records them; --step N keeps the Nth step's only
+(a step starts at its embedding kernel).
 
-  ncu_summary.py FILE.csv [--top N]
+  ncu_summary.py FILE.csv [--top N] [--step N]
 """
 import collections
 import csv
@@ -28,6 +29,13 @@ def main():
     rows = list(csv.reader(lines))
     head, units, data = rows[0], rows[1], rows[2:]
     col = {n: i for i, n in enumerate(head)}
+    if "--step" in sys.argv:
+        want, step, kept = int(sys.argv[sys.argv.index("--step") + 1]), 0, []
+        for r in data:
+            step += r[col["Kernel Name"]].split("::")[-1].startswith("embed")
+            if step == want:
+                kept.append(r)
+        data = kept
     scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
              "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
     agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
