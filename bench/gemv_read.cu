@@ -14,20 +14,12 @@
  * the engine (3 or 4 blocks a multiprocessor; 0: a block per group of rows).
  */
 #include "engine/cuda/kernels.cu"
+#include "bench/cuda_check.h"
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_) {                                                                                                      \
-            printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                                               \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 /* n bf16 values, uniform in [-scale, scale), from a hash of their index and seed */
 __global__ void fill_kernel(uint16_t *p, size_t n, uint32_t seed, float scale)

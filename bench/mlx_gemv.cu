@@ -19,6 +19,7 @@
  * a launch of that size. Exit status 1 when a check fails.
  */
 #include "engine/cuda/kernels.cu"
+#include "bench/cuda_check.h"
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,14 +44,6 @@ static float unbf(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_) {                                                                                                      \
-            printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                                               \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 struct M {
     int rows, K, gs, bits;
     std::vector<uint8_t> codes;
