@@ -189,9 +189,9 @@ batch8b() {
 
 # Per-kernel times of one decode step of model $1 (a 1-token prompt: every
 # launch is a one-row step; graphs off so that each kernel is seen): the
-# second step (the first one's launches have no L2 hints yet) of the first $2
-# launches. The caches are left as the kernels leave them (--cache-control
-# none), as in a real step.
+# second step among the first $2 launches (the first step carries the
+# launches' one-time costs). The caches are left as the kernels leave them
+# (--cache-control none), as in a replayed step.
 step_profile() {
     local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
