@@ -244,6 +244,10 @@ typedef struct lms__kernels {
     /* (optional) o[i] = silu(g[i]) * u[i] (silu(g) = g / (1 + exp(-g)), exp
      * as expsum's); NULL: expf element by element */
     void (*silu_mul)(float *o, const float *g, const float *u, int n);
+    /* (optional) o[i] = gelu_tanh(g[i]) * u[i], computed as g / (1 + exp(-2 z)) with
+     * z = sqrt(2 / pi) (g + 0.044715 g^3) (0.5 (1 + tanh z) = sigmoid(2 z) exactly; exp as
+     * expsum's); NULL: tanhf element by element */
+    void (*gelu_mul)(float *o, const float *g, const float *u, int n);
     /* (optional) the sum of x[i]^2 in double (the same terms as a scalar
      * loop, added in another order); NULL: the scalar loop */
     double (*sumsq)(const float *x, int n);

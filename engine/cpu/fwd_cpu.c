@@ -609,6 +609,8 @@ static void in_task(void *arg, size_t t, int worker)
         const float *x2 = r->x2 + t * W;
         if (j->act == LMS__ACT_SILU && b->k->silu_mul)
             b->k->silu_mul(o, x, x2, (int)W);
+        else if (j->act == LMS__ACT_GELU_TANH && b->k->gelu_mul)
+            b->k->gelu_mul(o, x, x2, (int)W);
         else
             for (uint32_t i = 0; i < W; i++) o[i] = act_val(j->act, x[i]) * x2[i];
     }

@@ -93,7 +93,7 @@ static const lms__kernels kernels_generic = {
     {axpy_f32, axpy_f16, axpy_bf16},
     NULL,
     NULL,    {NULL, NULL, NULL}, /* axpy row by row */
-    NULL,    NULL, NULL, NULL, NULL,
+    NULL,    NULL, NULL, NULL, NULL, NULL,
 };
 
 /* ---- dispatch ---------------------------------------------------------------------------- */

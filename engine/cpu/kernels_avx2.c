@@ -99,6 +99,6 @@ const lms__kernels lms__kernels_avx2 = {
     {axpy_f32, axpy_f16, axpy_bf16},
     NULL,
     NULL,    {NULL, NULL, NULL}, /* axpy row by row */
-    NULL,    NULL, NULL, NULL, NULL,
+    NULL,    NULL, NULL, NULL, NULL, NULL,
 };
 #endif

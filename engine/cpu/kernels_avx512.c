@@ -527,6 +527,19 @@ static T void silu_mul(float *o, const float *g, const float *u, int n)
     }
 }
 
+static T void gelu_mul(float *o, const float *g, const float *u, int n)
+{
+    const __m512 c1 = _mm512_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm512_set1_ps(0.044715f);
+    for (int k = 0; k < n; k += 16) {
+        __mmask16 m = lanes(n - k);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + k);
+        /* -2 z = -2 sqrt(2 / pi) (g + 0.044715 g^3) */
+        __m512 z2 = _mm512_mul_ps(c1, _mm512_fmadd_ps(_mm512_mul_ps(c3, gv), _mm512_mul_ps(gv, gv), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(z2)));
+        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + k)));
+    }
+}
+
 static T double sumsq(const float *x, int n)
 {
     __m512d a0 = _mm512_setzero_pd(), a1 = a0;
@@ -566,6 +579,7 @@ const lms__kernels lms__kernels_avx512 = {
     {axpyn_f32, axpyn_f16, axpyn_bf16},
     expsum,
     silu_mul,
+    gelu_mul,
     sumsq,
     to_f16,
     from_f16,
@@ -667,6 +681,7 @@ const lms__kernels lms__kernels_avx512bf16 = {
     {axpyn_f32, axpyn_f16, axpyn_bf16},
     expsum,
     silu_mul,
+    gelu_mul,
     sumsq,
     to_f16,
     from_f16,

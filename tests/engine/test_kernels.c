@@ -13,8 +13,8 @@
  *   - axpyn (the attention's weighted sum of value rows) gives the bits of
  *     axpy row by row, on widths that are not whole 64s or 16s;
  *   - the optional element-wise kernels: expsum within 2 ulp of expf (and
- *     its sum that of its outputs), silu_mul within 4 ulp of the scalar
- *     formula, sumsq within double rounding of the scalar loop, to_f16 the
+ *     its sum that of its outputs), silu_mul and gelu_mul within 4 ulp of
+ *     the formula in double, sumsq within double rounding of the scalar loop, to_f16 the
  *     bits of lms__f32_to_f16 (ties, subnormals, overflow), from_f16 the
  *     values of lms__f16_to_f32 (every kind of bits), on lengths that are
  *     not whole 16s, elements past n untouched.
@@ -243,6 +243,23 @@ static void elementwise_kernels_match_the_scalar_forms(void **state)
                     double w = (double)x[i] / (1.0 + exp(-(double)x[i])) * u[i];
                     if (fabs(e[i] - w) > 5e-7 * fabs(w) + 1e-30)
                         fail_msg("%s silu_mul n %d: silu(%g) * %g = %.9g, want %.9g", k->name, n, x[i], u[i], e[i], w);
+                }
+                assert_true(e[n] == 42);
+            }
+            if (k->gelu_mul) {
+                ran++;
+                fill(x, n, 12);
+                fill(u, n + 1, 3);
+                x[0] = -60; /* exp(2 z) far past float: gelu ~ 0 */
+                e[n] = 42;
+                k->gelu_mul(e, x, u, n);
+                for (int i = 0; i < n; i++) {
+                    double g = x[i], z = 0.7978845608028654 * (g + 0.044715 * g * g * g);
+                    /* 0.5 g (1 + tanh z) without its cancellation in double for z << 0 */
+                    double w = (z < 0 ? g * exp(2 * z) / (1 + exp(2 * z)) : 0.5 * g * (1.0 + tanh(z))) * u[i];
+                    /* plus the conditioning of exp(2 z): z itself carries float rounding */
+                    if (fabs(e[i] - w) > (5e-7 + 2.4e-7 * fabs(2 * z)) * fabs(w) + 1e-30)
+                        fail_msg("%s gelu_mul n %d: gelu(%g) * %g = %.9g, want %.9g", k->name, n, x[i], u[i], e[i], w);
                 }
                 assert_true(e[n] == 42);
             }
