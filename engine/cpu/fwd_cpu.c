@@ -280,9 +280,22 @@ static void att_one(const att_run *a, uint32_t h, uint32_t t, int worker)
     for (uint32_t g = 0; g < G; g++) {
         float *s = sc + (size_t)g * bk->n_ctx, mx = att_logits(a, s, lo, P);
         double sum = 0;
-        for (uint32_t p = lo; p < P; p++) {
-            s[p] = expf(s[p] - mx);
-            sum += s[p];
+        if (bk->k->expsum) {
+            /* the exponentials by the kernels (the blocked prefill's), their sum in double
+             * as below, in four chains: in double their order moves the sum by far less
+             * than a float's unit */
+            double s4[4] = {0, 0, 0, 0};
+            uint32_t p = lo;
+            bk->k->expsum(s + lo, (int)(P - lo), mx);
+            for (; p + 4 <= P; p += 4)
+                for (int i = 0; i < 4; i++) s4[i] += s[p + i];
+            for (; p < P; p++) s4[0] += s[p];
+            sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+        } else {
+            for (uint32_t p = lo; p < P; p++) {
+                s[p] = expf(s[p] - mx);
+                sum += s[p];
+            }
         }
         float inv = (float)(1.0 / sum);
         for (uint32_t p = lo; p < P; p++) s[p] *= inv;

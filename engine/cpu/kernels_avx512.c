@@ -156,39 +156,59 @@ GEMM_IMPL(gemm_f16_rows4, ld_f16, ldm_f16, 2)
 GEMM_IMPL(gemm_bf16_rows4, ld_bf16, ldm_bf16, 2)
 
 /*
- * Fewer than 4 tokens (decode, and attention's scores): one row at a time in
- * memory order, prefetched PFB bytes ahead, each row against every token
- * (the row stays in L1); 4 to 7 tokens take the 4-row path above.
+ * Fewer than 4 tokens (decode, and attention's scores over a kv head's 2 or 3
+ * query heads): one row at a time in memory order, prefetched PFB bytes
+ * ahead, each 16 of the row's weights loaded and widened once and met by
+ * every token (NB of them, a constant in each expansion); per row and token
+ * the same two accumulators and order of terms whatever NB is. 4 to 7 tokens
+ * take the 4-row path above.
  */
 #define GEMM_LINEAR(NAME, ROWS4, LD, LDM, ESZ)                                                       \
-    static T void NAME(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,   \
-                       int rows, int nb, int cols, bool acc)                                          \
+    static inline T __attribute__((always_inline)) void NAME##_nb(const void *W, size_t ldw, const float *x, \
+                                                                 size_t ldx, float *y, size_t ldy, int rows, \
+                                                                 const int NB, int cols, bool acc)  \
     {                                                                                                 \
-        if (nb >= 4) {                                                                                \
-            ROWS4(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                       \
-            return;                                                                                   \
-        }                                                                                             \
         int kf = cols & ~15;                                                                          \
         __mmask16 mt = (__mmask16)((1u << (cols - kf)) - 1);                                         \
         for (int r = 0; r < rows; r++) {                                                              \
             const uint8_t *w = (const uint8_t *)W + (size_t)r * ldw * ESZ;                            \
-            for (int b = 0; b < nb; b++) {                                                            \
-                const float *xb = x + (size_t)b * ldx;                                                \
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                             \
-                int k = 0;                                                                            \
-                for (; k + 32 <= kf; k += 32) {                                                       \
-                    for (int c = 0; c < 32 * ESZ; c += 64)                                            \
-                        _mm_prefetch((const char *)w + (size_t)k * ESZ + PFB + c, _MM_HINT_T0);       \
-                    a0 = _mm512_fmadd_ps(LD(w, k), _mm512_loadu_ps(xb + k), a0);                      \
-                    a1 = _mm512_fmadd_ps(LD(w, k + 16), _mm512_loadu_ps(xb + k + 16), a1);            \
+            __m512 a0[3], a1[3];                                                                      \
+            for (int b = 0; b < NB; b++) a0[b] = a1[b] = _mm512_setzero_ps();                          \
+            int k = 0;                                                                                \
+            for (; k + 32 <= kf; k += 32) {                                                           \
+                for (int c = 0; c < 32 * ESZ; c += 64)                                                \
+                    _mm_prefetch((const char *)w + (size_t)k * ESZ + PFB + c, _MM_HINT_T0);           \
+                const __m512 w0 = LD(w, k), w1 = LD(w, k + 16);                                       \
+                for (int b = 0; b < NB; b++) {                                                        \
+                    a0[b] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)b * ldx + k), a0[b]);      \
+                    a1[b] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)b * ldx + k + 16), a1[b]); \
                 }                                                                                     \
-                if (k < kf)                                                                           \
-                    a0 = _mm512_fmadd_ps(LD(w, k), _mm512_loadu_ps(xb + k), a0);                      \
-                if (mt)                                                                               \
-                    a1 = _mm512_fmadd_ps(LDM(w, kf, mt), _mm512_maskz_loadu_ps(mt, xb + kf), a1);     \
-                store_out(y + (size_t)b * ldy + r, _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)), acc); \
             }                                                                                         \
+            if (k < kf) {                                                                             \
+                const __m512 w0 = LD(w, k);                                                           \
+                for (int b = 0; b < NB; b++)                                                          \
+                    a0[b] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)b * ldx + k), a0[b]);      \
+            }                                                                                         \
+            if (mt) {                                                                                 \
+                const __m512 wm = LDM(w, kf, mt);                                                     \
+                for (int b = 0; b < NB; b++)                                                          \
+                    a1[b] = _mm512_fmadd_ps(wm, _mm512_maskz_loadu_ps(mt, x + (size_t)b * ldx + kf), a1[b]); \
+            }                                                                                         \
+            for (int b = 0; b < NB; b++)                                                              \
+                store_out(y + (size_t)b * ldy + r, _mm512_reduce_add_ps(_mm512_add_ps(a0[b], a1[b])), acc); \
         }                                                                                             \
+    }                                                                                                 \
+    static T void NAME(const void *W, size_t ldw, const float *x, size_t ldx, float *y, size_t ldy,   \
+                       int rows, int nb, int cols, bool acc)                                          \
+    {                                                                                                 \
+        if (nb >= 4)                                                                                  \
+            ROWS4(W, ldw, x, ldx, y, ldy, rows, nb, cols, acc);                                       \
+        else if (nb == 3)                                                                             \
+            NAME##_nb(W, ldw, x, ldx, y, ldy, rows, 3, cols, acc);                                    \
+        else if (nb == 2)                                                                             \
+            NAME##_nb(W, ldw, x, ldx, y, ldy, rows, 2, cols, acc);                                    \
+        else if (nb == 1)                                                                             \
+            NAME##_nb(W, ldw, x, ldx, y, ldy, rows, 1, cols, acc);                                    \
     }
 
 GEMM_LINEAR(gemm_f32_rows, gemm_f32_rows4, ld_f32, ldm_f32, 4)
