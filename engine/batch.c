@@ -320,7 +320,7 @@ static void save_one(lms_batch *b)
     }
     double t0 = lms__now();
     lms_kv_save_params sp = lms_kv_default_save_params();
-    sp.threads = lms__pool_threads(b->e->pool);
+    sp.threads = b->e->p.threads; /* the engine's CPU threads (a GPU engine's pool has one) */
     if (lms_kv_save_ex(kv, s, b->p.prefix_store, name, &sp, NULL)) {
         lms__warn("batch: saving prefix session '%s' failed: %s", name, lms_last_error());
         goto out;
@@ -371,7 +371,7 @@ static lms_kv_seq *store_lookup(lms_batch *b, const int32_t *toks, uint32_t n, u
     lms_kv_seq *s = NULL;
     pfx_name(b, best->hex, name, sizeof name);
     lms_kv_resume_params rp = lms_kv_default_resume_params();
-    rp.threads = lms__pool_threads(b->e->pool);
+    rp.threads = b->e->p.threads;
     int rc = lms_kv_resume_ex(kv, b->p.prefix_store, name, &rp, &s, NULL);
     if (rc) {
         lms__debug("batch: prefix session '%s' not resumed: %s", name, lms_last_error());
