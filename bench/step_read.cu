@@ -52,6 +52,8 @@ __constant__ step_desc c_step;
 
 #define FT 512 /* threads of the fused kernel's blocks */
 
+/* ld_stream as a volatile asm: issued where it is written (the loads of the next phase before
+ * the grid barrier), never moved past the barrier by the compiler. */
 __device__ __forceinline__ uint4 ld_stream_v(const void *p)
 {
     uint4 r;
@@ -134,15 +136,7 @@ __global__ void __launch_bounds__(FT, 2) fused_kernel(const uint8_t *base, const
                 x ^= pre[0].x ^ pre[1].y ^ pre[2].z ^ pre[3].w;
                 i += 4 * stride;
             }
-            for (; i + 3 * stride < n; i += 4 * stride) {
-                uint4 a = ld_stream_v(q + i), b = ld_stream_v(q + i + stride), c = ld_stream_v(q + i + 2 * stride),
-                      d = ld_stream_v(q + i + 3 * stride);
-                x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-            }
-            for (; i < n; i += stride) {
-                uint4 a = ld_stream_v(q + i);
-                x ^= a.x ^ a.y ^ a.z ^ a.w;
-            }
+            x ^= read_words(q, i, n, stride);
             if (MODE == 2 && skip && (int)blockIdx.x >= natt) { /* this block's copied bytes: wait, use them */
                 asm volatile("cp.async.wait_all;" ::: "memory");
                 __syncthreads();

@@ -1351,10 +1351,11 @@ __global__ void argmax_kernel(const float *v, int n, int32_t *id, float2 *part, 
     }
 }
 
-__global__ void __launch_bounds__(512) readbw_kernel(const uint4 *p, size_t n, uint32_t *sink)
+/* The XOR of 16-byte words i, i + stride, ... below n, four loads of a thread in flight: the
+ * probe's read (also bench/step_read.cu's). */
+__device__ __forceinline__ uint32_t read_words(const uint4 *p, size_t i, size_t n, size_t stride)
 {
     uint32_t x = 0;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
     for (; i + 3 * stride < n; i += 4 * stride) {
         uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride), c = ld_stream(p + i + 2 * stride),
               d = ld_stream(p + i + 3 * stride);
@@ -1364,6 +1365,12 @@ __global__ void __launch_bounds__(512) readbw_kernel(const uint4 *p, size_t n, u
         uint4 a = ld_stream(p + i);
         x ^= a.x ^ a.y ^ a.z ^ a.w;
     }
+    return x;
+}
+
+__global__ void __launch_bounds__(512) readbw_kernel(const uint4 *p, size_t n, uint32_t *sink)
+{
+    const uint32_t x = read_words(p, blockIdx.x * (size_t)blockDim.x + threadIdx.x, n, (size_t)gridDim.x * blockDim.x);
     if (x == 0x9e3779b9u)
         *sink = x;
 }
