@@ -457,6 +457,12 @@ int lms_batch_create(lms_model *model, const lms_engine_params *ep_in, const lms
         if ((rc = lms_kv_sessions(b->p.prefix_store, pfx_scan_cb, b)))
             goto fail;
         for (size_t i = 0; i < b->n_pfx; i++) pfx_read_keys(b, &b->pfx[i]);
+        /* a device arena's page-locked I/O ring now, not in the first prefix hit's time to first
+         * token; without it saves and resumes still work (they make their own) */
+        if (lms__kv_io_reserve(e->kv, e->p.threads)) {
+            lms__debug("batch: the KV I/O ring was not reserved: %s", lms_last_error());
+            lms_clear_error();
+        }
     }
     b->next_id = 1;
     b->st.kv_pages_total = lms_kv_n_pages(e->kv);

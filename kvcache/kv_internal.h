@@ -128,6 +128,11 @@ struct lms_kv {
 /* Free the save/resume I/O buffers and streams of kv (lms_kv_destroy). */
 void lms__kv_io_free(lms_kv *kv);
 
+/* Device arenas: make the save/resume workers' page-locked ring, pool and streams for `threads`
+ * workers (0 = online CPUs) now rather than in the first save or resume, which would pay the
+ * pinning (tens of milliseconds); 0 and nothing done for host arenas. */
+int lms__kv_io_reserve(lms_kv *kv, int threads);
+
 /* Key of a page holding tokens[0..n) after the page keyed `parent` (zero
  * hash for the first page): XXH3-128 over parent, model id, layout (with a
  * window: the window and the sliding layers too), n and the token ids

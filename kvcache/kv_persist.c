@@ -253,6 +253,15 @@ static int io_prepare(lms_kv *kv, int threads, bool exact, size_t scratch, const
     return 0;
 }
 
+int lms__kv_io_reserve(lms_kv *kv, int threads)
+{
+    const size_t sizes[KV_SCRATCH] = {0, 0, 0}; /* host scratch: made by the calls that need it */
+    if (!pinned_io(kv))
+        return 0;
+    threads = LMS_MIN(threads > 0 ? threads : lms__cpu_count(), KV_IO_MAX_WORKERS);
+    return io_prepare(kv, threads, false, max_page(kv), sizes);
+}
+
 /* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs and
  * KV_IO_MAX_WORKERS (per-worker arrays), at least 1. */
 static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
