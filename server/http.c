@@ -547,8 +547,13 @@ void lms__server_drain(lms__server *s)
         return;
     s->draining = 1;
     MHD_socket fd = MHD_quiesce_daemon(s->d);
-    if (fd != MHD_INVALID_SOCKET)
+    if (fd != MHD_INVALID_SOCKET) {
+        /* shutdown first: the daemon's thread may still be inside poll() on the socket, which
+         * keeps it listening after close() until that poll returns, and a connection made
+         * meanwhile would be accepted into its backlog; shutdown stops the listening now */
+        shutdown(fd, SHUT_RDWR);
         close(fd);
+    }
 }
 
 int lms__server_in_flight(lms__server *s)
