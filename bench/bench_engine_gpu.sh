@@ -99,6 +99,15 @@ tests() {
         echo "{\"what\": \"test\", \"test\": \"$t\", \"exit\": $rc}" | jl
         grep -E "MISMATCH|mismatches|rel diff|ppl|diverges|FAIL|PASSED|ERROR|->|device free|error" "$OUT/$t.log" | head -60
     done
+    # again with programmatic dependent launch on for every model (by default only MLX models
+    # have it): a kernel of a step that read its predecessor's output without waiting for it
+    # would show here as mismatches
+    for t in engine_test_backend_cuda engine_test_engine_cuda engine_test_batch_cuda; do
+        LMSTORE_CUDA_PDL=1 LMS_TMP=$W/tp-$t timeout 400 "$BIN/$t" >"$OUT/pdl_$t.log" 2>&1
+        rc=$?
+        echo "{\"what\": \"test\", \"test\": \"$t\", \"pdl\": 1, \"exit\": $rc}" | jl
+        grep -E "mismatches|FAIL|PASSED" "$OUT/pdl_$t.log" | head -20
+    done
 }
 
 make8b() {

@@ -16,8 +16,10 @@
  * CUDA graph per kind of output and replayed afterwards: kernels read the
  * token, the position and the block table from device memory that begin()
  * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
- * turns graphs off, LMSTORE_CUDA_PDL=1 turns programmatic dependent launch
- * on, LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products
+ * turns graphs off; programmatic dependent launch is on for models with MLX
+ * matrices (their small launches gain from the next one's loads issued
+ * early: bench/RESULTS.md) and off for the others, LMSTORE_CUDA_PDL=1|0
+ * forces it on or off; LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products
  * off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
  * persistent grid to that many blocks a multiprocessor (0: a block per group
  * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
@@ -97,6 +99,8 @@ struct lms__bk {
     } rope;
     bool no_fuse;       /* LMSTORE_CUDA_FUSE_ROPE=0 */
     bool mlx_exact;     /* LMSTORE_CUDA_MLX_EXACT=1: one-row MLX products on f32 activations */
+    bool pdl;           /* programmatic dependent launch for this backend's kernels (set per step:
+                         * the kernels' switch is per host thread) */
     float *dvec;        /* mirror of w->vec_store */
     float *inv_freq;    /* [2][hd/2] */
     int32_t *dstep;     /* step parameters (kernels.h layout) */
@@ -289,7 +293,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
-    lms_cu_set_pdl(getenv("LMSTORE_CUDA_PDL") && !env_off("LMSTORE_CUDA_PDL"));
+    b->pdl = getenv("LMSTORE_CUDA_PDL") ? !env_off("LMSTORE_CUDA_PDL")
+                                        : lms__weights_find(b->w, hp, is_mlx, NULL, 0) != NULL;
     lms_cu_set_att_mma(!env_off("LMSTORE_CUDA_ATT_MMA"));
     lms_cu_set_mlx_sb(getenv("LMSTORE_CUDA_MLX_SB") ? atoi(getenv("LMSTORE_CUDA_MLX_SB")) : -1);
     lms_cu_set_gemv_blocks(getenv("LMSTORE_CUDA_GEMV_BLOCKS") ? atoi(getenv("LMSTORE_CUDA_GEMV_BLOCKS")) : -1,
@@ -462,6 +467,7 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
     assert(st->nb >= 1 && st->nb <= b->B && (st->n_segs || st->pos0 + st->nb <= b->n_ctx));
     assert(st->kv->base == b->kvg[0].base && st->kv->window == b->kv->window);
     *replayed = false;
+    lms_cu_set_pdl(b->pdl);
     b->st = st;
     b->err = 0;
     b->capturing = false;

@@ -38,7 +38,7 @@
 
 namespace {
 
-int g_pdl = 0;
+thread_local int g_pdl = 0; /* lms_cu_set_pdl: per host thread (each engine's steps run on one) */
 int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_cu_set_att_mma) */
 int g_mlx_sb = -1; /* lms_cu_set_mlx_sb */
 
@@ -1244,6 +1244,8 @@ __global__ void embed_kernel(float *x, const void *embed, int E, float scale, co
 /* Block i: row i of dst from row rows[i] of src. */
 __global__ void gather_kernel(float *dst, const float *src, int width, const int32_t *rows)
 {
+    griddep_launch();
+    griddep_wait(); /* src is the kernel before's output (a step of segments' last rows) */
     const float *s = src + (size_t)rows[blockIdx.x] * width;
     float *d = dst + (size_t)blockIdx.x * width;
     for (int k = threadIdx.x; k < width; k += blockDim.x) d[k] = s[k];

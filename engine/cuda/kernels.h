@@ -204,8 +204,9 @@ int lms_cu_readbw_launch(const void *p, size_t n16, uint32_t *sink, int sms, voi
 
 /* Kernel attributes (shared-memory limits) set once; 0 or a cudaError_t. */
 int lms_cu_kernels_init(void);
-/* Programmatic dependent launch for the kernels of a decode step: on (1) or off (0, the
- * default: measured slower on the H200, bench/RESULTS.md). */
+/* Programmatic dependent launch for the kernels this host thread launches next: on (1) or off
+ * (0, the default). The backend sets it at each step: on for models with MLX matrices, off for
+ * the others (no faster on the H200, bench/RESULTS.md). */
 void lms_cu_set_pdl(int on);
 /* Decoding attention on tensor cores for 16-bit K/V, head_dim 64/128/256 and up to 8 query
  * heads a kv head: on (1, the default) or off (0: the CUDA-core kernel for every decoding
