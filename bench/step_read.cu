@@ -145,25 +145,23 @@ __global__ void __launch_bounds__(FT, 2) fused_kernel(const uint8_t *base, const
             have_pre = false;
             skip = 0;
         } else {
+            const bool copy = MODE == 2 && nx && nx->kind == PH_READ;
+            if (copy) { /* the next read's prefix, copied by the blocks past the attention's, which
+                         * every block then skips (the copiers use theirs at its end) */
+                cb = copy_bytes(nx->bytes, gridDim.x - natt, smem_b);
+                skip = (size_t)(gridDim.x - natt) * cb;
+            }
             if ((int)blockIdx.x < natt) {
                 x ^= att_standin(kv + (size_t)blockIdx.x * 1024, cycles);
-            } else if (MODE == 2 && nx && nx->kind == PH_READ) {
-                /* the blocks past the attention's: bytes [(b - natt) * cb, + cb) of the next read */
-                cb = copy_bytes(nx->bytes, gridDim.x - natt, smem_b);
+            } else if (copy) { /* bytes [(b - natt) cb, + cb) of the next read */
                 const uint8_t *src = base + nx->off + (size_t)(blockIdx.x - natt) * cb;
-                {
-                    for (int k = threadIdx.x; k < cb / 16; k += FT) {
-                        const unsigned d = (unsigned)__cvta_generic_to_shared(sm + 16 * k);
-                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + 16 * (size_t)k)
-                                     : "memory");
-                    }
-                    asm volatile("cp.async.commit_group;" ::: "memory");
+                for (int k = threadIdx.x; k < cb / 16; k += FT) {
+                    const unsigned d = (unsigned)__cvta_generic_to_shared(sm + 16 * k);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + 16 * (size_t)k)
+                                 : "memory");
                 }
+                asm volatile("cp.async.commit_group;" ::: "memory");
             }
-        }
-        if (MODE == 2 && ph.kind == PH_ATT && nx && nx->kind == PH_READ) {
-            /* every block skips the copied prefix; the copying blocks use theirs at the end */
-            skip = (size_t)(gridDim.x - natt) * copy_bytes(nx->bytes, gridDim.x - natt, smem_b);
         }
         if (MODE >= 1 && nx && nx->kind == PH_READ) {
             const uint4 *q = (const uint4 *)(base + nx->off + skip);
@@ -201,14 +199,14 @@ int main()
     int sms = 0, clk_khz = 0, rounds = getenv("ROUNDS") ? atoi(getenv("ROUNDS")) : 5;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
-    const size_t M = 1;
+    auto mb = [](size_t rows, size_t cols) { return rows * cols * 2; }; /* a bf16 matrix's bytes */
     const shape shapes[] = {
-        {"llama-3-8b bf16", 32, 64, 1.0, 6144 * 4096 * 2 * M, 4096 * 4096 * 2 * M, 2 * 14336 * 4096 * 2 * M,
-         4096 * 14336 * 2 * M, 128256 * 4096 * 2 * M},
-        {"gemma-3-12b bf16", 48, 64, 1.0, 8192 * 3840 * 2 * M, 3840 * 4096 * 2 * M, 2 * 15360 * 3840 * 2 * M,
-         3840 * 15360 * 2 * M, 262144 * 3840 * 2 * M},
-        {"llama-3-8b mlx4", 32, 64, 0.28125, 6144 * 4096 * 2 * M, 4096 * 4096 * 2 * M, 2 * 14336 * 4096 * 2 * M,
-         4096 * 14336 * 2 * M, 128256 * 4096 * 2 * M},
+        {"llama-3-8b bf16", 32, 64, 1.0, mb(6144, 4096), mb(4096, 4096), mb(2 * 14336, 4096), mb(4096, 14336),
+         mb(128256, 4096)},
+        {"gemma-3-12b bf16", 48, 64, 1.0, mb(8192, 3840), mb(3840, 4096), mb(2 * 15360, 3840), mb(3840, 15360),
+         mb(262144, 3840)},
+        {"llama-3-8b mlx4", 32, 64, 0.28125, mb(6144, 4096), mb(4096, 4096), mb(2 * 14336, 4096), mb(4096, 14336),
+         mb(128256, 4096)},
     };
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));

@@ -253,24 +253,24 @@ static int io_prepare(lms_kv *kv, int threads, bool exact, size_t scratch, const
     return 0;
 }
 
+/* I/O threads asked for (0 = online CPUs), at most KV_IO_MAX_WORKERS (per-worker arrays). */
+static int io_threads(int asked) { return LMS_MIN(asked > 0 ? asked : lms__cpu_count(), KV_IO_MAX_WORKERS); }
+
 int lms__kv_io_reserve(lms_kv *kv, int threads)
 {
     const size_t sizes[KV_SCRATCH] = {0, 0, 0}; /* host scratch: made by the calls that need it */
     if (!pinned_io(kv))
         return 0;
-    threads = LMS_MIN(threads > 0 ? threads : lms__cpu_count(), KV_IO_MAX_WORKERS);
-    return io_prepare(kv, threads, false, max_page(kv), sizes);
+    return io_prepare(kv, io_threads(threads), false, max_page(kv), sizes);
 }
 
-/* Threads for `jobs` pages: `asked` (0 = online CPUs), at most jobs and
- * KV_IO_MAX_WORKERS (per-worker arrays), at least 1. */
+/* Threads for `jobs` pages: io_threads(asked), at most jobs, at least 1. */
 static int workers_create(kv_workers *w, lms_kv *kv, int asked, uint32_t jobs, size_t scratch,
                           const size_t sizes[KV_SCRATCH])
 {
-    int threads = asked > 0 ? asked : lms__cpu_count(), rc;
+    int threads = io_threads(asked), rc;
     if (threads > (int)jobs)
         threads = jobs ? (int)jobs : 1;
-    threads = LMS_MIN(threads, KV_IO_MAX_WORKERS);
     if (pinned_io(kv)) {
         if ((rc = io_prepare(kv, threads, asked > 0, scratch, sizes)))
             return rc;

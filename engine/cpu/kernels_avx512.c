@@ -536,29 +536,25 @@ static T float expsum(float *s, int n, float m)
     return _mm512_reduce_add_ps(acc);
 }
 
-static T void silu_mul(float *o, const float *g, const float *u, int n)
-{
-    for (int k = 0; k < n; k += 16) {
-        __mmask16 m = lanes(n - k);
-        __m512 gv = _mm512_maskz_loadu_ps(m, g + k);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + k)));
-    }
-}
-
-static T void gelu_mul(float *o, const float *g, const float *u, int n)
+/* o = g / (1 + exp(t)) * u: SiLU with t = -g, GELU-tanh with t = -2z (0.5 (1 + tanh z) =
+ * sigmoid(2z)); GELU a constant in each caller. */
+static inline T __attribute__((always_inline)) void sigmoid_gate(float *o, const float *g, const float *u, int n,
+                                                                  const bool gelu)
 {
     const __m512 c1 = _mm512_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm512_set1_ps(0.044715f);
     for (int k = 0; k < n; k += 16) {
         __mmask16 m = lanes(n - k);
         __m512 gv = _mm512_maskz_loadu_ps(m, g + k);
-        /* -2 z = -2 sqrt(2 / pi) (g + 0.044715 g^3) */
-        __m512 z2 = _mm512_mul_ps(c1, _mm512_fmadd_ps(_mm512_mul_ps(c3, gv), _mm512_mul_ps(gv, gv), gv));
-        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(z2)));
+        /* SiLU: -g; GELU: -2 z = -2 sqrt(2 / pi) (g + 0.044715 g^3) */
+        __m512 t = gelu ? _mm512_mul_ps(c1, _mm512_fmadd_ps(_mm512_mul_ps(c3, gv), _mm512_mul_ps(gv, gv), gv))
+                        : _mm512_sub_ps(_mm512_setzero_ps(), gv);
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(t)));
         _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + k)));
     }
 }
+
+static T void silu_mul(float *o, const float *g, const float *u, int n) { sigmoid_gate(o, g, u, n, false); }
+static T void gelu_mul(float *o, const float *g, const float *u, int n) { sigmoid_gate(o, g, u, n, true); }
 
 static T double sumsq(const float *x, int n)
 {
