@@ -19,8 +19,8 @@
  * turns graphs off; programmatic dependent launch is on for models with MLX
  * matrices (their small launches gain from the next one's loads issued
  * early: bench/RESULTS.md) and off for the others, LMSTORE_CUDA_PDL=1|0
- * forces it on or off; LMSTORE_CUDA_MLX_EXACT=1 the int8 activations of one-row MLX products
- * off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
+ * forces it on or off; LMSTORE_CUDA_MLX_EXACT=1 turns the int8 activations
+ * of one-row MLX products off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
  * persistent grid to that many blocks a multiprocessor (0: a block per group
  * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
  * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split,

@@ -14,7 +14,8 @@
  *     axpy row by row, on widths that are not whole 64s or 16s;
  *   - the optional element-wise kernels: expsum within 2 ulp of expf (and
  *     its sum that of its outputs), silu_mul and gelu_mul within 4 ulp of
- *     the formula in double, sumsq within double rounding of the scalar loop, to_f16 the
+ *     the formula in double (gelu_mul also within the conditioning of
+ *     exp(2z)), sumsq within double rounding of the scalar loop, to_f16 the
  *     bits of lms__f32_to_f16 (ties, subnormals, overflow), from_f16 the
  *     values of lms__f16_to_f32 (every kind of bits), on lengths that are
  *     not whole 16s, elements past n untouched.
