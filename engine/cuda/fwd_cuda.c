@@ -60,7 +60,7 @@
 #define BLAS_WS (32u << 20)     /* cuBLAS workspace */
 #define SPLIT_MAX_ROWS 64       /* GEMM steps up to this many rows split their 16-bit input (mm_run) */
 #define DQ_BYTES (64u << 20)    /* MLX matrices in GEMMs: rows dequantized to bf16 this many bytes at a time */
-#define ATT_CHUNK_MIN 16        /* decoding attention: fewest positions a split takes */
+#define ATT_CHUNK_MIN 32        /* decoding attention: fewest positions a split takes */
 #define ATT_SPLITS_FINE 32u     /* decoding attention: at most this many splits for short contexts */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };

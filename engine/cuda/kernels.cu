@@ -1567,53 +1567,62 @@ __device__ void attn_decode_q(const lms_cu_attn &a, float *qs, uint8_t *newrow, 
     }
 }
 
-/* After every block of (h, b) wrote its split's partial ([b][h][split][g] = m, l, -, -,
- * acc[hd], unnormalized): the last block to finish (ticket) merges the S splits into out
- * ([G][hd]): thread i takes 4 dimensions (1 when hd % 4) of one head over every split,
- * rescaling as the running maximum grows (each split's loads independent of the others),
- * and resets the counter for the next launch. */
-__device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int G, int hd, float *out)
+/* The split's ticket, once every thread of the block wrote its share of the split's partial:
+ * thread 0 adds one to (h, b)'s counter, a release (cumulative over the block's writes,
+ * which the barrier before it orders first) and an acquire (in the last block, the reads
+ * after the barrier that follows see every other block's partial). True in the block that
+ * finishes last. No __threadfence: a full fence of every thread costs more than the merge. */
+__device__ __forceinline__ bool attn_ticket(int *counter, int S)
 {
     __shared__ int sm_last;
-    const int tid = threadIdx.x;
-    const size_t stride = ATT_PSTRIDE(hd);
-    __threadfence();
     __syncthreads();
-    if (tid == 0) {
-        int ticket = atomicAdd(&a.counters[b * a.n_kv + h], 1);
-        sm_last = ticket == S - 1;
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        sm_last = old == S - 1;
     }
     __syncthreads();
-    if (!sm_last)
+    return sm_last != 0;
+}
+
+/* After every block of (h, b) wrote its split's partial ([b][h][split][g] = m, l, -, -,
+ * acc[hd], unnormalized): the last block to finish merges the S splits into out ([G][hd]).
+ * Thread i takes 4 dimensions of one head over every split, rescaling as the running
+ * maximum grows; the loads of 8 splits are issued together. Resets the counter. */
+__device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int G, int hd, float *out)
+{
+    const int tid = threadIdx.x;
+    const size_t stride = ATT_PSTRIDE(hd);
+    const bool last = attn_ticket(&a.counters[b * a.n_kv + h], S);
+    if (!last)
         return;
-    __threadfence();
     const float *p0 = a.part + ((size_t)b * a.n_kv + h) * gridDim.y * G * stride;
-    const int vw = hd % 4 == 0 ? 4 : 1, nv = hd / vw;
+    const int nv = hd / 4;
     for (int i = tid; i < G * nv; i += blockDim.x) {
-        const int g = i / nv, d = (i % nv) * vw;
-        float M = -INFINITY, L = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-        for (int j = 0; j < S; j++) {
-            const float *pj = p0 + ((size_t)j * G + g) * stride;
-            const float2 ml = __ldcg((const float2 *)pj);
-            float v[4];
-            if (vw == 4) {
-                const float4 v4 = __ldcg((const float4 *)(pj + 4 + d));
-                v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
-            } else {
-                v[0] = __ldcg(pj + 4 + d), v[1] = v[2] = v[3] = 0.f;
-            }
-            const float Mn = fmaxf(M, ml.x), al = expf(M - Mn), w = expf(ml.x - Mn);
-            L = L * al + ml.y * w;
+        const int g = i / nv, d = (i % nv) * 4;
+        float M = -INFINITY, L = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j0 = 0; j0 < S; j0 += 8) {
+            float2 ml[8];
+            float4 v[8];
 #pragma unroll
-            for (int e = 0; e < 4; e++) o[e] = o[e] * al + v[e] * w;
-            M = Mn;
+            for (int u = 0; u < 8; u++) { /* past S: the last split again (weighted by nothing) */
+                const float *pj = p0 + ((size_t)min(j0 + u, S - 1) * G + g) * stride;
+                ml[u] = __ldcg((const float2 *)pj);
+                v[u] = __ldcg((const float4 *)(pj + 4 + d));
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (j0 + u < S) {
+                    const float Mn = fmaxf(M, ml[u].x), al = expf(M - Mn), w = expf(ml[u].x - Mn);
+                    L = L * al + ml[u].y * w;
+                    o.x = o.x * al + v[u].x * w, o.y = o.y * al + v[u].y * w;
+                    o.z = o.z * al + v[u].z * w, o.w = o.w * al + v[u].w * w;
+                    M = Mn;
+                }
         }
         const float inv = 1.f / L;
-        if (vw == 4)
-            *(float4 *)(out + g * hd + d) = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-        else
-            out[g * hd + d] = o[0] * inv;
+        *(float4 *)(out + g * hd + d) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
     }
     if (tid == 0)
         a.counters[b * a.n_kv + h] = 0;
@@ -2159,17 +2168,6 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const lms_cu_attn a)
  * multiprocessor) */
 __host__ __device__ constexpr int attm_warps(int hd) { return hd >= 256 ? 4 : 8; }
 
-/* Dynamic shared memory of the tensor-core decoding kernel: q ([G][hd] floats), its
- * fragments ([hd / 16][32] x 16 bytes), the token's K and V rows, the warps' partials
- * ([W][G][hd] floats), their m, l and scales ([3][W][G]), W = attm_warps(hd), and at head
- * dim 256 each warp's V tile (ATM_T rows of 2 hd bytes, padded by 16). */
-__host__ __device__ inline size_t attm_smem(int G, int hd)
-{
-    return (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + (size_t)attm_warps(hd) * G * hd * 4 +
-           (size_t)3 * attm_warps(hd) * G * 4 + (size_t)G * 4 +
-           (hd >= 256 ? (size_t)attm_warps(hd) * ATM_T * (2 * hd + 16) + 16 : 0);
-}
-
 /* The two 16-bit values of u (type KT) as floats. */
 template <int KT> __device__ __forceinline__ float2 unpack2(uint32_t u)
 {
@@ -2185,122 +2183,227 @@ template <int KT> __device__ __forceinline__ void split2(float x0, float x1, uin
     lo = mma16<KT>::pack(x0 - f.x, x1 - f.y);
 }
 
-/* (c0, c1) += rows 0-7 of A (a0: columns 0-7, a2: columns 8-15; rows 8-15 zero) times B:
- * mma.m16n8k16 whose lower half of rows is zero and thrown away. */
+/* (d0, d1, d2, d3) = A B + (c0, c1, c2, c3): mma.m16n8k16 with fp32 accumulators (a0/a2: row
+ * g = lane / 4, columns 2t, 2t + 1 / 2t + 8, 2t + 9; a1/a3: row g + 8; d0, d1: row g, d2, d3:
+ * row g + 8). */
 template <int KT>
-__device__ __forceinline__ void mma_top(float &c0, float &c1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1)
+__device__ __forceinline__ void mma_full(float &d0, float &d1, float &d2, float &d3, uint32_t a0, uint32_t a1,
+                                         uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1, float c0, float c1,
+                                         float c2, float c3)
 {
-    float d2, d3;
     if constexpr (KT == LMS_CU_BF16)
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%10,%11,%12,%12};"
-            : "=f"(c0), "=f"(c1), "=f"(d2), "=f"(d3)
-            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(0.f));
+            "{%10,%11,%12,%13};"
+            : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
     else
         asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%10,%11,%12,%12};"
-            : "=f"(c0), "=f"(c1), "=f"(d2), "=f"(d3)
-            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(0.f));
-    (void)d2, (void)d3;
+            "{%10,%11,%12,%13};"
+            : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
+}
+
+/* One head's RMSNorm (weight nw, optional) and RoPE by one warp, in two parts so that the
+ * loads of several heads are in flight together: load() issues them (lane takes the pairs
+ * (i, i + HD / 2), i = lane + 32 p), store() writes the head times `scale` to dst. The
+ * arithmetic is warp_norm_rope's. */
+template <int HD> struct head_rope {
+    static constexpr int NP = HD / 64, half = HD / 2;
+    float x1[NP], x2[NP], f[NP], n1[NP], n2[NP];
+    __device__ __forceinline__ void load(const float *src, const float *nw, const float *inv_freq, int lane)
+    {
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int i = lane + 32 * p;
+            x1[p] = src[i], x2[p] = src[i + half], f[p] = __ldg(inv_freq + i);
+            n1[p] = nw ? __ldg(nw + i) : 1.f, n2[p] = nw ? __ldg(nw + i + half) : 1.f;
+        }
+    }
+    /* the rotated pair p: y1 at dimension lane + 32 p, y2 at that + HD / 2 (times scale) */
+    __device__ __forceinline__ void rotate(float (&y1)[NP], float (&y2)[NP], bool norm, int pos, float eps, float scale)
+        const
+    {
+        float r = 1.f;
+        if (norm) {
+            float ss = 0;
+#pragma unroll
+            for (int p = 0; p < NP; p++) ss += x1[p] * x1[p];
+#pragma unroll
+            for (int p = 0; p < NP; p++) ss += x2[p] * x2[p];
+            r = 1.0f / sqrtf(warp_sum(ss) / (float)HD + eps);
+        }
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            float a1 = x1[p], a2 = x2[p];
+            if (norm)
+                a1 = n1[p] * (a1 * r), a2 = n2[p] * (a2 * r);
+            float sn, c;
+            sincosf((float)pos * f[p], &sn, &c);
+            y1[p] = (a1 * c - a2 * sn) * scale;
+            y2[p] = (a2 * c + a1 * sn) * scale;
+        }
+    }
+    __device__ __forceinline__ void store(float *dst, bool norm, int pos, float eps, float scale, int lane) const
+    {
+        float y1[NP], y2[NP];
+        rotate(y1, y2, norm, pos, eps, scale);
+#pragma unroll
+        for (int p = 0; p < NP; p++) dst[lane + 32 * p] = y1[p], dst[lane + 32 * p + half] = y2[p];
+    }
+};
+
+/* Dynamic shared memory of attn_decode_mma_kernel: q ([G][hd] floats), its fragments, the
+ * token's K and V rows, the warps' m and l, and each warp's K and V tile (ATM_T rows of 2 hd
+ * bytes each, padded by 16), which the warps' partials ([W][G][hd] floats) reuse. */
+__host__ __device__ inline size_t attm_smem(int G, int hd)
+{
+    const size_t W = attm_warps(hd), tiles = W * 2 * ATM_T * (2 * hd + 16), red = W * G * hd * 4;
+    return (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + 2 * W * G * 4 + 16 + (tiles > red ? tiles : red);
 }
 
 /*
  * Decoding attention on tensor cores (16-bit K/V, head_dim HD of 64/128/256, up to 8 query
- * heads a kv head). Block (h, s, b) as attn_decode_kernel's: kv head h, split s of the
- * attended range (chunk positions, rounded up to whole tiles), token b. Each of the W =
- * attm_warps(HD) warps owns the split's tiles of ATM_T positions warp, warp + W, ... and
- * keeps its own online softmax: no block barrier per tile (at the default splits a warp
- * has one tile, so every tile of the step is in flight at once). A lane looks its rows
- * up in the page table itself and loads their 16-byte pieces straight into the
- * registers of the mma.m16n8k16 fragments (the first tile's before the query's RoPE);
- * at head dim 256 V goes by cp.async into the warp's own rows of shared memory instead
- * (K, V and O together are more registers than a thread has), each lane reading back
- * only what it copied. With g = lane / 4 and t = lane % 4:
- *  - S^T = Q K^T: A = the G query heads as rows 0-7 (rows 8-15 zero), B = K^T, whose
+ * heads a kv head). Block (h, s, b): kv head h, split s of the attended range (chunk
+ * positions, rounded up to whole tiles), token b. Each of the W = attm_warps(HD) warps owns
+ * the split's tiles of ATM_T positions warp, warp + W, ... and keeps its own online softmax.
+ * A lane copies the 16-byte pieces of K and V its mma.m16n8k16 fragments need into the
+ * warp's tile in shared memory (cp.async) and reads back only those: no barrier per tile,
+ * and no K or V held in registers while the query is prepared. With g = lane / 4 and t =
+ * lane % 4:
+ *  - S^T = Q K^T: A = the G query heads as rows 0-7 (16-bit) and their remainders as rows
+ *    8-15 (each q split into a 16-bit value and what it leaves), B = K^T, whose
  *    column g is the K row of position tt + g (+8 for the second 8 positions); a lane's
  *    16-byte piece at dimensions 32 kb + 8 t covers two k-steps (the dimensions taken in
- *    the order the loads give them, q's fragments, made once per block in shared
- *    memory, likewise). C: head g, positions 2t, 2t + 1 (+8).
+ *    the order the pieces give them; q's fragments, made once per block in shared memory,
+ *    likewise). C: head g, positions 2t, 2t + 1 (+8), rows 8-15 added to rows 0-7.
  *  - online softmax on those C values: the tile's maximum over the lane's quad (two
  *    shuffles), the sum kept per lane and added up at the end.
- *  - O += P V: A = P (the C fragments as 16-bit), B = V with k = position: a lane's
+ *  - O += P V: A = P (the C fragments as 16-bit in rows 0-7, their remainders in rows
+ *    8-15, whose products are added to rows 0-7's after each mma), B = V with k = position: a lane's
  *    16-byte pieces of the rows tt + 2t, +1, +8, +9 at dimensions 8 (8 cb + g) give, by
  *    byte permutes, the B fragments of 8 products (column g of product j is dimension
  *    64 cb + 8 g + j), so the lane's C holds dimensions 64 cb + 16 t (+8) + j of head g.
- * q and P are each split into a 16-bit value and its remainder (two products each): the
- * scores and weights keep about 16 bits, as near the f32 reference as the CUDA-core
- * kernel. Positions past the split get weight 0, their loads clamped to the split's last
- * row (never past the table); the token's own row (fuse_rope) comes from shared memory,
- * written there by attn_decode_q. At the end the warps' (m, l, acc) are combined through
- * shared memory (one barrier) and the split's partial goes to attn_merge_splits, or with
- * one split the result to out.
+ * With q and P split so, the scores and weights keep about 16 bits, as near the f32
+ * reference as the CUDA-core kernel, at one mma per product. Positions past the split get weight 0, their copies clamped to the split's last
+ * row (never past the table); the token's own row (fuse_rope) comes from shared memory.
+ *
+ * The chain of a short context is what this kernel is built around: the step's position,
+ * the page table and the first tile's copies are issued before the query's loads (with
+ * PDLO, before griddepcontrol.wait: one-token steps read nothing of the kernel before
+ * there), the query's and the token's loads of every head at once (head_rope), a split of
+ * one tile written straight from its warp's registers, and the splits' merge by the last
+ * block through one release/acquire ticket (attn_merge_splits).
  */
-template <int KT, int HD>
+template <int KT, int HD, bool PDLO>
 __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel(const lms_cu_attn a)
 {
-    constexpr int KB = HD / 32, CB = HD / 64, KS = HD / 16, W = attm_warps(HD);
-    constexpr bool VS = HD >= 256; /* V by cp.async through shared memory (registers: K, V, O too many) */
+    constexpr int KB = HD / 32, CB = HD / 64, KS = HD / 16, W = attm_warps(HD), QH = (8 + W - 1) / W;
     extern __shared__ __align__(16) uint8_t smem[];
     griddep_launch();
-    griddep_wait();
+    const bool early = PDLO && a.fuse_rope; /* K/V before the wait: no row of this step is read */
+    if (!early)
+        griddep_wait();
     attn_split sp;
     if (!attn_split_of(a, ATM_T, sp))
         return;
     const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
     const int t0 = sp.t0, t1 = sp.t1;
     const int G = a.n_heads / a.n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t = lane & 3; /* fragment row (query head) and column pair */
+    const int g = lane >> 2, t = lane & 3;
     const lms_cu_kv *kv = &a.kv;
     const bool own_new = a.fuse_rope && t1 == P;
-    constexpr int tb = HD * 2;
+    constexpr int tb = HD * 2, tbp = tb + 16;
     const int pt = kv->page_tokens, psh = (pt & (pt - 1)) == 0 ? __ffs(pt) - 1 : -1;
     const int32_t *pages = row_pages(a.step, kv, row);
     const int64_t pgb = kv->page_bytes, voff = kv->v_offset;
     uint8_t *kbase = kv->base + (size_t)a.layer * kv->layer_bytes + (size_t)h * kv->head_bytes;
-    float *qs = (float *)smem;                                      /* [G][HD] */
-    uint4 *qf = (uint4 *)(qs + (size_t)G * HD);                      /* [KS][32]: hi01, hi45, lo01, lo45 */
-    uint8_t *newrow = (uint8_t *)(qf + KS * 32);                     /* K, V of the token */
-    float *red = (float *)(newrow + 2 * tb);                         /* [W][G][HD] */
-    float *wm = red + (size_t)W * G * HD, *wl = wm + W * G, *wsc = wl + W * G, *wL = wsc + W * G;
-    constexpr int tbp = tb + 16; /* V rows in shared memory, padded: no bank conflicts */
-    uint8_t *vst = (uint8_t *)(((uintptr_t)(wL + G) + 15) / 16 * 16) + (size_t)warp * ATM_T * tbp;
+    float *qs = (float *)smem;                          /* [G][HD] */
+    uint4 *qf = (uint4 *)(qs + (size_t)G * HD);         /* [KS][32]: hi01, hi45, lo01, lo45 */
+    uint8_t *newrow = (uint8_t *)(qf + KS * 32);        /* K, V of the token */
+    float *wm = (float *)(newrow + 2 * tb), *wl = wm + W * G; /* [W][G]: the warps' m and l */
+    uint8_t *tiles = (uint8_t *)(((uintptr_t)(wl + W * G) + 15) / 16 * 16);
+    uint8_t *kt = tiles + (size_t)warp * 2 * ATM_T * tbp, *vt = kt + ATM_T * tbp; /* the warp's K, V rows */
+    float *red = (float *)tiles;                        /* [W][G][HD], after the tiles */
 
-    /* a lane's rows of the tile at tt: K rows tt + g, tt + 8 + g (16 bytes at dimensions
-     * 32 kb + 8 t, into registers), V rows tt + 2t, +1, +8, +9 (16 bytes at dimensions
-     * 8 (8 cb + g), into registers, or with VS by cp.async into the warp's V tile, where
-     * the lane alone reads them back) */
-    uint4 kr[2][KB], vr[VS ? 1 : 4][VS ? 1 : CB];
     auto vrow = [&](int r) { return 2 * t + (r & 1) + 8 * (r >> 1); };
     auto rowp = [&](int p) -> const uint8_t * {
         p = min(p, t1 - 1);
         const int pg = psh >= 0 ? p >> psh : p / pt, sl = psh >= 0 ? p & (pt - 1) : p % pt;
         return kbase + (int64_t)pages[pg] * pgb + (int64_t)sl * tb;
     };
-    auto load = [&](int tt) {
+    /* the lane's pieces of the tile at tt: K rows tt + g, tt + 8 + g at dimensions 32 kb + 8 t,
+     * V rows tt + 2t, +1, +8, +9 at dimensions 8 (8 cb + g) */
+    auto issue = [&](int tt) {
 #pragma unroll
         for (int n = 0; n < 2; n++) {
             const uint8_t *src = rowp(tt + 8 * n + g) + 16 * t;
 #pragma unroll
-            for (int kb = 0; kb < KB; kb++) kr[n][kb] = *(const uint4 *)(src + 64 * kb);
+            for (int kb = 0; kb < KB; kb++) cp_async16(kt + (8 * n + g) * tbp + 16 * t + 64 * kb, src + 64 * kb, 16);
         }
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const uint8_t *src = rowp(tt + vrow(r)) + voff + 16 * g;
 #pragma unroll
-            for (int cb = 0; cb < CB; cb++)
-                if constexpr (VS)
-                    cp_async16(vst + vrow(r) * tbp + 16 * g + 128 * cb, src + 128 * cb, 16);
-                else
-                    vr[r][cb] = *(const uint4 *)(src + 128 * cb);
+            for (int cb = 0; cb < CB; cb++) cp_async16(vt + vrow(r) * tbp + 16 * g + 128 * cb, src + 128 * cb, 16);
         }
-        if constexpr (VS)
-            cp_async_commit();
+        cp_async_commit();
+    };
+
+    /* the query's heads of this warp (and with own_new, in the last warp, the token's k and v):
+     * their loads first without PDL order, after the first tile's copies with it */
+    const float *qb = a.q + (size_t)row * a.n_heads * HD + (size_t)(h * G) * HD;
+    const size_t kvd = (size_t)a.n_kv * HD;
+    float *kn = a.k_new + row * kvd + (size_t)h * HD;
+    const float *vn = a.v_new + row * kvd + (size_t)h * HD;
+    const bool kwarp = own_new && warp == W - 1;
+    head_rope<HD> qr[QH], krp;
+    float vv[HD / 32];
+    auto qload = [&]() {
+        if (!a.fuse_rope)
+            return;
+#pragma unroll
+        for (int j = 0; j < QH; j++)
+            if (warp + j * W < G)
+                qr[j].load(qb + (size_t)(warp + j * W) * HD, a.q_norm, a.inv_freq, lane);
+        if (kwarp) {
+            krp.load(kn, a.k_norm, a.inv_freq, lane);
+#pragma unroll
+            for (int u = 0; u < HD / 32; u++) vv[u] = vn[lane + 32 * u];
+        }
     };
     int tt = t0 + ATM_T * warp;
+    if (!early)
+        qload();
     if (tt < t1)
-        load(tt);
-
-    attn_decode_q<KT>(a, qs, newrow, kbase, pages, row, h, G, HD, pos, own_new);
+        issue(tt);
+    if (early) {
+        griddep_wait();
+        qload();
+    }
+    if (!a.fuse_rope) {
+        for (int i = tid; i < G * HD; i += blockDim.x) qs[i] = qb[i] * a.scale;
+    } else {
+#pragma unroll
+        for (int j = 0; j < QH; j++)
+            if (warp + j * W < G)
+                qr[j].store(qs + (size_t)(warp + j * W) * HD, a.q_norm != nullptr, pos, a.eps, a.scale, lane);
+        if (kwarp) { /* k rotated (written back to k_new), K and V into the cache and newrow */
+            constexpr int NP = HD / 64;
+            float y[2][NP];
+            krp.rotate(y[0], y[1], a.k_norm != nullptr, pos, a.eps, 1.f);
+            uint8_t *dst = kbase + (size_t)pages[pos / pt] * kv->page_bytes + (size_t)(pos % pt) * tb;
+#pragma unroll
+            for (int u = 0; u < HD / 32; u++) {
+                const int i = lane + 32 * u; /* u < NP: pair u's first, else pair u - NP's second */
+                const float kf = y[u / NP][u % NP], vf = vv[u];
+                kn[i] = kf;
+                elem<KT>::put(dst, i, kf);
+                elem<KT>::put(dst + kv->v_offset, i, vf);
+                elem<KT>::put(newrow, i, kf);
+                elem<KT>::put(newrow + tb, i, vf);
+            }
+        }
+    }
     __syncthreads();
     for (int i = tid; i < KS * 32; i += blockDim.x) { /* q's fragments: k-step ks, lane */
         const int ks = i / 32, fg = (i / 4) % 8, ft = i % 4, d = 32 * (ks / 2) + 8 * ft + 4 * (ks % 2);
@@ -2321,33 +2424,28 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
         for (int j = 0; j < 8; j++) o[cb][j][0] = o[cb][j][1] = 0.f;
     for (bool first = true; tt < t1; tt += ATM_T * W, first = false) {
         if (!first)
-            load(tt);
+            issue(tt);
+        cp_async_wait<0>(); /* the lane's pieces are in */
         const bool tail = own_new && tt + ATM_T >= P; /* the token's row (P - 1) from shared memory */
-        if (tail) {
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-                if (min(tt + 8 * n + g, t1 - 1) == P - 1)
-#pragma unroll
-                    for (int kb = 0; kb < KB; kb++) kr[n][kb] = *(const uint4 *)(newrow + 16 * t + 64 * kb);
-            if constexpr (!VS)
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    if (min(tt + vrow(r), t1 - 1) == P - 1)
-#pragma unroll
-                        for (int cb = 0; cb < CB; cb++) vr[r][cb] = *(const uint4 *)(newrow + tb + 16 * g + 128 * cb);
-        }
         /* scores: sc[n][e] = head g, position tt + 8 n + 2 t + e */
-        float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+        float sc[2][2], sl[2][2]; /* q's 16-bit part (rows 0-7 of A) and its remainder (rows 8-15) */
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            const uint4 q4 = qf[ks * 32 + lane];
+        for (int n = 0; n < 2; n++) {
+            const bool mine = tail && min(tt + 8 * n + g, t1 - 1) == P - 1;
+            const uint8_t *kp = mine ? newrow + 16 * t : kt + (8 * n + g) * tbp + 16 * t;
+            sc[n][0] = sc[n][1] = sl[n][0] = sl[n][1] = 0.f;
 #pragma unroll
-            for (int n = 0; n < 2; n++) {
-                const uint4 k4 = kr[n][ks / 2];
-                const uint32_t b0 = ks % 2 ? k4.z : k4.x, b1 = ks % 2 ? k4.w : k4.y;
-                mma_top<KT>(sc[n][0], sc[n][1], q4.x, q4.y, b0, b1);
-                mma_top<KT>(sc[n][0], sc[n][1], q4.z, q4.w, b0, b1);
+            for (int kb = 0; kb < KB; kb++) {
+                const uint4 k4 = *(const uint4 *)(kp + 64 * kb);
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const uint4 q4 = qf[(2 * kb + h2) * 32 + lane];
+                    const uint32_t b0 = h2 ? k4.z : k4.x, b1 = h2 ? k4.w : k4.y;
+                    mma_full<KT>(sc[n][0], sc[n][1], sl[n][0], sl[n][1], q4.x, q4.z, q4.y, q4.w, b0, b1, sc[n][0],
+                                 sc[n][1], sl[n][0], sl[n][1]);
+                }
             }
+            sc[n][0] += sl[n][0], sc[n][1] += sl[n][1];
         }
         float mt = -INFINITY;
 #pragma unroll
@@ -2375,19 +2473,13 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
         uint32_t ph0, pl0, ph1, pl1; /* P as A: positions 2t, 2t+1 (a0), 2t+8, 2t+9 (a2) */
         split2<KT>(pr[0][0], pr[0][1], ph0, pl0);
         split2<KT>(pr[1][0], pr[1][1], ph1, pl1);
-        if constexpr (VS)
-            cp_async_wait<0>(); /* the lane's V pieces are in */
 #pragma unroll
         for (int cb = 0; cb < CB; cb++) {
             uint4 v4[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                if constexpr (VS) {
-                    const bool mine = tail && min(tt + vrow(r), t1 - 1) == P - 1;
-                    v4[r] = *(const uint4 *)((mine ? newrow + tb : vst + vrow(r) * tbp) + 16 * g + 128 * cb);
-                } else {
-                    v4[r] = vr[r][cb];
-                }
+                const bool mine = tail && min(tt + vrow(r), t1 - 1) == P - 1;
+                v4[r] = *(const uint4 *)((mine ? newrow + tb : vt + vrow(r) * tbp) + 16 * g + 128 * cb);
             }
 #pragma unroll
             for (int w = 0; w < 4; w++) {
@@ -2396,65 +2488,76 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
                 for (int e = 0; e < 2; e++) { /* column 8 (8 cb + g) + 2 w + e of V */
                     const uint32_t sel = e ? 0x7632u : 0x5410u;
                     const uint32_t b0 = __byte_perm(x0, x1, sel), b1 = __byte_perm(x2, x3, sel);
-                    float *c = o[cb][2 * w + e];
-                    c[0] *= al, c[1] *= al;
-                    mma_top<KT>(c[0], c[1], ph0, ph1, b0, b1);
-                    mma_top<KT>(c[0], c[1], pl0, pl1, b0, b1);
+                    float *c = o[cb][2 * w + e], r0, r1; /* P's 16-bit part in rows 0-7, its remainder 8-15 */
+                    mma_full<KT>(c[0], c[1], r0, r1, ph0, pl0, ph1, pl1, b0, b1, c[0] * al, c[1] * al, 0.f, 0.f);
+                    c[0] += r0, c[1] += r1;
                 }
             }
         }
     }
-    /* the warps' partials: o[cb][j][e] is head g, dimension 64 cb + 16 t + 8 e + j */
+    /* o[cb][j][e] is head g, dimension 64 cb + 16 t + 8 e + j */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (g < G) {
-        float *r = red + ((size_t)warp * G + g) * HD;
-#pragma unroll
-        for (int cb = 0; cb < CB; cb++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float4 *d4 = (float4 *)(r + 64 * cb + 16 * t + 8 * e);
-                d4[0] = make_float4(o[cb][0][e], o[cb][1][e], o[cb][2][e], o[cb][3][e]);
-                d4[1] = make_float4(o[cb][4][e], o[cb][5][e], o[cb][6][e], o[cb][7][e]);
-            }
-        if (t == 0)
-            wm[warp * G + g] = m, wl[warp * G + g] = l;
-    }
-    __syncthreads();
-    if (tid < G) { /* per head: the largest m, each warp's scale, the sum */
-        float M = -INFINITY, L = 0.f;
-        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * G + tid]);
-        for (int w = 0; w < W; w++) {
-            const float sw = wm[w * G + tid] == -INFINITY ? 0.f : expf(wm[w * G + tid] - M);
-            wsc[w * G + tid] = sw;
-            L += wl[w * G + tid] * sw;
-        }
-        wm[tid] = M, wL[tid] = L; /* wm[0 .. G): every warp's m is read above */
-    }
-    __syncthreads();
     float *out = a.out + (size_t)row * a.n_heads * HD + (size_t)(h * G) * HD;
     const size_t stride = ATT_PSTRIDE(HD);
     float *part = a.part + (((size_t)b * a.n_kv + h) * gridDim.y + s) * G * stride;
-    for (int i = tid; i < G * HD / 4; i += blockDim.x) {
-        const int hg = i / (HD / 4), d = (i % (HD / 4)) * 4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int w = 0; w < W; w++) {
-            const float sw = wsc[w * G + hg];
-            const float4 v = *(const float4 *)(red + ((size_t)w * G + hg) * HD + d);
-            acc.x += v.x * sw, acc.y += v.y * sw, acc.z += v.z * sw, acc.w += v.w * sw;
+    if (t1 - t0 <= ATM_T) { /* one tile: warp 0's registers hold the split */
+        if (warp == 0 && g < G) {
+            const float scl = S == 1 ? 1.f / l : 1.f;
+            float *dst = S == 1 ? out + (size_t)g * HD : part + g * stride + 4;
+#pragma unroll
+            for (int cb = 0; cb < CB; cb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float4 *d4 = (float4 *)(dst + 64 * cb + 16 * t + 8 * e);
+                    d4[0] = make_float4(o[cb][0][e] * scl, o[cb][1][e] * scl, o[cb][2][e] * scl, o[cb][3][e] * scl);
+                    d4[1] = make_float4(o[cb][4][e] * scl, o[cb][5][e] * scl, o[cb][6][e] * scl, o[cb][7][e] * scl);
+                }
+            if (S > 1 && t == 0)
+                part[g * stride] = m, part[g * stride + 1] = l;
         }
-        if (S == 1) {
-            const float il = 1.f / wL[hg];
-            *(float4 *)(out + (size_t)hg * HD + d) = make_float4(acc.x * il, acc.y * il, acc.z * il, acc.w * il);
-        } else {
-            *(float4 *)(part + hg * stride + 4 + d) = acc;
+    } else { /* the warps' partials combined through shared memory (over the tiles: a barrier first) */
+        __syncthreads();
+        if (g < G) {
+            float *r = red + ((size_t)warp * G + g) * HD;
+#pragma unroll
+            for (int cb = 0; cb < CB; cb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float4 *d4 = (float4 *)(r + 64 * cb + 16 * t + 8 * e);
+                    d4[0] = make_float4(o[cb][0][e], o[cb][1][e], o[cb][2][e], o[cb][3][e]);
+                    d4[1] = make_float4(o[cb][4][e], o[cb][5][e], o[cb][6][e], o[cb][7][e]);
+                }
+            if (t == 0)
+                wm[warp * G + g] = m, wl[warp * G + g] = l;
+        }
+        __syncthreads();
+        /* each thread: 4 dimensions of head hg, the warps' scales computed again per thread */
+        for (int i = tid; i < G * HD / 4; i += blockDim.x) {
+            const int hg = i / (HD / 4), d = (i % (HD / 4)) * 4;
+            float M = -INFINITY, L = 0.f;
+#pragma unroll
+            for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * G + hg]);
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                const float mw = wm[w * G + hg], sw = mw == -INFINITY ? 0.f : expf(mw - M);
+                const float4 v = *(const float4 *)(red + ((size_t)w * G + hg) * HD + d);
+                L += wl[w * G + hg] * sw;
+                acc.x += v.x * sw, acc.y += v.y * sw, acc.z += v.z * sw, acc.w += v.w * sw;
+            }
+            if (S == 1) {
+                const float il = 1.f / L;
+                *(float4 *)(out + (size_t)hg * HD + d) = make_float4(acc.x * il, acc.y * il, acc.z * il, acc.w * il);
+            } else {
+                *(float4 *)(part + hg * stride + 4 + d) = acc;
+                if (d == 0)
+                    part[hg * stride] = M, part[hg * stride + 1] = L;
+            }
         }
     }
-    if (S == 1)
-        return;
-    if (tid < G)
-        part[tid * stride] = wm[tid], part[tid * stride + 1] = wL[tid];
-    attn_merge_splits(a, b, h, S, G, HD, out);
+    if (S > 1)
+        attn_merge_splits(a, b, h, S, G, HD, out);
 }
 
 typedef void (*attn_fn)(const lms_cu_attn);
@@ -2486,7 +2589,10 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if ((nb_max <= 8 || a->decode_only) && g_att_mma && G <= 8)
-            return launch(attn_decode_mma_kernel<KT, HD>, dec, dim3(attm_warps(HD) * 32), attm_smem(G, HD), stream, *a);
+            return g_pdl ? launch(attn_decode_mma_kernel<KT, HD, true>, dec, dim3(attm_warps(HD) * 32),
+                                  attm_smem(G, HD), stream, *a)
+                         : launch(attn_decode_mma_kernel<KT, HD, false>, dec, dim3(attm_warps(HD) * 32),
+                                  attm_smem(G, HD), stream, *a);
         if (nb_max <= 8 || a->decode_only)
             return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
@@ -2741,9 +2847,12 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_FSMEM(LMS_CU_BF16)
 #undef LMS_CU_FSMEM
 #define LMS_CU_MSMEM(KT)                                                                                                 \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256));
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256));
     LMS_CU_MSMEM(LMS_CU_F16)
     LMS_CU_MSMEM(LMS_CU_BF16)
 #undef LMS_CU_MSMEM
