@@ -1587,7 +1587,7 @@ __device__ __forceinline__ bool attn_ticket(int *counter, int S)
 
 /* After every block of (h, b) wrote its split's partial ([b][h][split][g] = m, l, -, -,
  * acc[hd], unnormalized): the last block to finish merges the S splits into out ([G][hd]).
- * Thread i takes 4 dimensions of one head over every split, rescaling as the running
+ * Thread i takes 4 dimensions (1 when hd % 4) of one head over every split, rescaling as the running
  * maximum grows; the loads of 8 splits are issued together. Resets the counter. */
 __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int G, int hd, float *out)
 {
@@ -1597,9 +1597,9 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
     if (!last)
         return;
     const float *p0 = a.part + ((size_t)b * a.n_kv + h) * gridDim.y * G * stride;
-    const int nv = hd / 4;
+    const int vw = hd % 4 == 0 ? 4 : 1, nv = hd / vw; /* 4 dimensions a thread (1 when hd % 4) */
     for (int i = tid; i < G * nv; i += blockDim.x) {
-        const int g = i / nv, d = (i % nv) * 4;
+        const int g = i / nv, d = (i % nv) * vw;
         float M = -INFINITY, L = 0.f;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int j0 = 0; j0 < S; j0 += 8) {
@@ -1609,7 +1609,7 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
             for (int u = 0; u < 8; u++) { /* past S: the last split again (weighted by nothing) */
                 const float *pj = p0 + ((size_t)min(j0 + u, S - 1) * G + g) * stride;
                 ml[u] = __ldcg((const float2 *)pj);
-                v[u] = __ldcg((const float4 *)(pj + 4 + d));
+                v[u] = vw == 4 ? __ldcg((const float4 *)(pj + 4 + d)) : make_float4(__ldcg(pj + 4 + d), 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int u = 0; u < 8; u++)
@@ -1622,7 +1622,10 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
                 }
         }
         const float inv = 1.f / L;
-        *(float4 *)(out + g * hd + d) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        if (vw == 4)
+            *(float4 *)(out + g * hd + d) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        else
+            out[g * hd + d] = o.x * inv;
     }
     if (tid == 0)
         a.counters[b * a.n_kv + h] = 0;
