@@ -5,8 +5,9 @@
  * (16 heads, 8 kv heads, head dim 256, q/k norms, 48 layers): a step's
  * attention launches (one per layer, each over its own layer of the cache)
  * in a CUDA graph, at 128, 1024 and 4096 positions, for each variant (the
- * CUDA-core kernel, the tensor-core kernel at 16, 32 (the engine's default)
- * and 64 positions a split at least, and with programmatic dependent launch),
+ * CUDA-core kernel, the tensor-core kernel with its splits merged through
+ * global memory (ticket) or within thread block clusters (the default), both
+ * also with programmatic dependent launch),
  * the variants alternating, ROUNDS rounds (default 5, medians); each
  * variant's output checked against the first's (MISMATCH past 2e-3 of the
  * largest output). Not part of the build; on a GPU host:
@@ -31,7 +32,7 @@ struct shape {
 
 struct variant {
     const char *name;
-    int mma, chunk, pdl; /* lms_cu_set_att_mma, lms_cu_attn.chunk, lms_cu_set_pdl */
+    int mma, chunk, pdl, cluster; /* lms_cu_set_att_mma, lms_cu_attn.chunk, lms_cu_set_pdl, lms_cu_set_att_cluster */
 };
 
 __global__ void fill16(uint16_t *p, size_t n, uint32_t seed)
@@ -66,8 +67,8 @@ int main()
     const int rounds = getenv("ROUNDS") ? atoi(getenv("ROUNDS")) : 5, reps = 50;
     CK((cudaError_t)lms_cu_kernels_init());
     const shape shapes[] = {{"llama8b", 32, 32, 8, 128, 0}, {"gemma12b", 48, 16, 8, 256, 1}};
-    const variant vars[] = {{"cuda cores", 0, 32, 0}, {"mma chunk16", 1, 16, 0},     {"mma", 1, 32, 0},
-                            {"mma chunk64", 1, 64, 0}, {"mma pdl", 1, 32, 1}};
+    const variant vars[] = {{"cuda cores", 0, 32, 0, 0}, {"mma ticket", 1, 32, 0, 0},     {"mma", 1, 32, 0, 1},
+                            {"mma pdl", 1, 32, 1, 1},    {"mma pdl ticket", 1, 32, 1, 0}};
     const int nv = sizeof vars / sizeof vars[0];
     const int positions[] = {128, 1024, 4096};
     cudaStream_t st;
@@ -97,7 +98,7 @@ int main()
             float *dq = dev(q0), *dk = dev(k0), *dv = dev(rnd((size_t)sh.nkv * hd, 5, -1.f, 1.f));
             float *dout, *part;
             int *cnt;
-            const int splits = std::max((n_ctx + 127) / 128, std::min((n_ctx + 15) / 16, 32));
+            const int splits = (std::max((n_ctx + 127) / 128, std::min((n_ctx + 15) / 16, 32)) + 7) / 8 * 8;
             CK(cudaMalloc(&dout, (size_t)sh.L * sh.nh * hd * 4));
             CK(cudaMalloc(&part, (size_t)8 * sh.nkv * splits * G * (hd + 4) * 4));
             CK(cudaMalloc(&cnt, 8 * sh.nkv * 4));
@@ -121,6 +122,7 @@ int main()
             std::vector<std::vector<float>> outs(nv);
             for (int v = 0; v < nv; v++) {
                 lms_cu_set_att_mma(vars[v].mma);
+                lms_cu_set_att_cluster(vars[v].cluster);
                 lms_cu_set_pdl(vars[v].pdl);
                 CK(cudaMemcpy(dk, k0.data(), k0.size() * 4, cudaMemcpyHostToDevice));
                 for (int l = 0; l < sh.L; l++) {
@@ -144,6 +146,7 @@ int main()
             std::vector<cudaGraphExec_t> ge(nv);
             for (int v = 0; v < nv; v++) {
                 lms_cu_set_att_mma(vars[v].mma);
+                lms_cu_set_att_cluster(vars[v].cluster);
                 lms_cu_set_pdl(vars[v].pdl);
                 cudaGraph_t g;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));

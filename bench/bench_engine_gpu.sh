@@ -58,6 +58,12 @@
 #                    on those weights: greedy ids of one prompt on both first,
 #                    then serve8b's load at 1/4/16/64 clients on each server,
 #                    alternating, SERVE_ROUNDS rounds (default 2)
+#   clusterab M...   (last) decode of the models M (llama8b, gemma12b) with the
+#                    attention's splits merged in thread block clusters (the
+#                    default) and through global memory
+#                    (LMSTORE_CUDA_ATT_CLUSTER=0), alternating, AB_ROUNDS rounds
+#                    (default 3) at 128 tokens of context, one at 4096
+#   make12b          the gemma-3-12b-shaped model alone (as gemma12b makes it)
 #   cpu8b            lmstore's CPU engine against llama.cpp's CPU path (the
 #                    GPU hidden: CUDA_VISIBLE_DEVICES= -ngl 0 -nopo 1) on those
 #                    weights, CPU_THREADS threads (default: every CPU), PAIRS
@@ -258,6 +264,25 @@ gemma12bdec() {
     step_profile gemma12b 700
 }
 
+clusterab() {
+    local m r v
+    say "decode, attention merged in clusters and through global memory: $*"
+    for r in $(seq "${AB_ROUNDS:-3}"); do
+        for m in "$@"; do
+            for v in 1 0; do
+                LMSTORE_CUDA_ATT_CLUSTER=$v timeout 200 "$LMS" bench engine "$m" --store "$ST" --device cuda \
+                    --prompt 128 --gen 128 --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"cluster $v\", \"round\": $r, /" | jl
+            done
+        done
+    done
+    for m in "$@"; do
+        for v in 1 0; do
+            LMSTORE_CUDA_ATT_CLUSTER=$v timeout 200 "$LMS" bench engine "$m" --store "$ST" --device cuda \
+                --prompt 128 --ctx 4096 --gen 128 --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"cluster $v\", /" | jl
+        done
+    done
+}
+
 # The 8B shape with Llama 3's tokenizer (its vocabulary is the shape's
 # 128256), imported as llama8b-tok.
 tok8b() {
@@ -451,6 +476,8 @@ while [ $# -gt 0 ]; do
     gemma12b) gemma12b ;;
     decode8b) decode8b ;;
     gemma12bdec) gemma12bdec ;;
+    make12b) make12b ;;
+    clusterab) shift; clusterab "$@"; break ;;
     coldstart) coldstart ;;
     peerbuild) peerbuild "$2"; shift ;;
     gguf8b) gguf8b ;;

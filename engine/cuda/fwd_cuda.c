@@ -25,7 +25,8 @@
  * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
  * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split,
  * LMSTORE_CUDA_ATT_SPLITS=n the most splits a short context gets and
- * LMSTORE_CUDA_ATT_MMA=0 turns the tensor-core decoding attention off.
+ * LMSTORE_CUDA_ATT_MMA=0 turns the tensor-core decoding attention off and
+ * LMSTORE_CUDA_ATT_CLUSTER=0 its merge of splits within thread block clusters.
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -62,6 +63,7 @@
 #define DQ_BYTES (64u << 20)    /* MLX matrices in GEMMs: rows dequantized to bf16 this many bytes at a time */
 #define ATT_CHUNK_MIN 32        /* decoding attention: fewest positions a split takes */
 #define ATT_SPLITS_FINE 32u     /* decoding attention: at most this many splits for short contexts */
+#define ATT_CLUSTER 8           /* decoding attention: splits merged within clusters of this many blocks */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
 
@@ -296,6 +298,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->pdl = getenv("LMSTORE_CUDA_PDL") ? !env_off("LMSTORE_CUDA_PDL")
                                         : lms__weights_find(b->w, hp, is_mlx, NULL, 0) != NULL;
     lms_cu_set_att_mma(!env_off("LMSTORE_CUDA_ATT_MMA"));
+    lms_cu_set_att_cluster(!env_off("LMSTORE_CUDA_ATT_CLUSTER"));
     lms_cu_set_mlx_sb(getenv("LMSTORE_CUDA_MLX_SB") ? atoi(getenv("LMSTORE_CUDA_MLX_SB")) : -1);
     lms_cu_set_gemv_blocks(getenv("LMSTORE_CUDA_GEMV_BLOCKS") ? atoi(getenv("LMSTORE_CUDA_GEMV_BLOCKS")) : -1,
                            getenv("LMSTORE_CUDA_GEMV_GRID") ? atoi(getenv("LMSTORE_CUDA_GEMV_GRID")) : 0);
@@ -332,6 +335,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)LMS_MAX((cfg->n_ctx + b->chunk - 1) / b->chunk,
                              LMS_MIN((cfg->n_ctx + b->att_chunk - 1) / b->att_chunk, fine));
+    if (b->splits > ATT_CLUSTER) /* whole clusters of splits (lms_cu_set_att_cluster) */
+        b->splits = (b->splits + ATT_CLUSTER - 1) / ATT_CLUSTER * ATT_CLUSTER;
     /* step parameters: a block table per group of the cache (kernels.h), then the rows and
      * tables of a step of segments */
     uint32_t ng = cfg->kv->window ? 2 : 1;

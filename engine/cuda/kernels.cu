@@ -14,7 +14,7 @@
  *              (2 x positions x kv heads x head_dim x elem per layer),
  *              split over up to `splits` blocks per kv head by context
  *              length, merged by the last block to finish (no second
- *              launch). Prefill: tensor cores
+ *              launch), or on sm_90 within thread block clusters first. Prefill: tensor cores
  *              (mma.sync m16n8k16, f32 accumulation), 64 queries x 64 keys
  *              per tile, online softmax in registers (FlashAttention-2's
  *              scheme); K/V re-read from L2 per query head.
@@ -40,6 +40,8 @@ namespace {
 
 thread_local int g_pdl = 0; /* lms_cu_set_pdl: per host thread (each engine's steps run on one) */
 int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_cu_set_att_mma) */
+int g_att_cluster = 1; /* its splits merged within thread block clusters (lms_cu_set_att_cluster) */
+int g_cluster_ok = 0;  /* the device runs thread block clusters (sm_90 on; lms_cu_kernels_init) */
 int g_mlx_sb = -1; /* lms_cu_set_mlx_sb */
 
 __device__ __forceinline__ void griddep_wait()
@@ -56,25 +58,89 @@ __device__ __forceinline__ void griddep_launch()
 #endif
 }
 
+/* Thread block clusters (sm_90; kernels launched with launch_ex's cluster_y only run there):
+ * the cluster barrier's two halves, every thread of the block taking part (threads that
+ * exited do not hold it up), this block's rank and the cluster's size, and the generic
+ * address of p (a shared-memory address of this block) in the block of rank r. */
+__device__ __forceinline__ void cluster_arrive_relaxed()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_size()
+{
+    unsigned r = 1;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+#endif
+    return r;
+}
+template <class T> __device__ __forceinline__ T *cluster_map(T *p, unsigned r)
+{
+#if __CUDA_ARCH__ >= 900
+    uint64_t d;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(d) : "l"(p), "r"(r));
+    return (T *)d;
+#else
+    (void)r;
+    return p;
+#endif
+}
+
 /* Launch `k` with grid/block/smem on `stream`, with programmatic stream
- * serialization when enabled. */
+ * serialization when pdl (launch: when enabled), in clusters of cluster_y
+ * blocks along y when cluster_y > 1 (sm_90: thread block clusters). */
 template <typename... KArgs, typename... Args>
-int launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, void *stream, Args... args)
+int launch_ex(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, void *stream, unsigned cluster_y, int pdl,
+              Args... args)
 {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = (cudaStream_t)stream;
-    if (g_pdl) {
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
     }
+    if (cluster_y > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = 1, attr[n].val.clusterDim.y = cluster_y, attr[n].val.clusterDim.z = 1;
+        n++;
+    }
+    cfg.attrs = n ? attr : nullptr;
+    cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
     return (int)e;
+}
+
+template <typename... KArgs, typename... Args>
+int launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, void *stream, Args... args)
+{
+    return launch_ex(k, grid, block, smem, stream, 1u, g_pdl, args...);
 }
 
 /* ---- element conversions --------------------------------------------------------- */
@@ -1633,12 +1699,15 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
 
 /* Block (h, s, b) of a decoding launch: row b of the step (row), its position (pos, P =
  * pos + 1) and split s = [t0, t1) of its attended range [lo, P), which is cut into S splits
- * of max(a.chunk, ceil(len / splits)) positions rounded up to a multiple of `tile`. False
- * when the block has no row or its split no positions (blocks past them exit at once). */
+ * of max(a.chunk, ceil(len / splits)) positions rounded up to a multiple of `tile`. In
+ * clusters of C blocks (C > 1), a split also takes up to `round` positions (a tile for each
+ * of the block's warps) before the range spreads past one cluster: fewer clusters, whose
+ * blocks are placed together, and one merge less. False when the block has no row or its
+ * split no positions (blocks past them exit at once). */
 struct attn_split {
     int row, pos, P, S, t0, t1;
 };
-__device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, attn_split &r)
+__device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, attn_split &r, int C = 1, int round = 0)
 {
     const int s = blockIdx.y, b = blockIdx.z, nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
     if (b >= nb)
@@ -1647,6 +1716,8 @@ __device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, at
     r.pos = row_pos(a.step, &a.kv, r.row), r.P = r.pos + 1;
     const int lo = a.window > 0 && r.P > a.window ? r.P - a.window : 0, len = r.P - lo;
     int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
+    if (C > 1)
+        chunk = max(chunk, min(round, (len + C - 1) / C));
     chunk = (chunk + tile - 1) / tile * tile;
     r.S = (len + chunk - 1) / chunk;
     if (s >= r.S)
@@ -2261,7 +2332,69 @@ template <int HD> struct head_rope {
 __host__ __device__ inline size_t attm_smem(int G, int hd)
 {
     const size_t W = attm_warps(hd), tiles = W * 2 * ATM_T * (2 * hd + 16), red = W * G * hd * 4;
-    return (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + 2 * W * G * 4 + 16 + (tiles > red ? tiles : red);
+    const size_t n = (size_t)G * hd * 4 + (size_t)hd * 32 + (size_t)hd * 4 + 2 * W * G * 4 + 16 + (tiles > red ? tiles : red);
+    return (n + 15) / 16 * 16;
+}
+
+#define ATM_CLUSTER_MAX 8 /* blocks of a cluster (the portable most) */
+
+/* Launched in clusters, after attm_smem(G, hd): the cluster's split partials ([C][G][hd + 4]
+ * floats, m, l, -, -, acc[hd]), which every block of the cluster writes into its rank 0's. */
+__host__ __device__ inline size_t attm_cl_smem(int G, int hd)
+{
+    return (size_t)ATM_CLUSTER_MAX * G * ATT_PSTRIDE(hd) * 4;
+}
+
+/* Blocks of a cluster for a decoding launch of `splits` blocks along y: the largest divisor
+ * of splits up to ATM_CLUSTER_MAX, 1 (no clusters) when there is none past 1. */
+inline unsigned attm_cluster(unsigned splits)
+{
+    for (unsigned c = ATM_CLUSTER_MAX; c > 1; c--)
+        if (splits % c == 0)
+            return c;
+    return 1;
+}
+
+/* The split partials of a cluster (written by its blocks into cp, rank 0's shared memory,
+ * before the cluster barrier's release half), merged by rank 0: with one cluster of splits
+ * (S <= the cluster's size) into out, normalized; with more, into the cluster's partial in
+ * global memory, which the last cluster to finish merges (attn_merge_splits over the
+ * clusters). Every other block returns once its release arrives. */
+template <int HD>
+__device__ __forceinline__ void attn_cluster_merge(const lms_cu_attn &a, int b, int h, int S, int G, const float *cp,
+                                                   float *out)
+{
+    cluster_arrive_release();
+    const unsigned C = cluster_size();
+    if (cluster_rank() != 0)
+        return;
+    cluster_wait_acquire();
+    const int ci = blockIdx.y / C, NC = (S + C - 1) / C, n = min((int)C, S - ci * (int)C);
+    constexpr size_t stride = ATT_PSTRIDE(HD);
+    float *part = a.part + (((size_t)b * a.n_kv + h) * gridDim.y + ci) * G * stride;
+    for (int i = threadIdx.x; i < G * HD / 4; i += blockDim.x) {
+        const int g = i / (HD / 4), d = (i % (HD / 4)) * 4;
+        float M = -INFINITY, L = 0.f;
+        for (int j = 0; j < n; j++) M = fmaxf(M, cp[((size_t)j * G + g) * stride]);
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < n; j++) {
+            const float *pj = cp + ((size_t)j * G + g) * stride;
+            const float w = pj[0] == -INFINITY ? 0.f : expf(pj[0] - M);
+            const float4 v = *(const float4 *)(pj + 4 + d);
+            L += pj[1] * w;
+            o.x += v.x * w, o.y += v.y * w, o.z += v.z * w, o.w += v.w * w;
+        }
+        if (NC == 1) {
+            const float il = 1.f / L;
+            *(float4 *)(out + (size_t)g * HD + d) = make_float4(o.x * il, o.y * il, o.z * il, o.w * il);
+        } else {
+            *(float4 *)(part + g * stride + 4 + d) = o;
+            if (d == 0)
+                part[g * stride] = M, part[g * stride + 1] = L;
+        }
+    }
+    if (NC > 1)
+        attn_merge_splits(a, b, h, NC, G, HD, out);
 }
 
 /*
@@ -2295,19 +2428,23 @@ __host__ __device__ inline size_t attm_smem(int G, int hd)
  * PDLO, before griddepcontrol.wait: one-token steps read nothing of the kernel before
  * there), the query's and the token's loads of every head at once (head_rope), a split of
  * one tile written straight from its warp's registers, and the splits' merge by the last
- * block through one release/acquire ticket (attn_merge_splits).
+ * block through one release/acquire ticket (attn_merge_splits), or with CL (launched in
+ * clusters of blocks along the splits) by each cluster's rank 0 from its shared memory,
+ * which the cluster's blocks write their partials into (attn_cluster_merge).
  */
-template <int KT, int HD, bool PDLO>
+template <int KT, int HD, bool PDLO, bool CL>
 __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel(const lms_cu_attn a)
 {
     constexpr int KB = HD / 32, CB = HD / 64, KS = HD / 16, W = attm_warps(HD), QH = (8 + W - 1) / W;
     extern __shared__ __align__(16) uint8_t smem[];
     griddep_launch();
+    if constexpr (CL)
+        cluster_arrive_relaxed(); /* this block has started: its shared memory may be written */
     const bool early = PDLO && a.fuse_rope; /* K/V before the wait: no row of this step is read */
     if (!early)
         griddep_wait();
     attn_split sp;
-    if (!attn_split_of(a, ATM_T, sp))
+    if (!attn_split_of(a, ATM_T, sp, CL ? (int)cluster_size() : 1, W * ATM_T))
         return;
     const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
     const int t0 = sp.t0, t1 = sp.t1;
@@ -2503,7 +2640,14 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     float *out = a.out + (size_t)row * a.n_heads * HD + (size_t)(h * G) * HD;
     const size_t stride = ATT_PSTRIDE(HD);
+    [[maybe_unused]] float *cpart = (float *)(smem + attm_smem(G, HD)); /* CL: the cluster's partials (rank 0's) */
     float *part = a.part + (((size_t)b * a.n_kv + h) * gridDim.y + s) * G * stride;
+    if constexpr (CL) {
+        if (S > 1) { /* rank 0 has started (the first half's wait), so its partials can be written */
+            cluster_wait_acquire();
+            part = cluster_map(cpart, 0) + (size_t)cluster_rank() * G * stride;
+        }
+    }
     if (t1 - t0 <= ATM_T) { /* one tile: warp 0's registers hold the split */
         if (warp == 0 && g < G) {
             const float scl = S == 1 ? 1.f / l : 1.f;
@@ -2559,8 +2703,12 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
             }
         }
     }
-    if (S > 1)
-        attn_merge_splits(a, b, h, S, G, HD, out);
+    if (S > 1) {
+        if constexpr (CL)
+            attn_cluster_merge<HD>(a, b, h, S, G, cpart, out);
+        else
+            attn_merge_splits(a, b, h, S, G, HD, out);
+    }
 }
 
 typedef void (*attn_fn)(const lms_cu_attn);
@@ -2591,11 +2739,17 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
         return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
-        if ((nb_max <= 8 || a->decode_only) && g_att_mma && G <= 8)
-            return g_pdl ? launch(attn_decode_mma_kernel<KT, HD, true>, dec, dim3(attm_warps(HD) * 32),
-                                  attm_smem(G, HD), stream, *a)
-                         : launch(attn_decode_mma_kernel<KT, HD, false>, dec, dim3(attm_warps(HD) * 32),
-                                  attm_smem(G, HD), stream, *a);
+        if ((nb_max <= 8 || a->decode_only) && g_att_mma && G <= 8) {
+            const unsigned C = g_att_cluster && g_cluster_ok ? attm_cluster(dec.y) : 1;
+            const dim3 th(attm_warps(HD) * 32);
+            if (C > 1) {
+                const size_t sm = attm_smem(G, HD) + attm_cl_smem(G, HD);
+                return g_pdl ? launch_ex(attn_decode_mma_kernel<KT, HD, true, true>, dec, th, sm, stream, C, 1, *a)
+                             : launch_ex(attn_decode_mma_kernel<KT, HD, false, true>, dec, th, sm, stream, C, 0, *a);
+            }
+            return g_pdl ? launch(attn_decode_mma_kernel<KT, HD, true, false>, dec, th, attm_smem(G, HD), stream, *a)
+                         : launch(attn_decode_mma_kernel<KT, HD, false, false>, dec, th, attm_smem(G, HD), stream, *a);
+        }
         if (nb_max <= 8 || a->decode_only)
             return launch(attn_decode_fn<KT, HD>(G), dec, dim3(threads), smem, stream, *a);
         return launch(attn_prefill_kernel<KT, HD, BK>, dim3((nb_max + FA_BQ - 1) / FA_BQ, a->n_heads), dim3(128),
@@ -2819,6 +2973,7 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
 extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
+extern "C" void lms_cu_set_att_cluster(int on) { g_att_cluster = on; }
 extern "C" void lms_cu_set_mlx_sb(int mode) { g_mlx_sb = mode == 0 || mode == 1 ? mode : -1; }
 
 extern "C" void lms_cu_set_gemv_blocks(int per_sm, int cap)
@@ -2849,15 +3004,21 @@ extern "C" int lms_cu_kernels_init(void)
     LMS_CU_FSMEM(LMS_CU_F16)
     LMS_CU_FSMEM(LMS_CU_BF16)
 #undef LMS_CU_FSMEM
+#define LMS_CU_MSMEM1(KT, HD, P)                                                                                      \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, HD, P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                     (int)attm_smem(8, HD));                                                         \
+    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, HD, P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                     (int)(attm_smem(8, HD) + attm_cl_smem(8, HD)));
 #define LMS_CU_MSMEM(KT)                                                                                                 \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 64)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 128)); \
-    if (!e) e = cudaFuncSetAttribute(attn_decode_mma_kernel<KT, 256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attm_smem(8, 256));
+    LMS_CU_MSMEM1(KT, 64, false) LMS_CU_MSMEM1(KT, 128, false) LMS_CU_MSMEM1(KT, 256, false)                         \
+    LMS_CU_MSMEM1(KT, 64, true) LMS_CU_MSMEM1(KT, 128, true) LMS_CU_MSMEM1(KT, 256, true)
     LMS_CU_MSMEM(LMS_CU_F16)
     LMS_CU_MSMEM(LMS_CU_BF16)
 #undef LMS_CU_MSMEM
+#undef LMS_CU_MSMEM1
+    int dev = 0, major = 0;
+    if (!e) e = cudaGetDevice(&dev);
+    if (!e) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    g_cluster_ok = major >= 9;
     return (int)e;
 }

@@ -212,6 +212,10 @@ void lms_cu_set_pdl(int on);
  * heads a kv head: on (1, the default) or off (0: the CUDA-core kernel for every decoding
  * launch). */
 void lms_cu_set_att_mma(int on);
+/* The tensor-core decoding attention's splits merged inside thread block clusters of up to 8
+ * blocks (through shared memory, on sm_90 and later), clusters merged by the last to finish:
+ * on (1, the default) or off (0: every split's partial merged through global memory). */
+void lms_cu_set_att_cluster(int on);
 /* Blocks a multiprocessor of the one-row GEMV's persistent grid (each block loops over
  * groups of rows): 3 (the default) or 4 (a tighter register budget), or 0: one block per
  * group of rows (no loop); other values: the default. cap > 0: at most cap blocks in all

@@ -1005,7 +1005,8 @@ static void mlx_scale_loads_match_cpu(void **state)
  * tiles a split, the step's own token at a tile's start or alone in its split) and the
  * one-row GEMV's persistent grid capped at a few blocks, so that every block loops over
  * many groups of rows (the post-norm's sums gathered over them). Head dims 64, 128 and
- * 256 with 1 to 4 query heads per kv head. */
+ * 256 with 1 to 4 query heads per kv head, and 10 (not a multiple of 4: the CUDA-core
+ * kernel, its splits merged a dimension a thread). */
 static void split_attention_and_gemv_grid_match_cpu(void **state)
 {
     static const shape T[] = {
@@ -1014,6 +1015,7 @@ static void split_attention_and_gemv_grid_match_cpu(void **state)
         {576, 9, 3, 64, 1536, 4097, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0},
         {256, 4, 2, 256, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, true, 0, 0}, /* gemma-3's head */
         {256, 2, 2, 128, 512, 777, LMS_DTYPE_F16, LMS_DTYPE_F32, false, true, 0, 0},
+        {256, 4, 2, 10, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F16, false, false, 0, 0}, /* merged a dimension a thread */
     };
     static const char *const chunk[] = {"7", "100"}, *const grid[] = {"7", "5"};
     int before = g_fail;
@@ -1032,8 +1034,9 @@ static void split_attention_and_gemv_grid_match_cpu(void **state)
 /* Decoding attention over long contexts (up to 5120 positions, 320 scrambled pages) against
  * the CPU backend: one and three rows at positions crossing 1024 and 4096 and near the end,
  * with the splits by default, of 300 positions (a warp of the tensor-core kernel over several
- * tiles) and of 7 (many splits, none dividing the range), and without the tensor-core
- * kernel; query heads a kv head 1, 2, 3, 4, 8 and 16, head dims 64/128/256, 16-bit and f32
+ * tiles) and of 7 (many splits, none dividing the range; merged within clusters of 8 blocks
+ * and the clusters' partials after them, and again with every partial merged through global
+ * memory), and without the tensor-core kernel; query heads a kv head 1, 2, 3, 4, 8 and 16, head dims 64/128/256, 16-bit and f32
  * K/V; plain, windowed (1000), soft-capped, and with the token's RoPE fused. */
 static void long_context_attention_matches_cpu(void **state)
 {
@@ -1046,15 +1049,17 @@ static void long_context_attention_matches_cpu(void **state)
         {256, 16, 1, 64, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_BF16, false, false, 0, 0},
         {256, 4, 2, 128, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, false, 0, 0},
     };
-    static const char *const chunk[] = {NULL, "300", "7", NULL};
+    static const char *const chunk[] = {NULL, "300", "7", "7", NULL};
     const uint32_t nbs[] = {1, 3}, pos0s[] = {1023, 4094, 5116};
     int before = g_fail;
     setenv("LMSTORE_CUDA_GRAPH", "0", 1);
     for (size_t i = 0; i < LMS_ARRAY_LEN(T); i++)
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < 5; c++) {
             if (chunk[c])
                 setenv("LMSTORE_CUDA_ATT_CHUNK", chunk[c], 1);
-            if (c == 3)
+            if (c == 3) /* the splits' partials merged through global memory, not in clusters */
+                setenv("LMSTORE_CUDA_ATT_CLUSTER", "0", 1);
+            if (c == 4)
                 setenv("LMSTORE_CUDA_ATT_MMA", "0", 1);
             model m;
             pair p;
@@ -1075,6 +1080,7 @@ static void long_context_attention_matches_cpu(void **state)
             pair_close(&p);
             model_free(&m);
             unsetenv("LMSTORE_CUDA_ATT_CHUNK");
+            unsetenv("LMSTORE_CUDA_ATT_CLUSTER");
             unsetenv("LMSTORE_CUDA_ATT_MMA");
         }
     printf("long-context attention: %d mismatches\n", g_fail - before);
