@@ -1457,6 +1457,26 @@ __device__ __forceinline__ const int32_t *row_pages(const int32_t *step, const l
     return step + (kv->rtable ? step[kv->rtable + row] : kv->table);
 }
 
+/* The arithmetic of a head's RMSNorm and RoPE, shared by rope_kernel, warp_norm_rope and
+ * head_rope: the norm's factor from the sum of squares of the head's hd values (the warp's
+ * partial sums), and the pair (x1, x2) at dimensions (i, i + hd / 2), normed (n1, n2: the
+ * norm's weights; r: the factor) when norm, rotated by pos x f (f: dimension i's inverse
+ * frequency) and scaled. */
+__device__ __forceinline__ float head_norm_factor(float ss, int hd, float eps)
+{
+    return 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps);
+}
+__device__ __forceinline__ void rope_pair(float x1, float x2, bool norm, float n1, float n2, float r, int pos, float f,
+                                          float scale, float &y1, float &y2)
+{
+    if (norm)
+        x1 = n1 * (x1 * r), x2 = n2 * (x2 * r);
+    float sn, c;
+    sincosf((float)pos * f, &sn, &c);
+    y1 = (x1 * c - x2 * sn) * scale;
+    y2 = (x2 * c + x1 * sn) * scale;
+}
+
 /*
  * Block b: token b of the step, all of its heads; a warp per head (q heads,
  * then k heads), lanes over the rotated pairs (i, i + hd/2). q is written
@@ -1486,15 +1506,12 @@ __global__ void rope_kernel(const lms_cu_rope a)
         if (nw_) {
             float ss = 0;
             for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
-            ss = warp_sum(ss);
-            r = 1.0f / sqrtf(ss / (float)hd + a.eps);
+            r = head_norm_factor(ss, hd, a.eps);
         }
         for (int i = lane; i < half; i += 32) {
-            float x1 = v[i], x2 = v[i + half];
-            if (nw_)
-                x1 = nw_[i] * (x1 * r), x2 = nw_[i + half] * (x2 * r);
-            float fr = (float)pos * a.inv_freq[i], c = cosf(fr), sn = sinf(fr);
-            float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
+            float o1, o2;
+            rope_pair(v[i], v[i + half], nw_ != nullptr, nw_ ? nw_[i] : 1.f, nw_ ? nw_[i + half] : 1.f, r, pos,
+                      a.inv_freq[i], 1.f, o1, o2);
             v[i] = o1;
             v[i + half] = o2;
             if (!isq) {
@@ -1584,17 +1601,12 @@ __device__ void warp_norm_rope(float *dst, const float *src, const float *nw, co
     if (nw) {
         float ss = 0;
         for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
-        r = 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps);
+        r = head_norm_factor(ss, hd, eps);
     }
     const int half = hd / 2;
-    for (int i = lane; i < half; i += 32) {
-        float x1 = src[i], x2 = src[i + half];
-        if (nw)
-            x1 = nw[i] * (x1 * r), x2 = nw[i + half] * (x2 * r);
-        float fr = (float)pos * inv_freq[i], c = cosf(fr), sn = sinf(fr);
-        dst[i] = (x1 * c - x2 * sn) * scale;
-        dst[i + half] = (x2 * c + x1 * sn) * scale;
-    }
+    for (int i = lane; i < half; i += 32)
+        rope_pair(src[i], src[i + half], nw != nullptr, nw ? nw[i] : 1.f, nw ? nw[i + half] : 1.f, r, pos,
+                  inv_freq[i], scale, dst[i], dst[i + half]);
 }
 
 /* The G query heads of kv head h for row `row` into qs ([G][hd] floats, times the scale;
@@ -2280,7 +2292,7 @@ __device__ __forceinline__ void mma_full(float &d0, float &d1, float &d2, float 
 /* One head's RMSNorm (weight nw, optional) and RoPE by one warp, in two parts so that the
  * loads of several heads are in flight together: load() issues them (lane takes the pairs
  * (i, i + HD / 2), i = lane + 32 p), store() writes the head times `scale` to dst. The
- * arithmetic is warp_norm_rope's. */
+ * arithmetic is warp_norm_rope's (head_norm_factor, rope_pair). */
 template <int HD> struct head_rope {
     static constexpr int NP = HD / 64, half = HD / 2;
     float x1[NP], x2[NP], f[NP], n1[NP], n2[NP];
@@ -2304,18 +2316,10 @@ template <int HD> struct head_rope {
             for (int p = 0; p < NP; p++) ss += x1[p] * x1[p];
 #pragma unroll
             for (int p = 0; p < NP; p++) ss += x2[p] * x2[p];
-            r = 1.0f / sqrtf(warp_sum(ss) / (float)HD + eps);
+            r = head_norm_factor(ss, HD, eps);
         }
 #pragma unroll
-        for (int p = 0; p < NP; p++) {
-            float a1 = x1[p], a2 = x2[p];
-            if (norm)
-                a1 = n1[p] * (a1 * r), a2 = n2[p] * (a2 * r);
-            float sn, c;
-            sincosf((float)pos * f[p], &sn, &c);
-            y1[p] = (a1 * c - a2 * sn) * scale;
-            y2[p] = (a2 * c + a1 * sn) * scale;
-        }
+        for (int p = 0; p < NP; p++) rope_pair(x1[p], x2[p], norm, n1[p], n2[p], r, pos, f[p], scale, y1[p], y2[p]);
     }
     __device__ __forceinline__ void store(float *dst, bool norm, int pos, float eps, float scale, int lane) const
     {
