@@ -6,13 +6,14 @@
  * attention launches (one per layer, each over its own layer of the cache)
  * in a CUDA graph, at 128, 1024 and 4096 positions, for each variant (the
  * CUDA-core kernel, the tensor-core kernel with its splits merged through
- * global memory (ticket) or within thread block clusters (the default), both
- * also with programmatic dependent launch),
+ * global memory (ticket) or within thread block clusters (the default for
+ * ranges short enough: lms_cu_attn_cluster_len), both also with programmatic
+ * dependent launch),
  * the variants alternating, ROUNDS rounds (default 5, medians); each
  * variant's output checked against the first's (MISMATCH past 2e-3 of the
  * largest output). Not part of the build; on a GPU host:
  *
- *   nvcc -arch=sm_90 -O3 -I. -Iinclude -o attn_decode bench/attn_decode.cu && ./attn_decode
+ *   nvcc -arch=sm_90 -O3 -I. -Iinclude -o attn_decode bench/attn_decode.cu && [CHUNKS="64 128"] ./attn_decode
  */
 #include "engine/cuda/kernels.cu"
 #include "bench/cuda_check.h"
@@ -32,7 +33,7 @@ struct shape {
 
 struct variant {
     const char *name;
-    int mma, chunk, pdl, cluster; /* lms_cu_set_att_mma, lms_cu_attn.chunk, lms_cu_set_pdl, lms_cu_set_att_cluster */
+    int mma, chunk, pdl, cluster; /* lms_cu_set_att_mma, lms_cu_attn.chunk, lms_cu_set_pdl, lms_cu_attn.cluster */
 };
 
 __global__ void fill16(uint16_t *p, size_t n, uint32_t seed)
@@ -67,9 +68,25 @@ int main()
     const int rounds = getenv("ROUNDS") ? atoi(getenv("ROUNDS")) : 5, reps = 50;
     CK((cudaError_t)lms_cu_kernels_init());
     const shape shapes[] = {{"llama8b", 32, 32, 8, 128, 0}, {"gemma12b", 48, 16, 8, 256, 1}};
-    const variant vars[] = {{"cuda cores", 0, 32, 0, 0}, {"mma ticket", 1, 32, 0, 0},     {"mma", 1, 32, 0, 1},
-                            {"mma pdl", 1, 32, 1, 1},    {"mma pdl ticket", 1, 32, 1, 0}};
-    const int nv = sizeof vars / sizeof vars[0];
+    std::vector<variant> vars = {{"cuda cores", 0, 32, 0, 0}, {"mma ticket", 1, 32, 0, 0}, {"mma", 1, 32, 0, 1},
+                                 {"mma pdl", 1, 32, 1, 1},    {"mma pdl ticket", 1, 32, 1, 0}};
+    /* CHUNKS="64 128 ...": the tensor-core kernel again at those fewest positions a split, with
+     * clusters and with the ticket */
+    static char names[16][32];
+    int nn = 0;
+    if (getenv("CHUNKS"))
+        for (const char *c = getenv("CHUNKS"); *c && nn + 2 <= 16;) {
+            char *end;
+            const long ch = strtol(c, &end, 10);
+            if (end == c)
+                break;
+            for (int cl = 1; cl >= 0; cl--, nn++) {
+                snprintf(names[nn], sizeof names[nn], "%s chunk%ld", cl ? "mma" : "ticket", ch);
+                vars.push_back({names[nn], 1, (int)ch, 0, cl});
+            }
+            c = end;
+        }
+    const int nv = (int)vars.size();
     const int positions[] = {128, 1024, 4096};
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -103,6 +120,8 @@ int main()
             CK(cudaMalloc(&part, (size_t)8 * sh.nkv * splits * G * (hd + 4) * 4));
             CK(cudaMalloc(&cnt, 8 * sh.nkv * 4));
             CK(cudaMemset(cnt, 0, 8 * sh.nkv * 4));
+            /* clusters as the engine uses them: ranges of at most cl_len positions */
+            const int cl_len = lms_cu_attn_cluster_len(hd, G, LMS_CU_F16);
             std::vector<lms_cu_attn> la(sh.L);
             for (int l = 0; l < sh.L; l++) {
                 lms_cu_attn &a = la[l];
@@ -122,11 +141,10 @@ int main()
             std::vector<std::vector<float>> outs(nv);
             for (int v = 0; v < nv; v++) {
                 lms_cu_set_att_mma(vars[v].mma);
-                lms_cu_set_att_cluster(vars[v].cluster);
                 lms_cu_set_pdl(vars[v].pdl);
                 CK(cudaMemcpy(dk, k0.data(), k0.size() * 4, cudaMemcpyHostToDevice));
                 for (int l = 0; l < sh.L; l++) {
-                    la[l].chunk = vars[v].chunk;
+                    la[l].chunk = vars[v].chunk, la[l].cluster = vars[v].cluster && pos < cl_len;
                     CK((cudaError_t)lms_cu_attn_launch(&la[l], 1, st));
                     CK(cudaMemcpyAsync(dk, k0.data(), k0.size() * 4, cudaMemcpyHostToDevice, st));
                 }
@@ -146,12 +164,11 @@ int main()
             std::vector<cudaGraphExec_t> ge(nv);
             for (int v = 0; v < nv; v++) {
                 lms_cu_set_att_mma(vars[v].mma);
-                lms_cu_set_att_cluster(vars[v].cluster);
                 lms_cu_set_pdl(vars[v].pdl);
                 cudaGraph_t g;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                 for (int l = 0; l < sh.L; l++) {
-                    la[l].chunk = vars[v].chunk;
+                    la[l].chunk = vars[v].chunk, la[l].cluster = vars[v].cluster && pos < cl_len;
                     CK((cudaError_t)lms_cu_attn_launch(&la[l], 1, st));
                 }
                 CK(cudaStreamEndCapture(st, &g));

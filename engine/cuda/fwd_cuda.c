@@ -26,7 +26,9 @@
  * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split,
  * LMSTORE_CUDA_ATT_SPLITS=n the most splits a short context gets and
  * LMSTORE_CUDA_ATT_MMA=0 turns the tensor-core decoding attention off and
- * LMSTORE_CUDA_ATT_CLUSTER=0 its merge of splits within thread block clusters.
+ * LMSTORE_CUDA_ATT_CLUSTER=0 its merge of splits within thread block clusters
+ * (one-token steps at positions below lms_cu_attn_cluster_len, replayed from
+ * graphs of their own).
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -63,7 +65,6 @@
 #define DQ_BYTES (64u << 20)    /* MLX matrices in GEMMs: rows dequantized to bf16 this many bytes at a time */
 #define ATT_CHUNK_MIN 32        /* decoding attention: fewest positions a split takes */
 #define ATT_SPLITS_FINE 32u     /* decoding attention: at most this many splits for short contexts */
-#define ATT_CLUSTER 8           /* decoding attention: splits merged within clusters of this many blocks */
 
 enum { MODE_NONE = 0, MODE_LAST, MODE_ARGMAX, MODE_COUNT };
 
@@ -121,7 +122,9 @@ struct lms__bk {
     const lms__step *st;
     int mode;
     bool capturing, use_graphs;
-    cudaGraphExec_t graph[MODE_COUNT];
+    uint32_t cluster_len; /* the longest attended range merged in a cluster (lms_cu_attn_cluster_len) */
+    bool short_step;      /* this step's ranges are at most cluster_len: a graph of its own */
+    cudaGraphExec_t graph[MODE_COUNT][2]; /* [mode][short_step] */
     int err;            /* first error of the step (cudaError_t or cublasStatus_t) */
     char err_what[96];
 };
@@ -214,8 +217,9 @@ static void cuda_destroy(lms__bk *b)
         return;
     cudaSetDevice(b->ordinal);
     for (int i = 0; i < MODE_COUNT; i++)
-        if (b->graph[i])
-            cudaGraphExecDestroy(b->graph[i]);
+        for (int j = 0; j < 2; j++)
+            if (b->graph[i][j])
+                cudaGraphExecDestroy(b->graph[i][j]);
     if (b->blas)
         lms__blas_destroy(b->blas);
     for (int i = 0; i < LMS__B_COUNT_; i++) cudaFree(b->buf[i]);
@@ -298,7 +302,6 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->pdl = getenv("LMSTORE_CUDA_PDL") ? !env_off("LMSTORE_CUDA_PDL")
                                         : lms__weights_find(b->w, hp, is_mlx, NULL, 0) != NULL;
     lms_cu_set_att_mma(!env_off("LMSTORE_CUDA_ATT_MMA"));
-    lms_cu_set_att_cluster(!env_off("LMSTORE_CUDA_ATT_CLUSTER"));
     lms_cu_set_mlx_sb(getenv("LMSTORE_CUDA_MLX_SB") ? atoi(getenv("LMSTORE_CUDA_MLX_SB")) : -1);
     lms_cu_set_gemv_blocks(getenv("LMSTORE_CUDA_GEMV_BLOCKS") ? atoi(getenv("LMSTORE_CUDA_GEMV_BLOCKS")) : -1,
                            getenv("LMSTORE_CUDA_GEMV_GRID") ? atoi(getenv("LMSTORE_CUDA_GEMV_GRID")) : 0);
@@ -335,8 +338,9 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)LMS_MAX((cfg->n_ctx + b->chunk - 1) / b->chunk,
                              LMS_MIN((cfg->n_ctx + b->att_chunk - 1) / b->att_chunk, fine));
-    if (b->splits > ATT_CLUSTER) /* whole clusters of splits (lms_cu_set_att_cluster) */
-        b->splits = (b->splits + ATT_CLUSTER - 1) / ATT_CLUSTER * ATT_CLUSTER;
+    b->cluster_len = env_off("LMSTORE_CUDA_ATT_CLUSTER")
+                         ? 0
+                         : (uint32_t)lms_cu_attn_cluster_len((int)hd, (int)G, cu_type(cfg->kv->dtype));
     /* step parameters: a block table per group of the cache (kernels.h), then the rows and
      * tables of a step of segments */
     uint32_t ng = cfg->kv->window ? 2 : 1;
@@ -476,6 +480,7 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
     b->st = st;
     b->err = 0;
     b->capturing = false;
+    b->short_step = false;
     b->mode = st->out == LMS__OUT_LAST ? MODE_LAST : st->out == LMS__OUT_ARGMAX ? MODE_ARGMAX : MODE_NONE;
     if (st->n_segs) {
         int rc;
@@ -508,9 +513,11 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
         if ((e = cudaMemcpyAsync(b->dstep + b->kvg[1].table, t1, np * 4, cudaMemcpyHostToDevice, b->stream)))
             return cu_err(e, "step parameters");
     }
+    b->short_step = st->nb == 1 && st->pos0 < b->cluster_len;
     bool graphable = b->use_graphs && st->nb == 1 && st->out != LMS__OUT_ALL;
-    if (graphable && b->graph[b->mode]) {
-        if ((e = cudaGraphLaunch(b->graph[b->mode], b->stream)))
+    cudaGraphExec_t *gx = &b->graph[b->mode][b->short_step];
+    if (graphable && *gx) {
+        if ((e = cudaGraphLaunch(*gx, b->stream)))
             return cu_err(e, "decode graph launch");
         *replayed = true;
         return 0;
@@ -533,9 +540,10 @@ static int cuda_end(lms__bk *b)
         b->capturing = false;
         e = cudaStreamEndCapture(b->stream, &g);
         if (!e && !b->err) {
-            e = cudaGraphInstantiate(&b->graph[b->mode], g, 0);
+            cudaGraphExec_t *gx = &b->graph[b->mode][b->short_step];
+            e = cudaGraphInstantiate(gx, g, 0);
             if (!e)
-                e = cudaGraphLaunch(b->graph[b->mode], b->stream);
+                e = cudaGraphLaunch(*gx, b->stream);
         }
         if (g)
             cudaGraphDestroy(g);
@@ -850,6 +858,7 @@ static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float sc
         return;
     }
     a.splits = b->st->nb <= GEMV_MAX_ROWS ? b->splits : 1;
+    a.cluster = b->short_step;
     CU_TRY(b, lms_cu_attn_launch(&a, (int)b->st->nb, b->stream), "attention");
 }
 

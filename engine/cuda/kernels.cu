@@ -40,7 +40,6 @@ namespace {
 
 thread_local int g_pdl = 0; /* lms_cu_set_pdl: per host thread (each engine's steps run on one) */
 int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_cu_set_att_mma) */
-int g_att_cluster = 1; /* its splits merged within thread block clusters (lms_cu_set_att_cluster) */
 int g_cluster_ok = 0;  /* the device runs thread block clusters (sm_90 on; lms_cu_kernels_init) */
 int g_mlx_sb = -1; /* lms_cu_set_mlx_sb */
 
@@ -60,7 +59,7 @@ __device__ __forceinline__ void griddep_launch()
 
 /* Thread block clusters (sm_90; kernels launched with launch_ex's cluster_y only run there):
  * the cluster barrier's two halves, every thread of the block taking part (threads that
- * exited do not hold it up), this block's rank and the cluster's size, and the generic
+ * exited do not hold it up), this block's rank in its cluster, and the generic
  * address of p (a shared-memory address of this block) in the block of rank r. */
 __device__ __forceinline__ void cluster_arrive_relaxed()
 {
@@ -85,14 +84,6 @@ __device__ __forceinline__ unsigned cluster_rank()
     unsigned r = 0;
 #if __CUDA_ARCH__ >= 900
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return r;
-}
-__device__ __forceinline__ unsigned cluster_size()
-{
-    unsigned r = 1;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
 #endif
     return r;
 }
@@ -1709,17 +1700,20 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
         a.counters[b * a.n_kv + h] = 0;
 }
 
+#define ATM_CLUSTER_MAX 8 /* blocks of a decoding attention's cluster (the portable most) */
+
 /* Block (h, s, b) of a decoding launch: row b of the step (row), its position (pos, P =
  * pos + 1) and split s = [t0, t1) of its attended range [lo, P), which is cut into S splits
- * of max(a.chunk, ceil(len / splits)) positions rounded up to a multiple of `tile`. In
- * clusters of C blocks (C > 1), a split also takes up to `round` positions (a tile for each
- * of the block's warps) before the range spreads past one cluster: fewer clusters, whose
- * blocks are placed together, and one merge less. False when the block has no row or its
+ * of max(a.chunk, ceil(len / splits)) positions rounded up to a multiple of `tile`. With
+ * round > 0 a split also takes up to `round` positions (a tile for each of the block's
+ * warps, which run at once) before the range spreads past ATM_CLUSTER_MAX splits: at 1024
+ * positions 9 splits of 128 took 0.77x the time of 33 of 32 (bench/RESULTS.md), and a range
+ * of up to that many splits merges in one cluster. False when the block has no row or its
  * split no positions (blocks past them exit at once). */
 struct attn_split {
     int row, pos, P, S, t0, t1;
 };
-__device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, attn_split &r, int C = 1, int round = 0)
+__device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, attn_split &r, int round = 0)
 {
     const int s = blockIdx.y, b = blockIdx.z, nb = a.nrows ? a.nrows : a.step[LMS_CU_STEP_NB];
     if (b >= nb)
@@ -1728,8 +1722,8 @@ __device__ __forceinline__ bool attn_split_of(const lms_cu_attn &a, int tile, at
     r.pos = row_pos(a.step, &a.kv, r.row), r.P = r.pos + 1;
     const int lo = a.window > 0 && r.P > a.window ? r.P - a.window : 0, len = r.P - lo;
     int chunk = gridDim.y == 1 ? len : max(a.chunk, (len + (int)gridDim.y - 1) / (int)gridDim.y);
-    if (C > 1)
-        chunk = max(chunk, min(round, (len + C - 1) / C));
+    if (round > 0)
+        chunk = max(chunk, min(round, (len + ATM_CLUSTER_MAX - 1) / ATM_CLUSTER_MAX));
     chunk = (chunk + tile - 1) / tile * tile;
     r.S = (len + chunk - 1) / chunk;
     if (s >= r.S)
@@ -2340,8 +2334,6 @@ __host__ __device__ inline size_t attm_smem(int G, int hd)
     return (n + 15) / 16 * 16;
 }
 
-#define ATM_CLUSTER_MAX 8 /* blocks of a cluster (the portable most) */
-
 /* Launched in clusters, after attm_smem(G, hd): the cluster's split partials ([C][G][hd + 4]
  * floats, m, l, -, -, acc[hd]), which every block of the cluster writes into its rank 0's. */
 __host__ __device__ inline size_t attm_cl_smem(int G, int hd)
@@ -2349,56 +2341,31 @@ __host__ __device__ inline size_t attm_cl_smem(int G, int hd)
     return (size_t)ATM_CLUSTER_MAX * G * ATT_PSTRIDE(hd) * 4;
 }
 
-/* Blocks of a cluster for a decoding launch of `splits` blocks along y: the largest divisor
- * of splits up to ATM_CLUSTER_MAX, 1 (no clusters) when there is none past 1. */
-inline unsigned attm_cluster(unsigned splits)
-{
-    for (unsigned c = ATM_CLUSTER_MAX; c > 1; c--)
-        if (splits % c == 0)
-            return c;
-    return 1;
-}
-
-/* The split partials of a cluster (written by its blocks into cp, rank 0's shared memory,
- * before the cluster barrier's release half), merged by rank 0: with one cluster of splits
- * (S <= the cluster's size) into out, normalized; with more, into the cluster's partial in
- * global memory, which the last cluster to finish merges (attn_merge_splits over the
- * clusters). Every other block returns once its release arrives. */
-template <int HD>
-__device__ __forceinline__ void attn_cluster_merge(const lms_cu_attn &a, int b, int h, int S, int G, const float *cp,
-                                                   float *out)
+/* The S split partials of one cluster (S <= its size; written by its blocks into cp, rank
+ * 0's shared memory, before the cluster barrier's release half), merged by rank 0 into out,
+ * normalized. Every other block returns once its release arrives. */
+template <int HD> __device__ __forceinline__ void attn_cluster_merge(int S, int G, const float *cp, float *out)
 {
     cluster_arrive_release();
-    const unsigned C = cluster_size();
     if (cluster_rank() != 0)
         return;
     cluster_wait_acquire();
-    const int ci = blockIdx.y / C, NC = (S + C - 1) / C, n = min((int)C, S - ci * (int)C);
     constexpr size_t stride = ATT_PSTRIDE(HD);
-    float *part = a.part + (((size_t)b * a.n_kv + h) * gridDim.y + ci) * G * stride;
     for (int i = threadIdx.x; i < G * HD / 4; i += blockDim.x) {
         const int g = i / (HD / 4), d = (i % (HD / 4)) * 4;
         float M = -INFINITY, L = 0.f;
-        for (int j = 0; j < n; j++) M = fmaxf(M, cp[((size_t)j * G + g) * stride]);
+        for (int j = 0; j < S; j++) M = fmaxf(M, cp[((size_t)j * G + g) * stride]);
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < S; j++) {
             const float *pj = cp + ((size_t)j * G + g) * stride;
             const float w = pj[0] == -INFINITY ? 0.f : expf(pj[0] - M);
             const float4 v = *(const float4 *)(pj + 4 + d);
             L += pj[1] * w;
             o.x += v.x * w, o.y += v.y * w, o.z += v.z * w, o.w += v.w * w;
         }
-        if (NC == 1) {
-            const float il = 1.f / L;
-            *(float4 *)(out + (size_t)g * HD + d) = make_float4(o.x * il, o.y * il, o.z * il, o.w * il);
-        } else {
-            *(float4 *)(part + g * stride + 4 + d) = o;
-            if (d == 0)
-                part[g * stride] = M, part[g * stride + 1] = L;
-        }
+        const float il = 1.f / L;
+        *(float4 *)(out + (size_t)g * HD + d) = make_float4(o.x * il, o.y * il, o.z * il, o.w * il);
     }
-    if (NC > 1)
-        attn_merge_splits(a, b, h, NC, G, HD, out);
 }
 
 /*
@@ -2432,9 +2399,10 @@ __device__ __forceinline__ void attn_cluster_merge(const lms_cu_attn &a, int b, 
  * PDLO, before griddepcontrol.wait: one-token steps read nothing of the kernel before
  * there), the query's and the token's loads of every head at once (head_rope), a split of
  * one tile written straight from its warp's registers, and the splits' merge by the last
- * block through one release/acquire ticket (attn_merge_splits), or with CL (launched in
- * clusters of blocks along the splits) by each cluster's rank 0 from its shared memory,
- * which the cluster's blocks write their partials into (attn_cluster_merge).
+ * block through one release/acquire ticket (attn_merge_splits), or with CL (the splits of a
+ * kv head launched as one thread block cluster: ranges of at most lms_cu_attn_cluster_len
+ * positions) by the cluster's rank 0 from its shared memory, which the cluster's blocks
+ * write their partials into (attn_cluster_merge).
  */
 template <int KT, int HD, bool PDLO, bool CL>
 __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel(const lms_cu_attn a)
@@ -2448,7 +2416,7 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
     if (!early)
         griddep_wait();
     attn_split sp;
-    if (!attn_split_of(a, ATM_T, sp, CL ? (int)cluster_size() : 1, W * ATM_T))
+    if (!attn_split_of(a, ATM_T, sp, W * ATM_T))
         return;
     const int h = blockIdx.x, s = blockIdx.y, b = blockIdx.z, row = sp.row, pos = sp.pos, P = sp.P, S = sp.S;
     const int t0 = sp.t0, t1 = sp.t1;
@@ -2646,8 +2614,10 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
     const size_t stride = ATT_PSTRIDE(HD);
     [[maybe_unused]] float *cpart = (float *)(smem + attm_smem(G, HD)); /* CL: the cluster's partials (rank 0's) */
     float *part = a.part + (((size_t)b * a.n_kv + h) * gridDim.y + s) * G * stride;
+    /* in a cluster (S is at most its size: chunk >= len / gridDim.y) */
+    [[maybe_unused]] const bool clm = CL && S > 1;
     if constexpr (CL) {
-        if (S > 1) { /* rank 0 has started (the first half's wait), so its partials can be written */
+        if (clm) { /* rank 0 has started (the first half's wait), so its partials can be written */
             cluster_wait_acquire();
             part = cluster_map(cpart, 0) + (size_t)cluster_rank() * G * stride;
         }
@@ -2707,12 +2677,33 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
             }
         }
     }
-    if (S > 1) {
-        if constexpr (CL)
-            attn_cluster_merge<HD>(a, b, h, S, G, cpart, out);
-        else
-            attn_merge_splits(a, b, h, S, G, HD, out);
+    if (clm)
+        attn_cluster_merge<HD>(S, G, cpart, out);
+    else if (S > 1)
+        attn_merge_splits(a, b, h, S, G, HD, out);
+}
+
+/* Blocks of the tensor-core decoding kernel (G query heads a kv head, in clusters or not) that
+ * the current device runs at once; its occupancy is measured once per (KT, HD, G, clusters).
+ * A launch of more splits than fit would run a second wave, nearly doubling its time (at
+ * 4096 positions, 37 splits a kv head took 1.4x the time of 33: bench/RESULTS.md). */
+template <int KT, int HD> unsigned attm_wave(int G, bool cl)
+{
+    static int per_sm[2][ATT_GMAX + 1];
+    int &per = per_sm[cl][std::min(G, ATT_GMAX)];
+    if (!per) {
+        int n = 0;
+        const size_t sm = attm_smem(G, HD) + (cl ? attm_cl_smem(G, HD) : 0);
+        cudaError_t e = cl ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_mma_kernel<KT, HD, false, true>,
+                                                                          attm_warps(HD) * 32, sm)
+                           : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_mma_kernel<KT, HD, false, false>,
+                                                                          attm_warps(HD) * 32, sm);
+        per = e == cudaSuccess && n > 0 ? n : 1;
     }
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 1;
+    return (unsigned)(per * sms);
 }
 
 typedef void (*attn_fn)(const lms_cu_attn);
@@ -2744,8 +2735,15 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
     } else {
         constexpr int BK = HD >= 256 ? 32 : 64;
         if ((nb_max <= 8 || a->decode_only) && g_att_mma && G <= 8) {
-            const unsigned C = g_att_cluster && g_cluster_ok ? attm_cluster(dec.y) : 1;
             const dim3 th(attm_warps(HD) * 32);
+            const bool cl = a->cluster && g_cluster_ok && nb_max == 1;
+            if (cl) /* a range of at most lms_cu_attn_cluster_len: at most one cluster of splits */
+                dec.y = std::min(dec.y, (unsigned)ATM_CLUSTER_MAX);
+            else if (nb_max == 1) { /* one token: every split of every kv head in one wave */
+                const unsigned cap = std::max(1u, attm_wave<KT, HD>(G, false) / a->n_kv);
+                dec.y = std::min(dec.y, cap > ATM_CLUSTER_MAX ? cap / ATM_CLUSTER_MAX * ATM_CLUSTER_MAX : cap);
+            }
+            const unsigned C = cl ? dec.y : 1;
             if (C > 1) {
                 const size_t sm = attm_smem(G, HD) + attm_cl_smem(G, HD);
                 return g_pdl ? launch_ex(attn_decode_mma_kernel<KT, HD, true, true>, dec, th, sm, stream, C, 1, *a)
@@ -2977,7 +2975,12 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
 extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
-extern "C" void lms_cu_set_att_cluster(int on) { g_att_cluster = on; }
+extern "C" int lms_cu_attn_cluster_len(int hd, int G, int kv_dtype)
+{
+    const bool mma = (kv_dtype == LMS_CU_F16 || kv_dtype == LMS_CU_BF16) && (hd == 64 || hd == 128 || hd == 256) &&
+                     G >= 1 && G <= 8;
+    return g_cluster_ok && g_att_mma && mma ? ATM_CLUSTER_MAX * attm_warps(hd) * ATM_T : 0;
+}
 extern "C" void lms_cu_set_mlx_sb(int mode) { g_mlx_sb = mode == 0 || mode == 1 ? mode : -1; }
 
 extern "C" void lms_cu_set_gemv_blocks(int per_sm, int cap)

@@ -172,6 +172,9 @@ typedef struct lms_cu_attn {
      * 8 rows is one sequence's consecutive positions. */
     int row0, nrows;
     int decode_only;
+    /* one-token steps whose attended ranges are at most lms_cu_attn_cluster_len positions:
+     * the tensor-core kernel's splits merged inside a thread block cluster (sm_90) */
+    int cluster;
 } lms_cu_attn;
 /* nb_max <= 8 or decode_only: flash-decoding over `splits` blocks per kv head
  * and token (splits 1: one block covers the whole range); larger: the
@@ -212,10 +215,10 @@ void lms_cu_set_pdl(int on);
  * heads a kv head: on (1, the default) or off (0: the CUDA-core kernel for every decoding
  * launch). */
 void lms_cu_set_att_mma(int on);
-/* The tensor-core decoding attention's splits merged inside thread block clusters of up to 8
- * blocks (through shared memory, on sm_90 and later), clusters merged by the last to finish:
- * on (1, the default) or off (0: every split's partial merged through global memory). */
-void lms_cu_set_att_cluster(int on);
+/* The longest attended range whose splits lms_cu_attn.cluster merges inside one thread block
+ * cluster, for head_dim hd, G query heads a kv head and K/V of kv_dtype on this device (0:
+ * no clusters: not sm_90, not the tensor-core kernel). */
+int lms_cu_attn_cluster_len(int hd, int G, int kv_dtype);
 /* Blocks a multiprocessor of the one-row GEMV's persistent grid (each block loops over
  * groups of rows): 3 (the default) or 4 (a tighter register budget), or 0: one block per
  * group of rows (no loop); other values: the default. cap > 0: at most cap blocks in all
