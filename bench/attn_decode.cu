@@ -115,7 +115,7 @@ int main()
             float *dq = dev(q0), *dk = dev(k0), *dv = dev(rnd((size_t)sh.nkv * hd, 5, -1.f, 1.f));
             float *dout, *part;
             int *cnt;
-            const int splits = (std::max((n_ctx + 127) / 128, std::min((n_ctx + 15) / 16, 32)) + 7) / 8 * 8;
+            const int splits = std::max((n_ctx + 127) / 128, std::min((n_ctx + 15) / 16, 32));
             CK(cudaMalloc(&dout, (size_t)sh.L * sh.nh * hd * 4));
             CK(cudaMalloc(&part, (size_t)8 * sh.nkv * splits * G * (hd + 4) * 4));
             CK(cudaMalloc(&cnt, 8 * sh.nkv * 4));

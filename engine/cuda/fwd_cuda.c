@@ -116,6 +116,7 @@ struct lms__bk {
     float *part;        /* split-attention partials */
     int *counters;      /* [B][n_kv] */
     int splits, chunk;  /* blocks per kv head and token; splits x chunk >= n_ctx */
+    int splits1;        /* ... of one-token steps: at least the splits that fill one wave of blocks */
     int att_chunk;      /* fewest positions a split takes (kernels.h: lms_cu_attn.chunk) */
     lms_cu_kv kvg[2];   /* the cache's groups: 0, and the window group (sliding-window layers) */
     const lms__kvview *kv; /* the geometry create was given (group and index of each layer) */
@@ -328,7 +329,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
      * a shorter range is split finer, down to att_chunk positions a split (more blocks, less
      * serial work each), in up to ATT_SPLITS_FINE splits (each split's partial is merged by
      * one block: more would cost the merge more than they save); LMSTORE_CUDA_ATT_CHUNK
-     * sets att_chunk (tuning) */
+     * sets att_chunk (tuning). One-token steps may take as many splits as one wave of the
+     * kernel's blocks holds (splits1), and no more (the launch caps them). */
     b->att_chunk = ATT_CHUNK_MIN;
     if (getenv("LMSTORE_CUDA_ATT_CHUNK") && atoi(getenv("LMSTORE_CUDA_ATT_CHUNK")) > 0)
         b->att_chunk = atoi(getenv("LMSTORE_CUDA_ATT_CHUNK"));
@@ -338,6 +340,8 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->chunk = (int)LMS_MAX(128u, (cfg->n_ctx + 255) / 256);
     b->splits = (int)LMS_MAX((cfg->n_ctx + b->chunk - 1) / b->chunk,
                              LMS_MIN((cfg->n_ctx + b->att_chunk - 1) / b->att_chunk, fine));
+    b->splits1 = LMS_MAX(b->splits, lms_cu_attn_wave_splits((int)hd, (int)G, cu_type(cfg->kv->dtype),
+                                                           (int)hp->n_kv_heads));
     b->cluster_len = env_off("LMSTORE_CUDA_ATT_CLUSTER")
                          ? 0
                          : (uint32_t)lms_cu_attn_cluster_len((int)hd, (int)G, cu_type(cfg->kv->dtype));
@@ -366,7 +370,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     cudaMemset(b->amax_scratch, 0, LMS_CU_ARGMAX_SCRATCH);
     ALLOC(b->nadd_ws, 16 * 4);
     cudaMemset(b->nadd_ws, 0, 16 * 4);
-    ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits * G * (hd + 4) * 4);
+    ALLOC(b->part, (size_t)GEMV_MAX_ROWS * hp->n_kv_heads * b->splits1 * G * (hd + 4) * 4);
     ALLOC(b->counters, B * hp->n_kv_heads * 4);
     ALLOC(b->blas_ws, BLAS_WS);
     if ((e = cudaHostAlloc((void **)&b->hstep, nstep * 4, cudaHostAllocDefault)) ||
@@ -857,7 +861,7 @@ static void cuda_attention(lms__bk *b, uint32_t layer, uint32_t window, float sc
         attention_segments(b, &a);
         return;
     }
-    a.splits = b->st->nb <= GEMV_MAX_ROWS ? b->splits : 1;
+    a.splits = b->st->nb == 1 ? b->splits1 : b->st->nb <= GEMV_MAX_ROWS ? b->splits : 1;
     a.cluster = b->short_step;
     CU_TRY(b, lms_cu_attn_launch(&a, (int)b->st->nb, b->stream), "attention");
 }

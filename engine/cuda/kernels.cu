@@ -2739,10 +2739,8 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
             const bool cl = a->cluster && g_cluster_ok && nb_max == 1;
             if (cl) /* a range of at most lms_cu_attn_cluster_len: at most one cluster of splits */
                 dec.y = std::min(dec.y, (unsigned)ATM_CLUSTER_MAX);
-            else if (nb_max == 1) { /* one token: every split of every kv head in one wave */
-                const unsigned cap = std::max(1u, attm_wave<KT, HD>(G, false) / a->n_kv);
-                dec.y = std::min(dec.y, cap > ATM_CLUSTER_MAX ? cap / ATM_CLUSTER_MAX * ATM_CLUSTER_MAX : cap);
-            }
+            else if (nb_max == 1) /* one token: every split of every kv head in one wave */
+                dec.y = std::min(dec.y, std::max(1u, attm_wave<KT, HD>(G, false) / a->n_kv));
             const unsigned C = cl ? dec.y : 1;
             if (C > 1) {
                 const size_t sm = attm_smem(G, HD) + attm_cl_smem(G, HD);
@@ -2975,6 +2973,19 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
 extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
+extern "C" int lms_cu_attn_wave_splits(int hd, int G, int kv_dtype, int n_kv)
+{
+    const bool mma = (kv_dtype == LMS_CU_F16 || kv_dtype == LMS_CU_BF16) && (hd == 64 || hd == 128 || hd == 256) &&
+                     G >= 1 && G <= 8 && g_att_mma && n_kv > 0;
+    if (!mma)
+        return 0;
+    const bool bf = kv_dtype == LMS_CU_BF16;
+    const unsigned w = hd == 64    ? (bf ? attm_wave<LMS_CU_BF16, 64>(G, false) : attm_wave<LMS_CU_F16, 64>(G, false))
+                       : hd == 128 ? (bf ? attm_wave<LMS_CU_BF16, 128>(G, false) : attm_wave<LMS_CU_F16, 128>(G, false))
+                                   : (bf ? attm_wave<LMS_CU_BF16, 256>(G, false) : attm_wave<LMS_CU_F16, 256>(G, false));
+    return (int)std::max(1u, w / (unsigned)n_kv);
+}
+
 extern "C" int lms_cu_attn_cluster_len(int hd, int G, int kv_dtype)
 {
     const bool mma = (kv_dtype == LMS_CU_F16 || kv_dtype == LMS_CU_BF16) && (hd == 64 || hd == 128 || hd == 256) &&

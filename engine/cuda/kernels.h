@@ -219,6 +219,10 @@ void lms_cu_set_att_mma(int on);
  * cluster, for head_dim hd, G query heads a kv head and K/V of kv_dtype on this device (0:
  * no clusters: not sm_90, not the tensor-core kernel). */
 int lms_cu_attn_cluster_len(int hd, int G, int kv_dtype);
+/* The splits a kv head of a one-token decoding launch takes when every block of the launch
+ * runs at once (the tensor-core kernel's occupancy on this device, n_kv kv heads), or 0 where
+ * that kernel does not apply; such launches take at most that many. */
+int lms_cu_attn_wave_splits(int hd, int G, int kv_dtype, int n_kv);
 /* Blocks a multiprocessor of the one-row GEMV's persistent grid (each block loops over
  * groups of rows): 3 (the default) or 4 (a tighter register budget), or 0: one block per
  * group of rows (no loop); other values: the default. cap > 0: at most cap blocks in all
