@@ -43,42 +43,24 @@ int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_c
 int g_cluster_ok = 0;  /* the device runs thread block clusters (sm_90 on; lms_cu_kernels_init) */
 int g_mlx_sb = -1; /* lms_cu_set_mlx_sb */
 
-__device__ __forceinline__ void griddep_wait()
-{
+/* An instruction of sm_90 (programmatic dependent launch, thread block clusters): a no-op
+ * where the code is compiled for older devices (kernels that need it only run on sm_90). */
 #if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+#define SM90_ASM(text) asm volatile(text ::: "memory")
+#else
+#define SM90_ASM(text) ((void)0)
 #endif
-}
 
-__device__ __forceinline__ void griddep_launch()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void griddep_wait() { SM90_ASM("griddepcontrol.wait;"); }
+__device__ __forceinline__ void griddep_launch() { SM90_ASM("griddepcontrol.launch_dependents;"); }
 
 /* Thread block clusters (sm_90; kernels launched with launch_ex's cluster_y only run there):
  * the cluster barrier's two halves, every thread of the block taking part (threads that
  * exited do not hold it up), this block's rank in its cluster, and the generic
  * address of p (a shared-memory address of this block) in the block of rank r. */
-__device__ __forceinline__ void cluster_arrive_relaxed()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_arrive_release()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait_acquire()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void cluster_arrive_relaxed() { SM90_ASM("barrier.cluster.arrive.relaxed.aligned;"); }
+__device__ __forceinline__ void cluster_arrive_release() { SM90_ASM("barrier.cluster.arrive.release.aligned;"); }
+__device__ __forceinline__ void cluster_wait_acquire() { SM90_ASM("barrier.cluster.wait.acquire.aligned;"); }
 __device__ __forceinline__ unsigned cluster_rank()
 {
     unsigned r = 0;
