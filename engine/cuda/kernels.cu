@@ -14,7 +14,8 @@
  *              (2 x positions x kv heads x head_dim x elem per layer),
  *              split over up to `splits` blocks per kv head by context
  *              length, merged by the last block to finish (no second
- *              launch), or on sm_90 within thread block clusters first. Prefill: tensor cores
+ *              launch), or for short ranges on sm_90 inside a thread
+ *              block cluster. Prefill: tensor cores
  *              (mma.sync m16n8k16, f32 accumulation), 64 queries x 64 keys
  *              per tile, online softmax in registers (FlashAttention-2's
  *              scheme); K/V re-read from L2 per query head.

@@ -1034,10 +1034,10 @@ static void split_attention_and_gemv_grid_match_cpu(void **state)
 /* Decoding attention over long contexts (up to 5120 positions, 320 scrambled pages) against
  * the CPU backend: one and three rows at positions crossing 1024 and 4096 and near the end,
  * with the splits by default, of 300 positions (a warp of the tensor-core kernel over several
- * tiles) and of 7 (many splits, none dividing the range; merged within clusters of 8 blocks
- * and the clusters' partials after them, and again with every partial merged through global
- * memory), and without the tensor-core kernel; query heads a kv head 1, 2, 3, 4, 8 and 16, head dims 64/128/256, 16-bit and f32
- * K/V; plain, windowed (1000), soft-capped, and with the token's RoPE fused. */
+ * tiles) and of 7 (many splits, none dividing the range), those again without thread block
+ * clusters (one row at 1023 at head dims up to 128 merges its splits in one), and without
+ * the tensor-core kernel; query heads a kv head 1, 2, 3, 4, 8 and 16, head dims 64/128/256,
+ * 16-bit and f32 K/V; plain, windowed (1000), soft-capped, and with the token's RoPE fused. */
 static void long_context_attention_matches_cpu(void **state)
 {
     static const shape T[] = {
