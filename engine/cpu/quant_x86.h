@@ -17,7 +17,7 @@
  * each thread reads its weights as one sequential stream (the hardware
  * prefetchers' best case: two rows in step, or a per-row activation record
  * larger than the weights, measured half the bandwidth on the 2-core
- * Zen 5 VM); with several (prefill) each weight block is unpacked once for
+ * Zen 4 VM); with several (prefill) each weight block is unpacked once for
  * four of them, or, in the 512-bit section (quant_zmm.h), weights are
  * repacked 16 rows at a time into panels that one vpdpbusd multiplies with
  * 4 codes of one vector for all 16 rows, in tiles of 16 rows x 8 vectors.
