@@ -274,35 +274,47 @@ __device__ __forceinline__ void gemv_load(uint4 (&w)[GEMV_R][GEMV_U], const uint
     }
 }
 
+/* A block's ticket among n blocks, once every thread of the block wrote its share: thread 0
+ * adds one to *counter, a release (cumulative over the block's writes, which the barrier
+ * before it orders first) and an acquire (in the last block, the reads after the barrier
+ * that follows see every other block's writes). True in the block that finishes last. No
+ * __threadfence: a full fence of every thread costs more than the work after it. */
+__device__ __forceinline__ bool last_block_ticket(int *counter, int n)
+{
+    __shared__ int sm_last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        sm_last = old == n - 1;
+    }
+    __syncthreads();
+    return sm_last != 0;
+}
+
 /*
  * With a.nadd_y, after a GEMV's rows are written: y2[b] += RMSNorm(y[b]) *
  * nadd_w, y = job 0's output (all rows[0] of it), y2 = nadd_y, both of width
  * rows[0]. Every block adds the squares of the rows it wrote (sq, thread r *
  * NB + b of warp 0, 0 elsewhere) to nadd_ws[b] and takes a ticket; the block
- * that finishes last reads them, adds the normalized rows and resets
- * nadd_ws for the next launch (stream order: no launch overlaps it). A
+ * that finishes last (last_block_ticket) reads them, adds the normalized
+ * rows and resets nadd_ws for the next launch (stream order: no launch
+ * overlaps it). A
  * post-norm (Gemma 3) costs no launch of its own.
  */
 template <int NB>
 __device__ __forceinline__ void gemv_norm_add(const lms_cu_gemv &a, int nb, float sq)
 {
-    __shared__ bool last;
     const int tid = threadIdx.x;
-    unsigned *ticket = (unsigned *)(a.nadd_ws + 8);
+    int *ticket = (int *)(a.nadd_ws + 8);
     if (tid < 32) {
 #pragma unroll
         for (int o = NB; o < 32; o <<= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
         if (tid < NB && tid < nb)
             atomicAdd(a.nadd_ws + tid, sq);
     }
-    __threadfence(); /* this block's rows and sums before its ticket */
-    __syncthreads();
-    if (tid == 0)
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last)
+    if (!last_block_ticket(ticket, (int)gridDim.x)) /* this block's rows and sums before it */
         return;
-    __threadfence();
     const int n = a.rows[0], th = blockDim.x;
     for (int b = 0; b < nb; b++) {
         const float r = 1.0f / sqrtf(__ldcg(a.nadd_ws + b) / (float)n + a.eps);
@@ -338,7 +350,7 @@ __device__ __forceinline__ void gemv_norm_add(const lms_cu_gemv &a, int nb, floa
     if (tid < NB)
         a.nadd_ws[tid] = 0.f;
     if (tid == 0)
-        *ticket = 0u;
+        *ticket = 0;
 }
 
 /*
@@ -1619,24 +1631,6 @@ __device__ void attn_decode_q(const lms_cu_attn &a, float *qs, uint8_t *newrow, 
     }
 }
 
-/* The split's ticket, once every thread of the block wrote its share of the split's partial:
- * thread 0 adds one to (h, b)'s counter, a release (cumulative over the block's writes,
- * which the barrier before it orders first) and an acquire (in the last block, the reads
- * after the barrier that follows see every other block's partial). True in the block that
- * finishes last. No __threadfence: a full fence of every thread costs more than the merge. */
-__device__ __forceinline__ bool attn_ticket(int *counter, int S)
-{
-    __shared__ int sm_last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int old;
-        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-        sm_last = old == S - 1;
-    }
-    __syncthreads();
-    return sm_last != 0;
-}
-
 /* After every block of (h, b) wrote its split's partial ([b][h][split][g] = m, l, -, -,
  * acc[hd], unnormalized): the last block to finish merges the S splits into out ([G][hd]).
  * Thread i takes 4 dimensions (1 when hd % 4) of one head over every split, rescaling as the running
@@ -1645,7 +1639,7 @@ __device__ void attn_merge_splits(const lms_cu_attn &a, int b, int h, int S, int
 {
     const int tid = threadIdx.x;
     const size_t stride = ATT_PSTRIDE(hd);
-    const bool last = attn_ticket(&a.counters[b * a.n_kv + h], S);
+    const bool last = last_block_ticket(&a.counters[b * a.n_kv + h], S);
     if (!last)
         return;
     const float *p0 = a.part + ((size_t)b * a.n_kv + h) * gridDim.y * G * stride;
