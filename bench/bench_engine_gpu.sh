@@ -267,19 +267,18 @@ gemma12bdec() {
 clusterab() {
     local m r v
     say "decode, attention merged in clusters and through global memory: $*"
+    # model, clusters 1|0, tag, extra arguments
+    ab_decode() {
+        LMSTORE_CUDA_ATT_CLUSTER=$2 timeout 200 "$LMS" bench engine "$1" --store "$ST" --device cuda --prompt 128 \
+            --gen 128 "${@:4}" --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"cluster $2\", $3/" | jl
+    }
     for r in $(seq "${AB_ROUNDS:-3}"); do
         for m in "$@"; do
-            for v in 1 0; do
-                LMSTORE_CUDA_ATT_CLUSTER=$v timeout 200 "$LMS" bench engine "$m" --store "$ST" --device cuda \
-                    --prompt 128 --gen 128 --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"cluster $v\", \"round\": $r, /" | jl
-            done
+            for v in 1 0; do ab_decode "$m" $v "\"round\": $r, "; done
         done
     done
     for m in "$@"; do
-        for v in 1 0; do
-            LMSTORE_CUDA_ATT_CLUSTER=$v timeout 200 "$LMS" bench engine "$m" --store "$ST" --device cuda \
-                --prompt 128 --ctx 4096 --gen 128 --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"cluster $v\", /" | jl
-        done
+        for v in 1 0; do ab_decode "$m" $v "" --ctx 4096; done
     done
 }
 

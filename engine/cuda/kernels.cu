@@ -299,8 +299,7 @@ __device__ __forceinline__ bool last_block_ticket(int *counter, int n)
  * NB + b of warp 0, 0 elsewhere) to nadd_ws[b] and takes a ticket; the block
  * that finishes last (last_block_ticket) reads them, adds the normalized
  * rows and resets nadd_ws for the next launch (stream order: no launch
- * overlaps it). A
- * post-norm (Gemma 3) costs no launch of its own.
+ * overlaps it). A post-norm (Gemma 3) costs no launch of its own.
  */
 template <int NB>
 __device__ __forceinline__ void gemv_norm_add(const lms_cu_gemv &a, int nb, float sq)
@@ -2660,21 +2659,18 @@ __global__ void __launch_bounds__(attm_warps(HD) * 32, 2) attn_decode_mma_kernel
         attn_merge_splits(a, b, h, S, G, HD, out);
 }
 
-/* Blocks of the tensor-core decoding kernel (G query heads a kv head, in clusters or not) that
- * the current device runs at once; its occupancy is measured once per (KT, HD, G, clusters).
- * A launch of more splits than fit would run a second wave, nearly doubling its time (at
- * 4096 positions, 37 splits a kv head took 1.4x the time of 33: bench/RESULTS.md). */
-template <int KT, int HD> unsigned attm_wave(int G, bool cl)
+/* Blocks of the tensor-core decoding kernel (G query heads a kv head, not in clusters) that
+ * the current device runs at once; its occupancy is measured once per (KT, HD, G). A launch
+ * of more splits than fit would run a second wave, nearly doubling its time (at 4096
+ * positions, 37 splits a kv head took 1.4x the time of 33: bench/RESULTS.md). */
+template <int KT, int HD> unsigned attm_wave(int G)
 {
-    static int per_sm[2][ATT_GMAX + 1];
-    int &per = per_sm[cl][std::min(G, ATT_GMAX)];
+    static int per_sm[ATT_GMAX + 1];
+    int &per = per_sm[std::min(G, ATT_GMAX)];
     if (!per) {
         int n = 0;
-        const size_t sm = attm_smem(G, HD) + (cl ? attm_cl_smem(G, HD) : 0);
-        cudaError_t e = cl ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_mma_kernel<KT, HD, false, true>,
-                                                                          attm_warps(HD) * 32, sm)
-                           : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_mma_kernel<KT, HD, false, false>,
-                                                                          attm_warps(HD) * 32, sm);
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_mma_kernel<KT, HD, false, false>,
+                                                                      attm_warps(HD) * 32, attm_smem(G, HD));
         per = e == cudaSuccess && n > 0 ? n : 1;
     }
     int dev = 0, sms = 0;
@@ -2717,7 +2713,7 @@ int attn_typed(const lms_cu_attn *a, int nb_max, void *stream)
             if (cl) /* a range of at most lms_cu_attn_cluster_len: at most one cluster of splits */
                 dec.y = std::min(dec.y, (unsigned)ATM_CLUSTER_MAX);
             else if (nb_max == 1) /* one token: every split of every kv head in one wave */
-                dec.y = std::min(dec.y, std::max(1u, attm_wave<KT, HD>(G, false) / a->n_kv));
+                dec.y = std::min(dec.y, std::max(1u, attm_wave<KT, HD>(G) / a->n_kv));
             const unsigned C = cl ? dec.y : 1;
             if (C > 1) {
                 const size_t sm = attm_smem(G, HD) + attm_cl_smem(G, HD);
@@ -2950,24 +2946,27 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
 
 extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
+/* One-token decoding launches of this shape run the tensor-core kernel (attn_typed's choice). */
+static bool attm_applies(int hd, int G, int kv_dtype)
+{
+    return g_att_mma && (kv_dtype == LMS_CU_F16 || kv_dtype == LMS_CU_BF16) && (hd == 64 || hd == 128 || hd == 256) &&
+           G >= 1 && G <= 8;
+}
+
 extern "C" int lms_cu_attn_wave_splits(int hd, int G, int kv_dtype, int n_kv)
 {
-    const bool mma = (kv_dtype == LMS_CU_F16 || kv_dtype == LMS_CU_BF16) && (hd == 64 || hd == 128 || hd == 256) &&
-                     G >= 1 && G <= 8 && g_att_mma && n_kv > 0;
-    if (!mma)
+    if (!attm_applies(hd, G, kv_dtype) || n_kv <= 0)
         return 0;
     const bool bf = kv_dtype == LMS_CU_BF16;
-    const unsigned w = hd == 64    ? (bf ? attm_wave<LMS_CU_BF16, 64>(G, false) : attm_wave<LMS_CU_F16, 64>(G, false))
-                       : hd == 128 ? (bf ? attm_wave<LMS_CU_BF16, 128>(G, false) : attm_wave<LMS_CU_F16, 128>(G, false))
-                                   : (bf ? attm_wave<LMS_CU_BF16, 256>(G, false) : attm_wave<LMS_CU_F16, 256>(G, false));
+    const unsigned w = hd == 64    ? (bf ? attm_wave<LMS_CU_BF16, 64>(G) : attm_wave<LMS_CU_F16, 64>(G))
+                       : hd == 128 ? (bf ? attm_wave<LMS_CU_BF16, 128>(G) : attm_wave<LMS_CU_F16, 128>(G))
+                                   : (bf ? attm_wave<LMS_CU_BF16, 256>(G) : attm_wave<LMS_CU_F16, 256>(G));
     return (int)std::max(1u, w / (unsigned)n_kv);
 }
 
 extern "C" int lms_cu_attn_cluster_len(int hd, int G, int kv_dtype)
 {
-    const bool mma = (kv_dtype == LMS_CU_F16 || kv_dtype == LMS_CU_BF16) && (hd == 64 || hd == 128 || hd == 256) &&
-                     G >= 1 && G <= 8;
-    return g_cluster_ok && g_att_mma && mma ? ATM_CLUSTER_MAX * attm_warps(hd) * ATM_T : 0;
+    return g_cluster_ok && attm_applies(hd, G, kv_dtype) ? ATM_CLUSTER_MAX * attm_warps(hd) * ATM_T : 0;
 }
 extern "C" void lms_cu_set_mlx_sb(int mode) { g_mlx_sb = mode == 0 || mode == 1 ? mode : -1; }
 
