@@ -79,7 +79,7 @@ int main(int argc, char **argv)
         chunk = rows;
     printf("# %d x %d %s, %d tokens, %d reps, calls of %d rows, one thread (thread CPU time)\n", rows, cols,
            lms_dtype_name(dt), nb, reps, chunk);
-    const char *sets[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const char *sets[] = {"amxbf16", "avx512bf16", "avx512", "avx2", "generic"};
     for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
         const lms__kernels *k = lms__kernels_by_name(sets[s]);
         if (!k)

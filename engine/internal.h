@@ -231,8 +231,18 @@ typedef void (*lms__axpyn_fn)(float *y, const void *v, size_t ldv, const float *
 typedef void (*lms__gemm_xbf16_fn)(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y,
                                    size_t ldy, int rows, int nb, int cols, bool acc);
 
+/* The avx512bf16 set's gemm_xbf16 (kernels_avx512.c), and the amxbf16 set's
+ * (kernels_amx.c: AMX tiles for whole 16s of rows and tokens and 32s of
+ * columns, the rest through the former); the latter only where
+ * lms__amx_usable(), which asks the kernel for the tiles' state once. */
+void lms__gemm_xbf16_avx512(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
+                            int rows, int nb, int cols, bool acc);
+void lms__gemm_xbf16_amx(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
+                         int rows, int nb, int cols, bool acc);
+bool lms__amx_usable(void);
+
 typedef struct lms__kernels {
-    const char *name;             /* "avx512bf16", "avx512", "avx2", "generic" */
+    const char *name;             /* "amxbf16", "avx512bf16", "avx512", "avx2", "generic" */
     lms__gemm_fn gemm[3];         /* by lms__dt_index: 0 F32, 1 F16, 2 BF16 */
     lms__axpy_fn axpy[3];
     lms__gemm_xbf16_fn gemm_xbf16; /* NULL: BF16 weights go through gemm[2] with f32 x */

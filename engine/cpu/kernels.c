@@ -1,11 +1,13 @@
 /*
  * engine/cpu/kernels.c - the portable kernels and the run-time choice of the
- * best kernel set for this CPU (AVX-512 with BF16, AVX-512, then
+ * best kernel set for this CPU (AMX tiles with AVX-512 BF16, AVX-512 with
+ * BF16, AVX-512, then
  * AVX2/FMA/F16C, then portable C), overridable with LMSTORE_KERNELS for
  * tests and benchmarks. The AVX-512 BF16 set rounds the activations of BF16
  * weights' products to bf16 (as llama.cpp does for BF16 weights);
  * LMSTORE_BF16_ACT=0 keeps them f32 (the exact products, same results as
- * the avx512 set).
+ * the avx512 set). The amxbf16 set computes the same rounded products, its
+ * prefill on AMX tiles.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -101,6 +103,7 @@ static const lms__kernels kernels_generic = {
 #if defined(__x86_64__)
 extern const lms__kernels lms__kernels_avx512;
 extern const lms__kernels lms__kernels_avx512bf16;
+extern const lms__kernels lms__kernels_amxbf16;
 extern const lms__kernels lms__kernels_avx2;
 
 static bool has_avx512(void)
@@ -110,6 +113,7 @@ static bool has_avx512(void)
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
 }
 static bool has_avx512bf16(void) { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
+static bool has_amxbf16(void) { return has_avx512bf16() && lms__amx_usable(); }
 static bool has_avx2(void)
 {
     __builtin_cpu_init();
@@ -122,6 +126,8 @@ const lms__kernels *lms__kernels_by_name(const char *name)
     if (!strcmp(name, "generic"))
         return &kernels_generic;
 #if defined(__x86_64__)
+    if (!strcmp(name, "amxbf16") && has_amxbf16())
+        return &lms__kernels_amxbf16;
     if (!strcmp(name, "avx512bf16") && has_avx512bf16())
         return &lms__kernels_avx512bf16;
     if (!strcmp(name, "avx512") && has_avx512())
@@ -144,8 +150,12 @@ const lms__kernels *lms__kernels_best(void)
 #if defined(__x86_64__)
     /* LMSTORE_BF16_ACT=0: BF16 weights with f32 activations (the exact products) */
     const char *act = getenv("LMSTORE_BF16_ACT");
-    if (has_avx512bf16() && !(act && !strcmp(act, "0")))
-        return &lms__kernels_avx512bf16;
+    if (!(act && !strcmp(act, "0"))) {
+        if (has_amxbf16())
+            return &lms__kernels_amxbf16;
+        if (has_avx512bf16())
+            return &lms__kernels_avx512bf16;
+    }
     if (has_avx512())
         return &lms__kernels_avx512;
     if (has_avx2())

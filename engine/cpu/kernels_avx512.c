@@ -657,8 +657,9 @@ static TB void gemm_xbf16_rows(const uint16_t *W, size_t ldw, const uint16_t *xb
 PACK_IMPL(pack_pairs, TB, uint32_t, LOAD_PAIRS)
 TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_si512, BCAST_PAIR, dp)
 
-/* Prefill (4 tokens or more): the bf16 pairs' packed product (GEMM_PACKED's blocking, vdpbf16ps). */
-static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
+/* Prefill (4 tokens or more): the bf16 pairs' packed product (GEMM_PACKED's blocking, vdpbf16ps).
+ * Also what the amxbf16 set's tiles leave (kernels_amx.c). */
+TB void lms__gemm_xbf16_avx512(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
                           int rows, int nb, int cols, bool acc)
 {
     if (nb < 4) {
@@ -688,18 +689,12 @@ static TB void gemm_xbf16(const uint16_t *W, size_t ldw, const uint16_t *xb, siz
     }
 }
 
-const lms__kernels lms__kernels_avx512bf16 = {
-    "avx512bf16",
-    {gemm_f32, gemm_f16, gemm_bf16},
-    {axpy_f32, axpy_f16, axpy_bf16},
-    gemm_xbf16,
-    to_bf16,
-    {axpyn_f32, axpyn_f16, axpyn_bf16},
-    expsum,
-    silu_mul,
-    gelu_mul,
-    sumsq,
-    to_f16,
-    from_f16,
-};
+#define XBF16_SET(NAME, GEMM_XBF16)                                                                   \
+    {                                                                                                 \
+        NAME, {gemm_f32, gemm_f16, gemm_bf16}, {axpy_f32, axpy_f16, axpy_bf16}, GEMM_XBF16, to_bf16,  \
+            {axpyn_f32, axpyn_f16, axpyn_bf16}, expsum, silu_mul, gelu_mul, sumsq, to_f16, from_f16,  \
+    }
+const lms__kernels lms__kernels_avx512bf16 = XBF16_SET("avx512bf16", lms__gemm_xbf16_avx512);
+/* avx512bf16 with the prefill products of BF16 weights on AMX tiles (kernels_amx.c) */
+const lms__kernels lms__kernels_amxbf16 = XBF16_SET("amxbf16", lms__gemm_xbf16_amx);
 #endif

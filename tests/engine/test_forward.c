@@ -288,7 +288,7 @@ static void check_family(const char *family, const lms__kernels *k, lms_dtype kv
 
 static void each_kernel(const char *family)
 {
-    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const char *names[] = {"amxbf16", "avx512bf16", "avx512", "avx2", "generic"};
     for (size_t i = 0; i < 4; i++) {
         const lms__kernels *k = lms__kernels_by_name(names[i]);
         if (!k)

@@ -6,9 +6,9 @@
  * tails of the 8-token tiles), with strided x and y:
  *   - gemm[F32/F16/BF16] equals the double-precision dot of the weights'
  *     values with x, within float summation slack (1e-5 of sum |w x|);
- *   - gemm_xbf16 (AVX-512 BF16) equals the double-precision dot with x
- *     rounded to bf16 by to_bf16 (round to nearest even, checked against
- *     lms__f32_to_bf16), within the same slack;
+ *   - gemm_xbf16 (AVX-512 BF16, and AMX tiles in the amxbf16 set) equals
+ *     the double-precision dot with x rounded to bf16 by to_bf16 (round to
+ *     nearest even, checked against lms__f32_to_bf16), within the same slack;
  *   - acc adds to y, other outputs are left alone;
  *   - axpyn (the attention's weighted sum of value rows) gives the bits of
  *     axpy row by row, on widths that are not whole 64s or 16s;
@@ -106,7 +106,7 @@ static void check_shape(const lms__kernels *k, lms_dtype dt, bool xbf, int rows,
 static void kernels_equal_the_double_dot_on_awkward_shapes(void **state)
 {
     (void)state;
-    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const char *names[] = {"amxbf16", "avx512bf16", "avx512", "avx2", "generic"};
     const lms_dtype dts[] = {LMS_DTYPE_F32, LMS_DTYPE_F16, LMS_DTYPE_BF16};
     const int rows[] = {1, 5, 16, 47, 49, 100}, nbs[] = {1, 2, 3, 4, 7, 8, 9, 17, 20}, cols[] = {2, 30, 64, 290, 576};
     int sets = 0;
@@ -132,15 +132,20 @@ static void kernels_equal_the_double_dot_on_awkward_shapes(void **state)
 static void packed_prefill_spans_column_and_row_blocks(void **state)
 {
     (void)state;
-    const char *names[] = {"avx512bf16", "avx512"};
+    const char *names[] = {"amxbf16", "avx512bf16", "avx512"};
     for (size_t s = 0; s < LMS_ARRAY_LEN(names); s++) {
         const lms__kernels *k = lms__kernels_by_name(names[s]);
         if (!k)
             continue;
         check_shape(k, LMS_DTYPE_BF16, false, 150, 33, 1000, false);
         check_shape(k, LMS_DTYPE_F16, false, 150, 33, 1000, true);
-        if (k->gemm_xbf16)
+        if (k->gemm_xbf16) {
             check_shape(k, LMS_DTYPE_BF16, true, 150, 33, 1000, true);
+            /* amxbf16's tiles: three column panels (the last partial), token tiles in a pair, alone
+             * and a tail, row tiles in a pair, alone and a tail; and whole tiles only */
+            check_shape(k, LMS_DTYPE_BF16, true, 83, 53, 1088, false);
+            check_shape(k, LMS_DTYPE_BF16, true, 48, 64, 544, true);
+        }
     }
 }
 
@@ -148,7 +153,7 @@ static void packed_prefill_spans_column_and_row_blocks(void **state)
 static void axpyn_equals_axpy_row_by_row(void **state)
 {
     (void)state;
-    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const char *names[] = {"amxbf16", "avx512bf16", "avx512", "avx2", "generic"};
     const lms_dtype dts[] = {LMS_DTYPE_F32, LMS_DTYPE_F16, LMS_DTYPE_BF16};
     const int ns[] = {1, 15, 64, 100, 128, 130}, nvs[] = {1, 2, 7, 33};
     int ran = 0;
@@ -206,7 +211,7 @@ static void fill(float *x, int n, float lim)
 static void elementwise_kernels_match_the_scalar_forms(void **state)
 {
     (void)state;
-    const char *names[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    const char *names[] = {"amxbf16", "avx512bf16", "avx512", "avx2", "generic"};
     const int ns[] = {1, 15, 16, 17, 100, 1000};
     int ran = 0;
     for (size_t s = 0; s < LMS_ARRAY_LEN(names); s++) {
