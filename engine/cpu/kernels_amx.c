@@ -4,24 +4,29 @@
  * later Xeons), the gemm_xbf16 entry of the "amxbf16" kernel set
  * (kernels_avx512.c), which is the avx512bf16 set in every other entry.
  *
- * One TDPBF16PS multiplies a tile of 16 tokens x 32 bf16 activations (A,
- * read in place from the activation rows) by 16 pairs x 16 weight rows (B,
+ * One TDPBF16PS multiplies a tile of 16 tokens x 32 bf16 activations (A)
+ * by 16 pairs x 16 weight rows (B,
  * the weights' pairs transposed: B[p][r] = W[r][2p], W[r][2p + 1]) into 16
  * tokens x 16 rows of f32 sums (C), 8192 multiply-adds an instruction, 16x
  * what one vdpbf16ps does. C's rows are 16 consecutive outputs of y, so a
  * C tile is loaded from and stored to y in place.
  *
  * Blocking: columns in panels of KP (512) activations; in each panel, the
- * call's rows 32 at a time (two B tiles) are packed once, as read from the
- * mapping, into this thread's stack (32 KiB, L1-sized), then every token,
- * 32 at a time (two A tiles, read from L2), runs over them with four C
- * tiles (2 x 2). Tiles: C 0-3, A 4-5, B 6-7, each 16 rows x 64 bytes.
- * A panel after the first (or acc) loads C from y and adds to it.
+ * call's rows RB (256) at a time are packed once, as read from the mapping,
+ * into this thread's scratch (256 KiB, in L2; lms__qscratch_slot 1), then
+ * the tokens 32 at a time are copied into two contiguous A tiles a column
+ * tile (32 KiB, in L1: activation rows are often a power of two apart,
+ * which would map a tile's 16 rows to one L1 set) and run over every packed
+ * row, 2 x 2 tiles of C at once. Tiles: C 0-3, A 4-5, B 6-7, each 16 rows x
+ * 64 bytes. A panel after the first (or acc) loads C from y and adds to it.
+ * Memory traffic: the weights read once a call, the activations once per
+ * RB rows.
  *
  * What the tiles do not cover goes through the avx512bf16 kernel
  * (lms__gemm_xbf16_avx512), with the same contract: rows past the last
  * whole 16, tokens past the last whole 16 (and calls of fewer than 16
- * tokens: decode), and columns past the last whole 32 (added with acc).
+ * tokens: decode), and columns past the last whole 32 (added with acc);
+ * so does a whole call when the scratch cannot be had.
  *
  * Arithmetic: each product of two bf16 values is exact in f32 and the
  * tile adds them into its f32 sums, rounding to nearest even, with bf16
@@ -41,6 +46,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "engine/cpu/quant.h"
 #include "engine/internal.h"
 
 #define TA __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
@@ -49,8 +55,9 @@
 #define XFEATURE_XTILEDATA 18
 
 enum {
-    KP = 512,            /* activations a column panel */
-    TILE_K = 32,         /* activations a tile row (64 bytes of bf16) */
+    KP = 512,           /* activations a column panel */
+    RB = 256,           /* rows packed at once (B tiles of 16 rows x KP: 256 KiB, in L2) */
+    TILE_K = 32,        /* activations a tile row (64 bytes of bf16) */
     PK_TILES = KP / TILE_K,
 };
 
@@ -108,84 +115,71 @@ static inline TA void transpose16(const uint32_t *src, size_t ld, uint32_t *dst)
     }
 }
 
-/* The panel's B tiles of nr row tiles (16 rows each, row 0 at W): tile
- * (rt, kt) at pk + (rt * kts + kt) * 256 dwords, kts tiles of 32 columns. */
-static inline TA void pack_rows(const uint16_t *W, size_t ldw, int nr, int kts, uint32_t *pk)
+/* B tiles of nrt row tiles (16 rows each, row 0 at W) over kts tiles of 32
+ * columns: tile (rt, kt) at pk + (rt * kts + kt) * 256 dwords. */
+static inline TA void pack_b(const uint16_t *W, size_t ldw, int nrt, int kts, uint32_t *pk)
 {
-    for (int rt = 0; rt < nr; rt++)
+    for (int rt = 0; rt < nrt; rt++)
         for (int kt = 0; kt < kts; kt++)
             transpose16((const uint32_t *)(W + (size_t)rt * 16 * ldw + (size_t)kt * TILE_K), ldw / 2,
                         pk + ((size_t)rt * kts + kt) * 256);
 }
 
-/*
- * One 32-row (NR 2) or 16-row (NR 1) group of a panel against every token of
- * nb16 (a multiple of 16): C tiles (row tile i, token tile j) = 2 j + i.
- * The tile numbers are immediates, so each shape is spelled out.
- */
-#define TLOAD_C(c, first, yp, ldy) \
-    do { if (first) _tile_zero(c); else _tile_loadd(c, yp, (ldy) * 4); } while (0)
-
-static inline TA void group(const uint32_t *pk, int kts, int nr, const uint16_t *xb, size_t ldxb, float *y,
-                            size_t ldy, int nb16, bool first)
+/* A tiles of ntt token tiles (16 rows of xb each) over kts tiles of 32
+ * columns, made contiguous: tile (tt, kt) at xa + (tt * kts + kt) * 512. */
+static inline TA void pack_a(const uint16_t *xb, size_t ldxb, int ntt, int kts, uint16_t *xa)
 {
-    const size_t sx = ldxb * 2, sb = 64;
-    int t = 0;
-    for (; t + 32 <= nb16; t += 32) {
-        const uint16_t *x0 = xb + (size_t)t * ldxb, *x1 = x0 + 16 * ldxb;
-        float *y0 = y + (size_t)t * ldy, *y1 = y0 + 16 * ldy;
-        if (nr == 2) {
-            TLOAD_C(0, first, y0, ldy);
-            TLOAD_C(1, first, y0 + 16, ldy);
-            TLOAD_C(2, first, y1, ldy);
-            TLOAD_C(3, first, y1 + 16, ldy);
-            for (int kt = 0; kt < kts; kt++) {
-                _tile_loadd(4, x0 + kt * TILE_K, sx);
-                _tile_loadd(6, pk + (size_t)kt * 256, sb);
-                _tile_loadd(7, pk + ((size_t)kts + kt) * 256, sb);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(5, x1 + kt * TILE_K, sx);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(0, y0, ldy * 4);
-            _tile_stored(1, y0 + 16, ldy * 4);
-            _tile_stored(2, y1, ldy * 4);
-            _tile_stored(3, y1 + 16, ldy * 4);
-        } else {
-            TLOAD_C(0, first, y0, ldy);
-            TLOAD_C(2, first, y1, ldy);
-            for (int kt = 0; kt < kts; kt++) {
-                _tile_loadd(6, pk + (size_t)kt * 256, sb);
-                _tile_loadd(4, x0 + kt * TILE_K, sx);
-                _tile_loadd(5, x1 + kt * TILE_K, sx);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(2, 5, 6);
-            }
-            _tile_stored(0, y0, ldy * 4);
-            _tile_stored(2, y1, ldy * 4);
-        }
+    for (int j = 0; j < ntt * 16; j++)
+        for (int kt = 0; kt < kts; kt++)
+            _mm512_store_si512(xa + ((size_t)(j / 16) * kts + kt) * 512 + (j % 16) * TILE_K,
+                               _mm512_loadu_si512(xb + (size_t)j * ldxb + kt * TILE_K));
+}
+
+/* C starts as zeros (the first panel of a product without acc) or as y. */
+#define TLOAD_C(c, first, yp, ldy)        \
+    do {                                  \
+        if (first)                        \
+            _tile_zero(c);                \
+        else                              \
+            _tile_loadd(c, yp, (ldy) * 4); \
+    } while (0)
+
+/* 32 tokens (A tiles at a0, a1) x 32 rows (B tiles at b0, b1) over kts
+ * column tiles into y: C tile (token tile j, row tile i) = 2 j + i. */
+static inline TA void tiles_2x2(const uint16_t *a0, const uint16_t *a1, const uint32_t *b0, const uint32_t *b1,
+                                int kts, float *y, size_t ldy, bool first)
+{
+    float *y1 = y + 16 * ldy;
+    TLOAD_C(0, first, y, ldy);
+    TLOAD_C(1, first, y + 16, ldy);
+    TLOAD_C(2, first, y1, ldy);
+    TLOAD_C(3, first, y1 + 16, ldy);
+    for (int kt = 0; kt < kts; kt++) {
+        _tile_loadd(4, a0 + (size_t)kt * 512, 64);
+        _tile_loadd(6, b0 + (size_t)kt * 256, 64);
+        _tile_loadd(7, b1 + (size_t)kt * 256, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a1 + (size_t)kt * 512, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
     }
-    if (t < nb16) { /* one token tile left */
-        const uint16_t *x0 = xb + (size_t)t * ldxb;
-        float *y0 = y + (size_t)t * ldy;
-        TLOAD_C(0, first, y0, ldy);
-        if (nr == 2)
-            TLOAD_C(1, first, y0 + 16, ldy);
-        for (int kt = 0; kt < kts; kt++) {
-            _tile_loadd(4, x0 + kt * TILE_K, sx);
-            _tile_loadd(6, pk + (size_t)kt * 256, sb);
-            _tile_dpbf16ps(0, 4, 6);
-            if (nr == 2) {
-                _tile_loadd(7, pk + ((size_t)kts + kt) * 256, sb);
-                _tile_dpbf16ps(1, 4, 7);
-            }
-        }
-        _tile_stored(0, y0, ldy * 4);
-        if (nr == 2)
-            _tile_stored(1, y0 + 16, ldy * 4);
+    _tile_stored(0, y, ldy * 4);
+    _tile_stored(1, y + 16, ldy * 4);
+    _tile_stored(2, y1, ldy * 4);
+    _tile_stored(3, y1 + 16, ldy * 4);
+}
+
+/* 16 tokens x 16 rows: the edges of tiles_2x2's blocks. */
+static inline TA void tiles_1x1(const uint16_t *a, const uint32_t *b, int kts, float *y, size_t ldy, bool first)
+{
+    TLOAD_C(0, first, y, ldy);
+    for (int kt = 0; kt < kts; kt++) {
+        _tile_loadd(4, a + (size_t)kt * 512, 64);
+        _tile_loadd(6, b + (size_t)kt * 256, 64);
+        _tile_dpbf16ps(0, 4, 6);
     }
+    _tile_stored(0, y, ldy * 4);
 }
 
 TA void lms__gemm_xbf16_amx(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
@@ -193,10 +187,14 @@ TA void lms__gemm_xbf16_amx(const uint16_t *W, size_t ldw, const uint16_t *xb, s
 {
     const int rows16 = rows & ~15, nb16 = nb & ~15, cols32 = cols & ~(TILE_K - 1);
     /* B tiles are packed from dword pairs: W's rows must start on pairs */
-    if (!rows16 || !nb16 || !cols32 || (ldw & 1)) {
+    uint32_t *pk = NULL;
+    if (rows16 && nb16 && cols32 && !(ldw & 1))
+        pk = lms__qscratch_slot(1, (size_t)(RB / 16 + 2) * PK_TILES * 1024);
+    if (!pk) {
         lms__gemm_xbf16_avx512(W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);
         return;
     }
+    uint16_t *xa = (uint16_t *)(pk + (size_t)RB / 16 * PK_TILES * 256); /* two token tiles */
     amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -204,15 +202,30 @@ TA void lms__gemm_xbf16_amx(const uint16_t *W, size_t ldw, const uint16_t *xb, s
         cfg.colsb[i] = 64;
         cfg.rows[i] = 16;
     }
-    uint32_t pk[2 * PK_TILES * 256] __attribute__((aligned(64))); /* 32 KiB: two row tiles of a panel */
     _tile_loadconfig(&cfg);
     for (int k0 = 0; k0 < cols32; k0 += KP) {
         const int kts = LMS_MIN(KP, cols32 - k0) / TILE_K;
         const bool first = !acc && k0 == 0;
-        for (int r = 0; r < rows16; r += 32) {
-            const int nr = rows16 - r >= 32 ? 2 : 1;
-            pack_rows(W + (size_t)r * ldw + k0, ldw, nr, kts, pk);
-            group(pk, kts, nr, xb + k0, ldxb, y + r, ldy, nb16, first);
+        for (int rb = 0; rb < rows16; rb += RB) {
+            const int nrt = LMS_MIN(RB, rows16 - rb) / 16;
+            pack_b(W + (size_t)rb * ldw + k0, ldw, nrt, kts, pk);
+            for (int t = 0; t < nb16; t += 32) {
+                const int ntt = nb16 - t >= 32 ? 2 : 1;
+                pack_a(xb + (size_t)t * ldxb + k0, ldxb, ntt, kts, xa);
+                float *yt = y + (size_t)t * ldy + rb;
+                for (int rt = 0; rt < nrt; rt += 2) {
+                    const uint32_t *b0 = pk + (size_t)rt * kts * 256;
+                    if (ntt == 2 && rt + 1 < nrt) {
+                        tiles_2x2(xa, xa + (size_t)kts * 512, b0, b0 + (size_t)kts * 256, kts, yt + rt * 16, ldy,
+                                  first);
+                        continue;
+                    }
+                    for (int i = 0; i < LMS_MIN(2, nrt - rt); i++)
+                        for (int j = 0; j < ntt; j++)
+                            tiles_1x1(xa + (size_t)j * kts * 512, b0 + (size_t)i * kts * 256, kts,
+                                      yt + (size_t)j * 16 * ldy + (rt + i) * 16, ldy, first);
+                }
+            }
         }
     }
     _tile_release();

@@ -476,8 +476,9 @@ const lms__qkernels *lms__qkernels_best(void)
 {
     const char *force = getenv("LMSTORE_KERNELS");
     if (force && *force) {
-        /* the 16-bit kernel sets' names: avx512bf16 differs from avx512 only for BF16 weights */
-        const lms__qkernels *k = lms__qkernels_by_name(strcmp(force, "avx512bf16") ? force : "avx512");
+        /* the 16-bit kernel sets' names: avx512bf16 and amxbf16 differ from avx512 only for BF16 weights */
+        const bool bf = !strcmp(force, "avx512bf16") || !strcmp(force, "amxbf16");
+        const lms__qkernels *k = lms__qkernels_by_name(bf ? "avx512" : force);
         if (k)
             return k;
         lms__warn("LMSTORE_KERNELS=%s is not available on this CPU; choosing automatically", force);

@@ -145,6 +145,7 @@ static void packed_prefill_spans_column_and_row_blocks(void **state)
              * and a tail, row tiles in a pair, alone and a tail; and whole tiles only */
             check_shape(k, LMS_DTYPE_BF16, true, 83, 53, 1088, false);
             check_shape(k, LMS_DTYPE_BF16, true, 48, 64, 544, true);
+            check_shape(k, LMS_DTYPE_BF16, true, 300, 40, 608, true); /* two blocks of packed rows */
         }
     }
 }
