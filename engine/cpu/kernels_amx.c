@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "engine/cpu/quant.h"
+#include "engine/cpu/transpose_x86.h"
 #include "engine/internal.h"
 
 #define TA __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
@@ -90,29 +91,10 @@ typedef struct amx_cfg {
  * dst (16 rows of 64 bytes, 64-byte aligned): dst[c][r] = src[r][c]. */
 static inline TA void transpose16(const uint32_t *src, size_t ld, uint32_t *dst)
 {
-    __m512i r[16], t[16], u[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + (size_t)i * ld);
-    /* in each 128-bit lane L (columns 4L..4L+3): rows i, i+1 interleaved */
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* u[4g + c], lane L: column 4L + c of rows 4g .. 4g+3 */
-    for (int g = 0; g < 16; g += 4) {
-        u[g + 0] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    /* column 4L + c: lane L of u[c], u[4 + c], u[8 + c], u[12 + c] (a 4 x 4 transpose of lanes) */
-    for (int c = 0; c < 4; c++) {
-        __m512i s0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), s1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-        __m512i s2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), s3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-        _mm512_store_si512(dst + 16 * (0 + c), _mm512_shuffle_i32x4(s0, s2, 0x88));
-        _mm512_store_si512(dst + 16 * (4 + c), _mm512_shuffle_i32x4(s0, s2, 0xdd));
-        _mm512_store_si512(dst + 16 * (8 + c), _mm512_shuffle_i32x4(s1, s3, 0x88));
-        _mm512_store_si512(dst + 16 * (12 + c), _mm512_shuffle_i32x4(s1, s3, 0xdd));
-    }
+    __m512i v[16];
+    for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_si512(src + (size_t)i * ld);
+    lms__tr16(v);
+    for (int i = 0; i < 16; i++) _mm512_store_si512(dst + 16 * i, v[i]);
 }
 
 /* B tiles of nrt row tiles (16 rows each, row 0 at W) over kts tiles of 32

@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #include "engine/cpu/quant.h"
+#include "engine/cpu/transpose_x86.h"
 #include "engine/internal.h"
 
 #define T __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
@@ -218,34 +219,6 @@ GEMM_LINEAR(gemm_bf16_rows, gemm_bf16_rows4, ld_bf16, ldm_bf16, 2)
 /* ---- prefill: a packed, cache-blocked GEMM ------------------------------------------ */
 
 /*
- * Transpose 16 x 16 32-bit elements: row i of v becomes column i.
- */
-static inline T void tr16(__m512i v[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* v[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c */
-    for (int c = 0; c < 4; c++) {
-        __m512i a = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), b = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
-        __m512i e = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), f = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
-        t[c] = _mm512_shuffle_i32x4(a, e, 0x88);
-        t[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
-        t[8 + c] = _mm512_shuffle_i32x4(a, e, 0xdd);
-        t[12 + c] = _mm512_shuffle_i32x4(b, f, 0xdd);
-    }
-    for (int i = 0; i < 16; i++) v[i] = t[i];
-}
-
-/*
  * The blocking shared by the packed products: a thread's rows go in blocks
  * of MR (three 16-lane vectors), their columns in blocks of KC or KCX; each
  * block of weights is packed once, transposed so that one vector holds one
@@ -404,7 +377,7 @@ TILE_IMPL(tile_f32, tile_f32_n, T, float, float, __m512, _mm512_load_ps, _mm512_
                     int r = 16 * g + i;                                                               \
                     v[i] = r < rl ? LOAD(W, ldw, r, k0 + k, m) : _mm512_setzero_si512();              \
                 }                                                                                     \
-                tr16(v);                                                                              \
+                lms__tr16(v);                                                                         \
                 for (int j = 0; j < 16 && k + j < kn; j++) _mm512_store_si512(wp + (k + j) * MR + 16 * g, v[j]); \
             }                                                                                         \
     }
