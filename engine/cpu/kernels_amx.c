@@ -118,11 +118,11 @@ static inline TA void pack_a(const uint16_t *xb, size_t ldxb, int ntt, int kts, 
 }
 
 /* C starts as zeros (the first panel of a product without acc) or as y. */
-#define TLOAD_C(c, first, yp, ldy)        \
-    do {                                  \
-        if (first)                        \
-            _tile_zero(c);                \
-        else                              \
+#define TLOAD_C(c, first, yp, ldy)         \
+    do {                                   \
+        if (first)                         \
+            _tile_zero(c);                 \
+        else                               \
             _tile_loadd(c, yp, (ldy) * 4); \
     } while (0)
 
