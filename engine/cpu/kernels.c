@@ -1,8 +1,8 @@
 /*
  * engine/cpu/kernels.c - the portable kernels and the run-time choice of the
  * best kernel set for this CPU (AMX tiles with AVX-512 BF16, AVX-512 with
- * BF16, AVX-512, then
- * AVX2/FMA/F16C, then portable C), overridable with LMSTORE_KERNELS for
+ * BF16, AVX-512, then AVX2/FMA/F16C, then portable C), overridable with
+ * LMSTORE_KERNELS for
  * tests and benchmarks. The AVX-512 BF16 set rounds the activations of BF16
  * weights' products to bf16 (as llama.cpp does for BF16 weights);
  * LMSTORE_BF16_ACT=0 keeps them f32 (the exact products, same results as

@@ -42,7 +42,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <stdatomic.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -56,10 +55,13 @@
 #define XFEATURE_XTILEDATA 18
 
 enum {
-    KP = 512,           /* activations a column panel */
-    RB = 256,           /* rows packed at once (B tiles of 16 rows x KP: 256 KiB, in L2) */
-    TILE_K = 32,        /* activations a tile row (64 bytes of bf16) */
-    PK_TILES = KP / TILE_K,
+    KP = 512,                /* activations a column panel */
+    RB = 256,                /* rows packed at once (B tiles of 16 rows x KP: 256 KiB, in L2) */
+    TILE_K = 32,             /* activations a tile row (64 bytes of bf16) */
+    PK_TILES = KP / TILE_K,  /* column tiles a panel */
+    TILE_BYTES = 1024,       /* every tile: 16 rows x 64 bytes */
+    A_TILE = TILE_BYTES / 2, /* an A tile in bf16 elements */
+    B_TILE = TILE_BYTES / 4, /* a B tile in dwords (bf16 pairs) */
 };
 
 bool lms__amx_usable(void)
@@ -68,9 +70,8 @@ bool lms__amx_usable(void)
     int s = atomic_load_explicit(&state, memory_order_acquire);
     if (!s) {
         __builtin_cpu_init();
-        bool ok = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-                  __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl");
+        /* AMX only: the AVX-512 BF16 the kernel also runs is the caller's check (kernels.c) */
+        bool ok = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16");
         /* the kernel refuses where the tiles' state is not enabled (XCR0) or not supported */
         ok = ok && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
         s = ok ? 1 : 2;
@@ -86,6 +87,11 @@ typedef struct amx_cfg {
     uint16_t colsb[16];
     uint8_t rows[16];
 } amx_cfg;
+static const amx_cfg tile_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
 
 /* 16 rows of 16 dwords (row r at src + r * ld dwords) to their transpose at
  * dst (16 rows of 64 bytes, 64-byte aligned): dst[c][r] = src[r][c]. */
@@ -98,22 +104,22 @@ static inline TA void transpose16(const uint32_t *src, size_t ld, uint32_t *dst)
 }
 
 /* B tiles of nrt row tiles (16 rows each, row 0 at W) over kts tiles of 32
- * columns: tile (rt, kt) at pk + (rt * kts + kt) * 256 dwords. */
+ * columns: tile (rt, kt) at pk + (rt * kts + kt) * B_TILE. */
 static inline TA void pack_b(const uint16_t *W, size_t ldw, int nrt, int kts, uint32_t *pk)
 {
     for (int rt = 0; rt < nrt; rt++)
         for (int kt = 0; kt < kts; kt++)
             transpose16((const uint32_t *)(W + (size_t)rt * 16 * ldw + (size_t)kt * TILE_K), ldw / 2,
-                        pk + ((size_t)rt * kts + kt) * 256);
+                        pk + ((size_t)rt * kts + kt) * B_TILE);
 }
 
 /* A tiles of ntt token tiles (16 rows of xb each) over kts tiles of 32
- * columns, made contiguous: tile (tt, kt) at xa + (tt * kts + kt) * 512. */
+ * columns, made contiguous: tile (tt, kt) at xa + (tt * kts + kt) * A_TILE. */
 static inline TA void pack_a(const uint16_t *xb, size_t ldxb, int ntt, int kts, uint16_t *xa)
 {
     for (int j = 0; j < ntt * 16; j++)
         for (int kt = 0; kt < kts; kt++)
-            _mm512_store_si512(xa + ((size_t)(j / 16) * kts + kt) * 512 + (j % 16) * TILE_K,
+            _mm512_store_si512(xa + ((size_t)(j / 16) * kts + kt) * A_TILE + (j % 16) * TILE_K,
                                _mm512_loadu_si512(xb + (size_t)j * ldxb + kt * TILE_K));
 }
 
@@ -137,12 +143,12 @@ static inline TA void tiles_2x2(const uint16_t *a0, const uint16_t *a1, const ui
     TLOAD_C(2, first, y1, ldy);
     TLOAD_C(3, first, y1 + 16, ldy);
     for (int kt = 0; kt < kts; kt++) {
-        _tile_loadd(4, a0 + (size_t)kt * 512, 64);
-        _tile_loadd(6, b0 + (size_t)kt * 256, 64);
-        _tile_loadd(7, b1 + (size_t)kt * 256, 64);
+        _tile_loadd(4, a0 + (size_t)kt * A_TILE, 64);
+        _tile_loadd(6, b0 + (size_t)kt * B_TILE, 64);
+        _tile_loadd(7, b1 + (size_t)kt * B_TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, a1 + (size_t)kt * 512, 64);
+        _tile_loadd(5, a1 + (size_t)kt * A_TILE, 64);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
@@ -157,8 +163,8 @@ static inline TA void tiles_1x1(const uint16_t *a, const uint32_t *b, int kts, f
 {
     TLOAD_C(0, first, y, ldy);
     for (int kt = 0; kt < kts; kt++) {
-        _tile_loadd(4, a + (size_t)kt * 512, 64);
-        _tile_loadd(6, b + (size_t)kt * 256, 64);
+        _tile_loadd(4, a + (size_t)kt * A_TILE, 64);
+        _tile_loadd(6, b + (size_t)kt * B_TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
     }
     _tile_stored(0, y, ldy * 4);
@@ -171,20 +177,13 @@ TA void lms__gemm_xbf16_amx(const uint16_t *W, size_t ldw, const uint16_t *xb, s
     /* B tiles are packed from dword pairs: W's rows must start on pairs */
     uint32_t *pk = NULL;
     if (rows16 && nb16 && cols32 && !(ldw & 1))
-        pk = lms__qscratch_slot(1, (size_t)(RB / 16 + 2) * PK_TILES * 1024);
+        pk = lms__qscratch_slot(1, (size_t)(RB / 16 + 2) * PK_TILES * TILE_BYTES); /* B tiles, then two A */
     if (!pk) {
         lms__gemm_xbf16_avx512(W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);
         return;
     }
-    uint16_t *xa = (uint16_t *)(pk + (size_t)RB / 16 * PK_TILES * 256); /* two token tiles */
-    amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
-    _tile_loadconfig(&cfg);
+    uint16_t *xa = (uint16_t *)(pk + (size_t)RB / 16 * PK_TILES * B_TILE);
+    _tile_loadconfig(&tile_cfg);
     for (int k0 = 0; k0 < cols32; k0 += KP) {
         const int kts = LMS_MIN(KP, cols32 - k0) / TILE_K;
         const bool first = !acc && k0 == 0;
@@ -196,15 +195,15 @@ TA void lms__gemm_xbf16_amx(const uint16_t *W, size_t ldw, const uint16_t *xb, s
                 pack_a(xb + (size_t)t * ldxb + k0, ldxb, ntt, kts, xa);
                 float *yt = y + (size_t)t * ldy + rb;
                 for (int rt = 0; rt < nrt; rt += 2) {
-                    const uint32_t *b0 = pk + (size_t)rt * kts * 256;
+                    const uint32_t *b0 = pk + (size_t)rt * kts * B_TILE;
                     if (ntt == 2 && rt + 1 < nrt) {
-                        tiles_2x2(xa, xa + (size_t)kts * 512, b0, b0 + (size_t)kts * 256, kts, yt + rt * 16, ldy,
+                        tiles_2x2(xa, xa + (size_t)kts * A_TILE, b0, b0 + (size_t)kts * B_TILE, kts, yt + rt * 16, ldy,
                                   first);
                         continue;
                     }
                     for (int i = 0; i < LMS_MIN(2, nrt - rt); i++)
                         for (int j = 0; j < ntt; j++)
-                            tiles_1x1(xa + (size_t)j * kts * 512, b0 + (size_t)i * kts * 256, kts,
+                            tiles_1x1(xa + (size_t)j * kts * A_TILE, b0 + (size_t)i * kts * B_TILE, kts,
                                       yt + (size_t)j * 16 * ldy + (rt + i) * 16, ldy, first);
                 }
             }

@@ -633,7 +633,7 @@ TILE_IMPL(tile_bf16, tile_bf16_n, TB, uint32_t, uint32_t, __m512i, _mm512_load_s
 /* Prefill (4 tokens or more): the bf16 pairs' packed product (GEMM_PACKED's blocking, vdpbf16ps).
  * Also what the amxbf16 set's tiles leave (kernels_amx.c). */
 TB void lms__gemm_xbf16_avx512(const uint16_t *W, size_t ldw, const uint16_t *xb, size_t ldxb, float *y, size_t ldy,
-                          int rows, int nb, int cols, bool acc)
+                               int rows, int nb, int cols, bool acc)
 {
     if (nb < 4) {
         gemm_xbf16_rows(W, ldw, xb, ldxb, y, ldy, rows, nb, cols, acc);

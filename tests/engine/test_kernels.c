@@ -18,12 +18,19 @@
  *     exp(2z)), sumsq within double rounding of the scalar loop, to_f16 the
  *     bits of lms__f32_to_f16 (ties, subnormals, overflow), from_f16 the
  *     values of lms__f16_to_f32 (every kind of bits), on lengths that are
- *     not whole 16s, elements past n untouched.
+ *     not whole 16s, elements past n untouched;
+ *   - where the CPU has AMX-BF16 and AVX-512 BF16 and Linux grants the
+ *     tiles' state to this process, the amxbf16 set is offered and is the
+ *     default (so the checks above ran its tiles, not skipped it).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "engine/internal.h"
 #include "testutil.h"
@@ -321,6 +328,30 @@ static void elementwise_kernels_match_the_scalar_forms(void **state)
     printf("element-wise kernels checked: %d (kernel set x length)\n", ran);
 }
 
+static void amx_set_is_offered_where_the_cpu_and_kernel_allow_it(void **state)
+{
+    (void)state;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    bool cpu = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+               __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("fma");
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, asked here independently of the library */
+    bool granted = cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    const lms__kernels *k = lms__kernels_by_name("amxbf16");
+    if (!granted) {
+        printf("no AMX here (cpu %d): amxbf16 %s\n", cpu, k ? "offered" : "not offered");
+        assert_null(k);
+        return;
+    }
+    assert_non_null(k);
+    assert_string_equal(k->name, "amxbf16");
+    if (!getenv("LMSTORE_KERNELS") && !getenv("LMSTORE_BF16_ACT"))
+        assert_ptr_equal(lms__kernels_best(), k);
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,6 +359,7 @@ int main(void)
         cmocka_unit_test(packed_prefill_spans_column_and_row_blocks),
         cmocka_unit_test(axpyn_equals_axpy_row_by_row),
         cmocka_unit_test(elementwise_kernels_match_the_scalar_forms),
+        cmocka_unit_test(amx_set_is_offered_where_the_cpu_and_kernel_allow_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
