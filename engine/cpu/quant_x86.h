@@ -84,6 +84,17 @@ static inline T __m256i fifth_bits(uint32_t qh)
 
 static inline void store_y(float *y, float v, bool acc) { *y = acc ? *y + v : v; }
 
+/* Decode reads each thread's rows as one stream; one core's loads alone keep
+ * too few lines in flight to reach the memory's rate, so the decode loops ask
+ * for the lines QPF bytes ahead of the block they compute (the next row's
+ * start, at a row's end). n bytes from p + QPF, a line at a time. */
+#define QPF 4096
+static inline void qprefetch(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 64)
+        _mm_prefetch((const char *)p + QPF + i, _MM_HINT_T0);
+}
+
 /* ---- 32-element types against lms__q8a ------------------------------------------------------------ */
 
 /* The codes of one block (unsigned; Q4_0 / Q5_0 keep their offset for the caller). */
@@ -148,6 +159,7 @@ static INLINE T float dot32_1(lms_dtype t, const uint8_t *w, const lms__q8a *x, 
     int b = 0;
     for (; b + 4 <= nblk; b += 4) {
         const uint8_t *p = w + (size_t)b * bb;
+        qprefetch(p, 4 * bb);
         wcodes(t, p, &u, &q);
         acc32(t, p, u, q, x + b, &a0, &s0);
         wcodes(t, p + bb, &u, &q);
@@ -286,6 +298,8 @@ static INLINE T void dotk_n(lms_dtype t, const uint8_t *w, const lms__q8k *const
         a[i] = m[i] = _mm256_setzero_ps();
     for (int b = 0; b < nblk; b++) {
         kblock k;
+        if (nx == 1)
+            qprefetch(w + (size_t)b * bb, bb);
         kunpack(t, w + (size_t)b * bb, &k);
         for (int i = 0; i < nx; i++)
             kacc(&k, xs[i] + b, &a[i], &m[i]);
@@ -329,6 +343,7 @@ static INLINE T float udot_1(lms_dtype t, const uint8_t *w, const lms__q8a *x, c
     int b = 0;
     for (; b + 4 <= nblk; b += 4) {
         const uint8_t *p = w + (size_t)b * bb;
+        qprefetch(p, 4 * bb);
         uacc(t, p, x + b, z + b, &a0);
         uacc(t, p + bb, x + b + 1, z + b + 1, &a1);
         uacc(t, p + 2 * bb, x + b + 2, z + b + 2, &a2);
@@ -401,6 +416,7 @@ static INLINE T float zq4dot_1(const uint8_t *w, const lms__q8a *x, const zq4rec
     int p = 0;
     for (; p + 4 <= np; p += 4) {
         const uint8_t *q = w + (size_t)p * 36;
+        qprefetch(q, 4 * 36);
         zq4acc(q, z + p, &a0);
         zq4acc(q + 36, z + p + 1, &a1);
         zq4acc(q + 72, z + p + 2, &a2);
