@@ -87,12 +87,14 @@ static inline void store_y(float *y, float v, bool acc) { *y = acc ? *y + v : v;
 /* Decode reads each thread's rows as one stream; one core's loads alone keep
  * too few lines in flight to reach the memory's rate, so the decode loops ask
  * for the lines QPF bytes ahead of the block they compute (the next row's
- * start, at a row's end). n bytes from p + QPF, a line at a time. */
+ * start, at a row's end). n bytes from p + QPF, a line at a time.
+ * __builtin_prefetch, not _mm_prefetch: GCC 12 emits no instruction for
+ * _mm_prefetch inlined through this file's target-attributed functions. */
 #define QPF 4096
 static inline void qprefetch(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i += 64)
-        _mm_prefetch((const char *)p + QPF + i, _MM_HINT_T0);
+        __builtin_prefetch(p + QPF + i, 0, 3);
 }
 
 /* ---- 32-element types against lms__q8a ------------------------------------------------------------ */

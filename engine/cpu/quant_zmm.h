@@ -82,7 +82,7 @@ static inline int32_t zload32(const int8_t *p)
 static inline void zprefetch(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i += 64)
-        _mm_prefetch((const char *)p + i, _MM_HINT_T1);
+        __builtin_prefetch(p + i, 0, 2); /* _MM_HINT_T1; see qprefetch on _mm_prefetch */
 }
 
 /* Masked store of 16 results of one vector (lanes past nr untouched). */
