@@ -64,6 +64,10 @@
 #                    (LMSTORE_CUDA_ATT_CLUSTER=0), alternating, AB_ROUNDS rounds
 #                    (default 3) at 128 tokens of context, one at 4096
 #   make12b          the gemma-3-12b-shaped model alone (as gemma12b makes it)
+#   envab M          (last) decode of model M at 128 tokens of context under each
+#                    setting of AB_ENVS ('|' between settings, each "none" or
+#                    VAR=VALUE [VAR=VALUE ...]; default "none|LMSTORE_CUDA_PDL=1"),
+#                    alternating, AB_ROUNDS rounds (default 3)
 #   cpu8b            lmstore's CPU engine against llama.cpp's CPU path (the
 #                    GPU hidden: CUDA_VISIBLE_DEVICES= -ngl 0 -nopo 1) on those
 #                    weights, CPU_THREADS threads (default: every CPU), PAIRS
@@ -282,6 +286,20 @@ clusterab() {
     done
 }
 
+envab() {
+    local m=$1 r v
+    local -a vs
+    IFS='|' read -ra vs <<<"${AB_ENVS:-none|LMSTORE_CUDA_PDL=1}"
+    say "decode of $m under ${vs[*]}, alternating"
+    for r in $(seq "${AB_ROUNDS:-3}"); do
+        for v in "${vs[@]}"; do
+            # shellcheck disable=SC2046 # each setting is split into its VAR=VALUE words
+            env $([ "$v" = none ] || echo "$v") timeout 200 "$LMS" bench engine "$m" --store "$ST" --device cuda \
+                --prompt 128 --gen 128 --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"$v\", \"round\": $r, /" | jl
+        done
+    done
+}
+
 # The 8B shape with Llama 3's tokenizer (its vocabulary is the shape's
 # 128256), imported as llama8b-tok.
 tok8b() {
@@ -477,6 +495,7 @@ while [ $# -gt 0 ]; do
     gemma12bdec) gemma12bdec ;;
     make12b) make12b ;;
     clusterab) shift; clusterab "$@"; break ;;
+    envab) envab "$2"; break ;;
     coldstart) coldstart ;;
     peerbuild) peerbuild "$2"; shift ;;
     gguf8b) gguf8b ;;
