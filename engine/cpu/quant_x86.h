@@ -687,6 +687,143 @@ static inline T __m256 mlx_codes8(const uint8_t *w, size_t i, uint32_t bits)
     return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
 }
 
+#ifdef QX_ZMM
+/*
+ * MLX affine 4- and 8-bit on 512-bit registers, up to four activation
+ * vectors a row, each with its own accumulators; per group as k_mlx:
+ * s * sum(q x) + b * sum(x), the group's sum of x from a panel. 8-bit codes
+ * 16 a register (zero-extended bytes). 4-bit codes 32 at a time from 16
+ * bytes zero-extended to 16 lanes: the low nibbles are the even codes and
+ * the high nibbles the odd ones, so the panel holds each vector's 32
+ * elements of a chunk reordered, even ones first; one load, one widening,
+ * an AND and a shift for 32 codes. Decode prefetches the row stream as the
+ * GGUF kernels do. Vectors are taken MLX_TB at a time (the panel's size).
+ */
+enum { MLX_TB = 64 };
+
+/* lms__mlx_scale inlined (a call per group cost more than the group's products) */
+static INLINE T float mlx_sc(const void *p, size_t i, lms_dtype t)
+{
+    float f;
+    if (t == LMS_DTYPE_F32) {
+        memcpy(&f, (const uint8_t *)p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+    if (t == LMS_DTYPE_F16)
+        return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16; /* bf16 */
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Row w against NT (1..4) vectors: xs[t] (4-bit: its reordered panel), sx[t] its group sums. */
+static INLINE T void mlx_row_nt(const lms__mlx_mat *W, int r, const uint8_t *w, const float *const *xs,
+                                const float *const *sx, int ng, const int NT, float *out)
+{
+    const uint32_t g = W->group, bits = W->bits;
+    __m512 a[4];
+    float bias[4] = {0, 0, 0, 0};
+    for (int t = 0; t < NT; t++)
+        a[t] = _mm512_setzero_ps();
+    for (int k = 0; k < ng; k++) {
+        const size_t si = (size_t)r * W->lds + (size_t)k, e0 = (size_t)k * g;
+        if (NT == 1)
+            qprefetch(w + e0 * bits / 8, g * bits / 8);
+        __m512 g0[4], g1[4];
+        for (int t = 0; t < NT; t++)
+            g0[t] = g1[t] = _mm512_setzero_ps();
+        if (bits == 4) {
+            for (uint32_t i = 0; i < g; i += 32) {
+                const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + (e0 + i) / 2)));
+                const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+                const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+                for (int t = 0; t < NT; t++) {
+                    g0[t] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xs[t] + e0 + i), g0[t]);
+                    g1[t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xs[t] + e0 + i + 16), g1[t]);
+                }
+            }
+        } else {
+            for (uint32_t i = 0; i < g; i += 32) {
+                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + e0 + i))));
+                const __m512 q1 =
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + e0 + i + 16))));
+                for (int t = 0; t < NT; t++) {
+                    g0[t] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(xs[t] + e0 + i), g0[t]);
+                    g1[t] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xs[t] + e0 + i + 16), g1[t]);
+                }
+            }
+        }
+        const __m512 s = _mm512_set1_ps(mlx_sc(W->scales, si, W->sdt));
+        const float b = mlx_sc(W->biases, si, W->sdt);
+        for (int t = 0; t < NT; t++) {
+            a[t] = _mm512_fmadd_ps(_mm512_add_ps(g0[t], g1[t]), s, a[t]);
+            bias[t] += b * sx[t][k];
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        out[t] = _mm512_reduce_add_ps(a[t]) + bias[t];
+}
+
+/* false where the shape is not for it (bits other than 4 and 8, groups not of 32 codes) or the
+ * panel's memory is not to be had: k_mlx then */
+static INLINE T bool zmlx(const lms__mlx_mat *W, const float *x, size_t ldx, float *y, size_t ldy, int rows, int nb,
+                          int cols, bool acc)
+{
+    const uint32_t g = W->group, bits = W->bits;
+    if ((bits != 4 && bits != 8) || g % 32 || cols % (int)g)
+        return false;
+    const int ng = cols / (int)g, tb = nb < MLX_TB ? nb : MLX_TB;
+    const size_t xp_floats = bits == 4 ? (size_t)tb * (size_t)cols : 0;
+    float *sx = lms__qscratch_slot(1, ((size_t)tb * (size_t)ng + xp_floats) * sizeof(float));
+    if (!sx)
+        return false;
+    float *xp = sx + (size_t)tb * ng;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (int c0 = 0; c0 < nb; c0 += MLX_TB) {
+        const int nc = nb - c0 < MLX_TB ? nb - c0 : MLX_TB;
+        for (int c = 0; c < nc; c++) {
+            const float *xc = x + (size_t)(c0 + c) * ldx;
+            for (int k = 0; k < ng; k++) {
+                __m512 a = _mm512_setzero_ps();
+                for (uint32_t i = 0; i < g; i += 16)
+                    a = _mm512_add_ps(a, _mm512_loadu_ps(xc + (size_t)k * g + i));
+                sx[(size_t)c * ng + k] = _mm512_reduce_add_ps(a);
+            }
+            if (bits == 4)
+                for (int e = 0; e < cols; e += 32) {
+                    const __m512 v0 = _mm512_loadu_ps(xc + e), v1 = _mm512_loadu_ps(xc + e + 16);
+                    _mm512_storeu_ps(xp + (size_t)c * cols + e, _mm512_permutex2var_ps(v0, even, v1));
+                    _mm512_storeu_ps(xp + (size_t)c * cols + e + 16, _mm512_permutex2var_ps(v0, odd, v1));
+                }
+        }
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *w = (const uint8_t *)W->w + (size_t)r * W->ldw;
+            for (int t0 = 0; t0 < nc; t0 += 4) {
+                const int nt = nc - t0 < 4 ? nc - t0 : 4;
+                const float *xs[4], *sxs[4];
+                float v[4];
+                for (int t = 0; t < nt; t++) {
+                    xs[t] = bits == 4 ? xp + (size_t)(t0 + t) * cols : x + (size_t)(c0 + t0 + t) * ldx;
+                    sxs[t] = sx + (size_t)(t0 + t) * ng;
+                }
+                switch (nt) { /* a constant NT in each expansion */
+                case 1: mlx_row_nt(W, r, w, xs, sxs, ng, 1, v); break;
+                case 2: mlx_row_nt(W, r, w, xs, sxs, ng, 2, v); break;
+                case 3: mlx_row_nt(W, r, w, xs, sxs, ng, 3, v); break;
+                default: mlx_row_nt(W, r, w, xs, sxs, ng, 4, v); break;
+                }
+                for (int t = 0; t < nt; t++)
+                    store_y(y + (size_t)(c0 + t0 + t) * ldy + r, v[t], acc);
+            }
+        }
+    }
+    return true;
+}
+#endif
+
 static T void k_mlx(const lms__mlx_mat *W, const float *x, size_t ldx, float *y, size_t ldy, int rows, int nb,
                     int cols, bool acc)
 {
@@ -695,6 +832,10 @@ static T void k_mlx(const lms__mlx_mat *W, const float *x, size_t ldx, float *y,
         lms__qkernels_by_name("generic")->mlx(W, x, ldx, y, ldy, rows, nb, cols, acc);
         return;
     }
+#ifdef QX_ZMM
+    if (zmlx(W, x, ldx, y, ldy, rows, nb, cols, acc))
+        return;
+#endif
     int ng = cols / (int)g;
     /* the sums of x over each group, once per vector */
     float *sx = lms__qscratch((size_t)nb * (size_t)ng * sizeof(float));

@@ -165,9 +165,11 @@ static void check_mlx(const lms__qkernels *ks)
         if (bits == 7)
             continue;
         for (uint32_t g = 32; g <= 128; g *= 2)
-            for (size_t si = 0; si < 3; si++) {
-                int rows = 5, cols = 256, nb = 3;
-                lms_dtype sdt = sdts[si];
+            for (size_t si = 0; si < 3 * 3; si++) {
+                /* 1 vector (decode), 3, and 70 (a panel of 64, then four and two); 2 to 12 groups a row */
+                static const int nbs[] = {1, 3, 70};
+                int rows = 5, cols = si / 3 == 1 ? 384 : 256, nb = nbs[si / 3];
+                lms_dtype sdt = sdts[si % 3];
                 size_t es = sdt == LMS_DTYPE_F32 ? 4 : 2, ldw = (size_t)cols * bits / 8, lds = (size_t)cols / g;
                 uint8_t *w = malloc(ldw * rows), *sc = malloc(lds * rows * es), *bi = malloc(lds * rows * es);
                 float *src = malloc((size_t)cols * 4), *deq = malloc((size_t)cols * 4);
@@ -180,6 +182,8 @@ static void check_mlx(const lms__qkernels *ks)
                 float *x = malloc((size_t)nb * cols * 4), *y = malloc((size_t)nb * rows * 4);
                 for (int i = 0; i < nb * cols; i++)
                     x[i] = frand();
+                for (int i = 0; i < nb * rows; i++)
+                    y[i] = NAN; /* an output the kernel does not write fails */
                 lms__mlx_mat m = {w, ldw, sc, bi, lds, sdt, bits, g};
                 ks->mlx(&m, x, (size_t)cols, y, (size_t)rows, rows, nb, cols, false);
                 for (int r = 0; r < rows; r++) {
@@ -198,7 +202,7 @@ static void check_mlx(const lms__qkernels *ks)
                             ref += (double)deq[k] * x[b * cols + k];
                             mag += fabs((double)deq[k] * x[b * cols + k]);
                         }
-                        if (fabs(y[b * rows + r] - ref) > 2e-5 * mag + 1e-6)
+                        if (!(fabs(y[b * rows + r] - ref) <= 2e-5 * mag + 1e-6)) /* NaN fails too */
                             fail_msg("%s MLX %u-bit group %u %s: %.7g, dequantized dot %.7g", ks->name, bits, g,
                                      lms_dtype_name(sdt), y[b * rows + r], ref);
                     }
