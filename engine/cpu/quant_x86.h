@@ -22,7 +22,8 @@
  * repacked 16 rows at a time into panels that one vpdpbusd multiplies with
  * 4 codes of one vector for all 16 rows, in tiles of 16 rows x 8 vectors.
  * The 512-bit section also holds the decode kernels of Q8_0 / Q4_0 / Q5_0
- * (below). The activations of every set are
+ * and the MLX affine 4- and 8-bit kernel (below). Decode loops prefetch
+ * their row stream (qprefetch). The activations of every set are
  * quantized here too (->qx), to the
  * portable quantizer's bytes. Layouts: quant/quant.h; contract:
  * engine/cpu/quant.h.
