@@ -677,6 +677,23 @@ WRAP(k_q6_k, LMS_DTYPE_Q6_K)
 
 /* ---- MLX affine (bits 4 and 8; the others go to the portable kernel) --------------------------------- */
 
+/* lms__mlx_scale inlined (a call per group cost more than the group's products) */
+static INLINE T float mlx_sc(const void *p, size_t i, lms_dtype t)
+{
+    float f;
+    if (t == LMS_DTYPE_F32) {
+        memcpy(&f, (const uint8_t *)p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+    if (t == LMS_DTYPE_F16)
+        return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16; /* bf16 */
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* 8 codes starting at code i of a row, as floats. */
 static inline T __m256 mlx_codes8(const uint8_t *w, size_t i, uint32_t bits)
 {
@@ -701,23 +718,6 @@ static inline T __m256 mlx_codes8(const uint8_t *w, size_t i, uint32_t bits)
  * GGUF kernels do. Vectors are taken MLX_TB at a time (the panel's size).
  */
 enum { MLX_TB = 64 };
-
-/* lms__mlx_scale inlined (a call per group cost more than the group's products) */
-static INLINE T float mlx_sc(const void *p, size_t i, lms_dtype t)
-{
-    float f;
-    if (t == LMS_DTYPE_F32) {
-        memcpy(&f, (const uint8_t *)p + 4 * i, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
-    if (t == LMS_DTYPE_F16)
-        return _cvtsh_ss(h);
-    const uint32_t u = (uint32_t)h << 16; /* bf16 */
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* Row w against NT (1..4) vectors: xs[t] (4-bit: its reordered panel), sx[t] its group sums. */
 static INLINE T void mlx_row_nt(const lms__mlx_mat *W, int r, const uint8_t *w, const float *const *xs,
@@ -859,13 +859,13 @@ static T void k_mlx(const lms__mlx_mat *W, const float *x, size_t ldx, float *y,
             float bias = 0;
             for (int k = 0; k < ng; k++) {
                 size_t si = (size_t)r * W->lds + (size_t)k;
-                __m256 s = _mm256_set1_ps(lms__mlx_scale(W->scales, si, W->sdt)), gq = _mm256_setzero_ps();
+                __m256 s = _mm256_set1_ps(mlx_sc(W->scales, si, W->sdt)), gq = _mm256_setzero_ps();
                 for (uint32_t i = 0; i < g; i += 8) {
                     size_t e = (size_t)k * g + i;
                     gq = _mm256_fmadd_ps(mlx_codes8(w, e, bits), _mm256_loadu_ps(xb + e), gq);
                 }
                 a = _mm256_fmadd_ps(gq, s, a);
-                bias += lms__mlx_scale(W->biases, si, W->sdt) * sx[(size_t)b * ng + k];
+                bias += mlx_sc(W->biases, si, W->sdt) * sx[(size_t)b * ng + k];
             }
             store_y(y + (size_t)b * ldy + r, hsum_ps(a) + bias, acc);
         }
