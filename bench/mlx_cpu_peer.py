@@ -35,7 +35,8 @@ def main():
         mx.eval(tok)
     t2 = time.perf_counter()
     print(json.dumps({"engine": "mlx-lm " + mx.__version__, "device": str(mx.default_device()), "prompt": prompt,
-                      "gen": gen, "prefill_tps": round(prompt / (t1 - t0), 2), "decode_tps": round(gen / (t2 - t1), 2)}))
+                      "gen": gen, "prefill_tps": round(prompt / (t1 - t0), 2),
+                      "decode_tps": round(gen / (t2 - t1), 2)}))
 
 
 if __name__ == "__main__":

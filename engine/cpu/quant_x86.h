@@ -747,7 +747,8 @@ static INLINE T void mlx_row_nt(const lms__mlx_mat *W, int r, const uint8_t *w, 
             }
         } else {
             for (uint32_t i = 0; i < g; i += 32) {
-                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + e0 + i))));
+                const __m512 q0 =
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + e0 + i))));
                 const __m512 q1 =
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + e0 + i + 16))));
                 for (int t = 0; t < NT; t++) {
