@@ -694,6 +694,19 @@ static INLINE T float mlx_sc(const void *p, size_t i, lms_dtype t)
     return f;
 }
 
+/* sx[b * ng + k] = the sum of vector b's group k (g elements, a multiple of 8): the
+ * b * sum(x) term of every row, once per call */
+static INLINE T void mlx_group_sums(const float *x, size_t ldx, int nb, int ng, uint32_t g, float *sx)
+{
+    for (int b = 0; b < nb; b++)
+        for (int k = 0; k < ng; k++) {
+            __m256 a = _mm256_setzero_ps();
+            for (uint32_t i = 0; i < g; i += 8)
+                a = _mm256_add_ps(a, _mm256_loadu_ps(x + (size_t)b * ldx + (size_t)k * g + i));
+            sx[(size_t)b * ng + k] = hsum_ps(a);
+        }
+}
+
 /* 8 codes starting at code i of a row, as floats. */
 static inline T __m256 mlx_codes8(const uint8_t *w, size_t i, uint32_t bits)
 {
@@ -786,20 +799,14 @@ static INLINE T bool zmlx(const lms__mlx_mat *W, const float *x, size_t ldx, flo
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     for (int c0 = 0; c0 < nb; c0 += MLX_TB) {
         const int nc = nb - c0 < MLX_TB ? nb - c0 : MLX_TB;
-        for (int c = 0; c < nc; c++) {
+        mlx_group_sums(x + (size_t)c0 * ldx, ldx, nc, ng, g, sx);
+        for (int c = 0; bits == 4 && c < nc; c++) { /* the panel: each chunk's even elements, then its odd ones */
             const float *xc = x + (size_t)(c0 + c) * ldx;
-            for (int k = 0; k < ng; k++) {
-                __m512 a = _mm512_setzero_ps();
-                for (uint32_t i = 0; i < g; i += 16)
-                    a = _mm512_add_ps(a, _mm512_loadu_ps(xc + (size_t)k * g + i));
-                sx[(size_t)c * ng + k] = _mm512_reduce_add_ps(a);
+            for (int e = 0; e < cols; e += 32) {
+                const __m512 v0 = _mm512_loadu_ps(xc + e), v1 = _mm512_loadu_ps(xc + e + 16);
+                _mm512_storeu_ps(xp + (size_t)c * cols + e, _mm512_permutex2var_ps(v0, even, v1));
+                _mm512_storeu_ps(xp + (size_t)c * cols + e + 16, _mm512_permutex2var_ps(v0, odd, v1));
             }
-            if (bits == 4)
-                for (int e = 0; e < cols; e += 32) {
-                    const __m512 v0 = _mm512_loadu_ps(xc + e), v1 = _mm512_loadu_ps(xc + e + 16);
-                    _mm512_storeu_ps(xp + (size_t)c * cols + e, _mm512_permutex2var_ps(v0, even, v1));
-                    _mm512_storeu_ps(xp + (size_t)c * cols + e + 16, _mm512_permutex2var_ps(v0, odd, v1));
-                }
         }
         for (int r = 0; r < rows; r++) {
             const uint8_t *w = (const uint8_t *)W->w + (size_t)r * W->ldw;
@@ -845,13 +852,7 @@ static T void k_mlx(const lms__mlx_mat *W, const float *x, size_t ldx, float *y,
         lms__qkernels_by_name("generic")->mlx(W, x, ldx, y, ldy, rows, nb, cols, acc);
         return;
     }
-    for (int b = 0; b < nb; b++)
-        for (int k = 0; k < ng; k++) {
-            __m256 a = _mm256_setzero_ps();
-            for (uint32_t i = 0; i < g; i += 8)
-                a = _mm256_add_ps(a, _mm256_loadu_ps(x + (size_t)b * ldx + (size_t)k * g + i));
-            sx[(size_t)b * ng + k] = hsum_ps(a);
-        }
+    mlx_group_sums(x, ldx, nb, ng, g, sx);
     for (int r = 0; r < rows; r++) {
         const uint8_t *w = (const uint8_t *)W->w + (size_t)r * W->ldw;
         for (int b = 0; b < nb; b++) {
