@@ -11,5 +11,7 @@ mkdir -p "$LMS_TMP" || exit 1
 rc=$?
 if [ "$rc" = 0 ] || [ "$rc" = 77 ]; then
   [ "${LMS_KEEP_TMP:-0}" = 1 ] || rm -rf "$LMS_TMP"
+elif [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then
+  kill -s "$(kill -l "$rc")" "$$" # died of a signal: so does this, for ctest to name it
 fi
 exit "$rc"
