@@ -8,12 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LMS_JOBS:-$(nproc)}
 
-# Disk: a run holds about 2 GB at its peak (the builds, the test environment, the
+# Disk: a run holds about 2.2 GB at its peak (the builds, the test environment, the
 # scratch folders of the tests running; tests/in_tmp.sh removes each when it passes).
 # A full disk fails tests in ways that read like bugs: say so first.
 free_mb=$(df -Pm . | awk 'NR == 2 {print $4}')
 if [ "${free_mb:-0}" -lt 3072 ]; then
-  echo "tests/run.sh: warning: ${free_mb} MB free where the tests run; a full run needs about 2 GB" >&2
+  echo "tests/run.sh: warning: ${free_mb} MB free where the tests run; a full run needs about 2.2 GB" >&2
 fi
 
 # Python tests compare against numpy, safetensors, HF tokenizers and gguf-py
