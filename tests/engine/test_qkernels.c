@@ -179,13 +179,17 @@ static void check_mlx(const lms__qkernels *ks)
                     lms__mlx_quant_row(src, (size_t)cols, bits, g, sdt, w + r * ldw, sc + r * lds * es,
                                        bi + r * lds * es);
                 }
-                float *x = malloc((size_t)nb * cols * 4), *y = malloc((size_t)nb * rows * 4);
+                /* y rows of rows + 2 floats: the two past the rows must stay as they are; every
+                 * other configuration accumulates into y (0.25 before) */
+                const int ldy = rows + 2;
+                const bool acc = si % 2 == 1;
+                float *x = malloc((size_t)nb * cols * 4), *y = malloc((size_t)nb * ldy * 4);
                 for (int i = 0; i < nb * cols; i++)
                     x[i] = frand();
-                for (int i = 0; i < nb * rows; i++)
-                    y[i] = NAN; /* an output the kernel does not write fails */
+                for (int i = 0; i < nb * ldy; i++) /* without acc, an output the kernel does not write fails */
+                    y[i] = i % ldy >= rows ? 0.25f : acc ? 0.25f : NAN;
                 lms__mlx_mat m = {w, ldw, sc, bi, lds, sdt, bits, g};
-                ks->mlx(&m, x, (size_t)cols, y, (size_t)rows, rows, nb, cols, false);
+                ks->mlx(&m, x, (size_t)cols, y, (size_t)ldy, rows, nb, cols, acc);
                 for (int r = 0; r < rows; r++) {
                     /* the kernel's sum: s*q + b per element in float32, unrounded */
                     for (int k = 0; k < cols; k++) {
@@ -197,16 +201,18 @@ static void check_mlx(const lms__qkernels *ks)
                                  lms__mlx_scale(bi, (size_t)r * lds + (size_t)k / g, sdt);
                     }
                     for (int b = 0; b < nb; b++) {
-                        double ref = 0, mag = 0;
+                        double ref = acc ? 0.25 : 0, mag = 0;
                         for (int k = 0; k < cols; k++) {
                             ref += (double)deq[k] * x[b * cols + k];
                             mag += fabs((double)deq[k] * x[b * cols + k]);
                         }
-                        if (!(fabs(y[b * rows + r] - ref) <= 2e-5 * mag + 1e-6)) /* NaN fails too */
-                            fail_msg("%s MLX %u-bit group %u %s: %.7g, dequantized dot %.7g", ks->name, bits, g,
-                                     lms_dtype_name(sdt), y[b * rows + r], ref);
+                        if (!(fabs(y[b * ldy + r] - ref) <= 2e-5 * mag + 1e-6)) /* NaN fails too */
+                            fail_msg("%s MLX %u-bit group %u %s%s: %.7g, dequantized dot %.7g", ks->name, bits, g,
+                                     lms_dtype_name(sdt), acc ? " acc" : "", y[b * ldy + r], ref);
                     }
                 }
+                for (int b = 0; b < nb; b++)
+                    assert_true(y[b * ldy + rows] == 0.25f && y[b * ldy + rows + 1] == 0.25f);
                 free(w);
                 free(sc);
                 free(bi);
