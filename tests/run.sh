@@ -4,6 +4,8 @@
 # each with ctest. Exit status non-zero if any build or test fails.
 #   LMS_JOBS=N  parallel build and test jobs (default: number of CPUs)
 #   LMS_FUZZ=0  skip the fuzz stage (tests/fuzz/run.sh, needs clang)
+#   LMS_KEEP_TMP=1  keep every test's scratch folder (build*/testtmp/NAME; by
+#               default only a failed test's stays)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LMS_JOBS:-$(nproc)}
