@@ -67,7 +67,8 @@
 #   envab M          (last) decode of model M at 128 tokens of context under each
 #                    setting of AB_ENVS ('|' between settings, each "none" or
 #                    VAR=VALUE [VAR=VALUE ...]; default "none|LMSTORE_CUDA_PDL=1"),
-#                    alternating, AB_ROUNDS rounds (default 3)
+#                    alternating, AB_ROUNDS rounds (default 3); a setting's
+#                    LMS=PATH runs the lmstore at PATH instead (another build)
 #   cpu8b            lmstore's CPU engine against llama.cpp's CPU path (the
 #                    GPU hidden: CUDA_VISIBLE_DEVICES= -ngl 0 -nopo 1) on those
 #                    weights, CPU_THREADS threads (default: every CPU), PAIRS
@@ -293,9 +294,17 @@ envab() {
     say "decode of $m under ${vs[*]}, alternating"
     for r in $(seq "${AB_ROUNDS:-3}"); do
         for v in "${vs[@]}"; do
-            # shellcheck disable=SC2046 # each setting is split into its VAR=VALUE words
-            env $([ "$v" = none ] || echo "$v") timeout 200 "$LMS" bench engine "$m" --store "$ST" --device cuda \
-                --prompt 128 --gen 128 --json 2>>"$LOG" | sed "s/^{/{\"variant\": \"$v\", \"round\": $r, /" | jl
+            local lms=$LMS w
+            local -a e=()
+            for w in $v; do
+                case $w in
+                none) ;;
+                LMS=*) lms=${w#LMS=} ;;
+                *) e+=("$w") ;;
+                esac
+            done
+            env "${e[@]}" timeout 200 "$lms" bench engine "$m" --store "$ST" --device cuda \
+                --prompt 128 --gen 128 --json 2>>"$LOG" | sed "s|^{|{\"variant\": \"$v\", \"round\": $r, |" | jl
         done
     done
 }

@@ -28,7 +28,8 @@
  * LMSTORE_CUDA_ATT_MMA=0 turns the tensor-core decoding attention off and
  * LMSTORE_CUDA_ATT_CLUSTER=0 its merge of splits within thread block clusters
  * (one-token steps at positions below lms_cu_attn_cluster_len, replayed from
- * graphs of their own).
+ * graphs of their own), LMSTORE_CUDA_POST_PDL=0 puts a decode step's post-norms
+ * (Gemma 3) back into their products' last blocks (cuda_matmul_norm_add).
  *
  * Steps of several sequences (segments, engine/batch.c): begin() also
  * writes each row's position and block-table offset and each segment's
@@ -101,6 +102,7 @@ struct lms__bk {
         int rope;
     } rope;
     bool no_fuse;       /* LMSTORE_CUDA_FUSE_ROPE=0 */
+    bool post_last;     /* LMSTORE_CUDA_POST_PDL=0: a GEMV's post-norm in its last block */
     bool mlx_exact;     /* LMSTORE_CUDA_MLX_EXACT=1: one-row MLX products on f32 activations */
     bool pdl;           /* programmatic dependent launch for this backend's kernels (set per step:
                          * the kernels' switch is per host thread) */
@@ -299,6 +301,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
                (hp->head_dim == 64 || hp->head_dim == 128 || hp->head_dim == 256);
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
+    b->post_last = env_off("LMSTORE_CUDA_POST_PDL");
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
     b->pdl = getenv("LMSTORE_CUDA_PDL") ? !env_off("LMSTORE_CUDA_PDL")
                                         : lms__weights_find(b->w, hp, is_mlx, NULL, 0) != NULL;
@@ -481,6 +484,7 @@ static int cuda_begin(lms__bk *b, const lms__step *st, bool *replayed)
     assert(st->kv->base == b->kvg[0].base && st->kv->window == b->kv->window);
     *replayed = false;
     lms_cu_set_pdl(b->pdl);
+    lms_cu_pdl_next(0);
     b->st = st;
     b->err = 0;
     b->capturing = false;
@@ -874,12 +878,27 @@ static void cuda_norm_add(lms__bk *b, lms__buf y, lms__buf x, const float *w)
            "norm add");
 }
 
-/* Decode steps: the post-norm in the product's last block (kernels.h: nadd_y); prefill:
- * the GEMM, then norm_add. */
+/*
+ * Decode steps (GEMV) of models without programmatic dependent launch on every kernel
+ * (16-bit weights): the product, then norm_add as its programmatic dependent, and the
+ * next launch (the next product) as norm_add's. That next product's first weight loads
+ * then overlap norm_add, and the product ends without a last block that runs alone:
+ * its ticket, fence and the post-norm's round trips (faster on the H200 than the post-
+ * norm in the product's last block, bench/RESULTS.md; LMSTORE_CUDA_POST_PDL=0 keeps
+ * that). Models with PDL on: the post-norm in the product's last block (kernels.h:
+ * nadd_y). Prefill: the GEMM, then norm_add.
+ */
 static void cuda_matmul_norm_add(lms__bk *b, const lms__mm *job, lms__buf y, const float *w)
 {
     flush_rope(b);
     assert(!job->acc && b->width[job->y] == b->hp->n_embd && b->width[y] == b->hp->n_embd);
+    if (!b->post_last && !b->pdl && b->st->nb <= GEMV_MAX_ROWS) {
+        mm_run(b, job, 1, 0, 0, NULL, 0, NULL, NULL);
+        lms_cu_pdl_next(1);
+        cuda_norm_add(b, y, job->y, w);
+        lms_cu_pdl_next(1);
+        return;
+    }
     if (!mm_run(b, job, 1, 0, 0, NULL, 0, b->buf[y], dv(b, w)))
         cuda_norm_add(b, y, job->y, w);
 }

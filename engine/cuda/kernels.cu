@@ -40,6 +40,7 @@
 namespace {
 
 thread_local int g_pdl = 0; /* lms_cu_set_pdl: per host thread (each engine's steps run on one) */
+thread_local int g_pdl_once = 0; /* lms_cu_pdl_next: the next launch of this host thread only */
 int g_att_mma = 1; /* decoding attention on tensor cores where it applies (lms_cu_set_att_mma) */
 int g_cluster_ok = 0;  /* the device runs thread block clusters (sm_90 on; lms_cu_kernels_init) */
 int g_mlx_sb = -1; /* lms_cu_set_mlx_sb */
@@ -96,6 +97,8 @@ int launch_ex(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, void *str
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = (cudaStream_t)stream;
+    pdl = pdl || g_pdl_once;
+    g_pdl_once = 0;
     if (pdl) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n++].val.programmaticStreamSerializationAllowed = 1;
@@ -1302,20 +1305,74 @@ __global__ void gather_kernel(float *dst, const float *src, int width, const int
     for (int k = threadIdx.x; k < width; k += blockDim.x) d[k] = s[k];
 }
 
+/*
+ * y[b] += RMSNorm(x[b]) * w, b < the step's rows (a block each). Rows of at most
+ * NORM_ADD_U x 4 x blockDim floats, 16-byte aligned, take one round of 16-byte loads: w's
+ * before griddepcontrol.wait (weights do not depend on the kernel before), x's and y's
+ * after it together. Dependents are released only after the wait: a product launched as
+ * this kernel's programmatic dependent (lms_cu_pdl_next) issues its first weight loads
+ * while this kernel runs, and holds no multiprocessor while the kernel before still does.
+ */
+#define NORM_ADD_U 4
 __global__ void norm_add_kernel(float *y, const float *x, const float *w, int n, float eps, const int32_t *step)
 {
     __shared__ float red[32];
-    griddep_launch();
+    const int b = blockIdx.x, tid = threadIdx.x, th = blockDim.x, n4 = n / 4;
+    const float *xr = x + (size_t)b * n;
+    float *yr = y + (size_t)b * n;
+    const bool vec = n % 4 == 0 && n4 <= NORM_ADD_U * th && ((uintptr_t)xr | (uintptr_t)yr | (uintptr_t)w) % 16 == 0;
+    float4 wv[NORM_ADD_U], xv[NORM_ADD_U], yv[NORM_ADD_U];
+    if (vec) {
+#pragma unroll
+        for (int u = 0; u < NORM_ADD_U; u++)
+            if (tid + u * th < n4)
+                wv[u] = __ldg((const float4 *)w + tid + u * th);
+    }
     griddep_wait();
-    int b = blockIdx.x;
+    griddep_launch();
+    if (vec) {
+        /* x and y of rows past the step's are loaded too (every row up to the grid's is
+         * allocated), so that no load waits for the step's row count */
+        float ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < NORM_ADD_U; u++)
+            if (tid + u * th < n4) {
+                xv[u] = __ldcg((const float4 *)xr + tid + u * th);
+                yv[u] = __ldcg((const float4 *)yr + tid + u * th);
+            }
+        if (b >= step[LMS_CU_STEP_NB])
+            return;
+#pragma unroll
+        for (int u = 0; u < NORM_ADD_U; u++)
+            if (tid + u * th < n4)
+                ss += xv[u].x * xv[u].x + xv[u].y * xv[u].y + xv[u].z * xv[u].z + xv[u].w * xv[u].w;
+        ss = block_sum(ss, red);
+        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int u = 0; u < NORM_ADD_U; u++)
+            if (tid + u * th < n4) {
+                float4 o = yv[u];
+                o.x += wv[u].x * (xv[u].x * r), o.y += wv[u].y * (xv[u].y * r);
+                o.z += wv[u].z * (xv[u].z * r), o.w += wv[u].w * (xv[u].w * r);
+                ((float4 *)yr)[tid + u * th] = o;
+            }
+        return;
+    }
     if (b >= step[LMS_CU_STEP_NB])
         return;
-    const float *xr = x + (size_t)b * n;
     float ss = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i = tid; i < n; i += th) ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) y[(size_t)b * n + i] += w[i] * (xr[i] * r);
+    for (int i = tid; i < n; i += th) yr[i] += w[i] * (xr[i] * r);
+}
+
+/* norm_add_kernel's threads for rows of n floats: enough for one round of loads up to
+ * 16384 floats, 256 at least. */
+int norm_add_threads(int n)
+{
+    const int t = (n / 4 + NORM_ADD_U - 1) / NORM_ADD_U;
+    return std::min(1024, std::max(256, (t + 31) / 32 * 32));
 }
 
 /* The post-norm of a GEMV whose kernel does not do it (a.nadd_y; nothing without). */
@@ -1323,7 +1380,7 @@ int gemv_norm_add_launch(const lms_cu_gemv *a, void *stream)
 {
     if (!a->nadd_y)
         return 0;
-    return launch(norm_add_kernel, dim3(a->nb_max), dim3(256), 0, stream, a->nadd_y,
+    return launch(norm_add_kernel, dim3(a->nb_max), dim3(norm_add_threads(a->rows[0])), 0, stream, a->nadd_y,
                   (const float *)a->y[0] + (size_t)a->y_row0 * a->ldy[0], a->nadd_w, a->rows[0], a->eps, a->step);
 }
 
@@ -2899,7 +2956,7 @@ extern "C" int lms_cu_gather_launch(float *dst, const float *src, int width, con
 extern "C" int lms_cu_norm_add_launch(float *y, const float *x, const float *w, int n, float eps, const int32_t *step,
                                       int max_nb, void *stream)
 {
-    return launch(norm_add_kernel, dim3(max_nb), dim3(256), 0, stream, y, x, w, n, eps, step);
+    return launch(norm_add_kernel, dim3(max_nb), dim3(norm_add_threads(n)), 0, stream, y, x, w, n, eps, step);
 }
 
 extern "C" int lms_cu_bias_launch(float *y, int ldy, const float *bias, int rows, const int32_t *step, int max_nb,
@@ -2944,6 +3001,8 @@ extern "C" int lms_cu_act_mul_launch(float *h, const float *g, const float *u, i
 }
 
 extern "C" void lms_cu_set_pdl(int on) { g_pdl = on; }
+
+extern "C" void lms_cu_pdl_next(int on) { g_pdl_once = on; }
 
 extern "C" void lms_cu_set_att_mma(int on) { g_att_mma = on; }
 /* One-token decoding launches of this shape run the tensor-core kernel (attn_typed's choice). */

@@ -211,6 +211,11 @@ int lms_cu_kernels_init(void);
  * (0, the default). The backend sets it at each step: on for models with MLX matrices, off for
  * the others (no faster on the H200, bench/RESULTS.md). */
 void lms_cu_set_pdl(int on);
+/* The next kernel this host thread launches is (1) or is not (0) a programmatic dependent
+ * of the one before it, whatever lms_cu_set_pdl says; the launch after it follows
+ * lms_cu_set_pdl again. The kernel must call griddepcontrol.wait before it reads what the
+ * one before it writes (every kernel here does). */
+void lms_cu_pdl_next(int on);
 /* Decoding attention on tensor cores for 16-bit K/V, head_dim 64/128/256 and up to 8 query
  * heads a kv head: on (1, the default) or off (0: the CUDA-core kernel for every decoding
  * launch). */

@@ -610,6 +610,42 @@ static void test_ops_shape(const shape *s)
                 free(a2);
             }
 
+            /* Gemma 3's order in one step: o and its post-norm, gate/up reading X, down and its
+             * post-norm, q/k/v reading X. Steps of GEMV rows launch each post-norm as its
+             * product's programmatic dependent and the next product as the post-norm's
+             * (fwd_cuda.c: cuda_matmul_norm_add), so that the next product reads X only after
+             * the post-norm wrote it. MLX products keep the post-norm in their last block, and
+             * their int8 (one row) or bf16 (GEMM) activations' errors compound over the chain
+             * past mm_tol: dense types only */
+            if (s->wdt != LMS_DTYPE_MLX_AFFINE) {
+                float *a2 = rows(nb, qd, 0.7f);
+                write2(&p, LMS__B_ATT, nb, a2);
+                write2(&p, LMS__B_X, nb, x);
+                lms__mm wt = {&L->wo, LMS__B_ATT, NULL, LMS__ACT_NONE, 0, LMS__B_T, NULL, false};
+                lms__mm gu[2] = {{&L->w_gate, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_G, NULL, false},
+                                 {&L->w_up, LMS__B_X, L->ffn_norm, LMS__ACT_NONE, 0, LMS__B_U, NULL, false}};
+                lms__mm dn = {&L->w_down, LMS__B_G, NULL, p.m->hp.act, LMS__B_U, LMS__B_T, NULL, false};
+                begin2(&p, &ss);
+                lms__fwd_cpu.matmul(p.cpu, &wt, 1);
+                lms__fwd_cpu.norm_add(p.cpu, LMS__B_X, LMS__B_T, L->ffn_norm);
+                lms__fwd_cpu.matmul(p.cpu, gu, 2);
+                lms__fwd_cpu.matmul(p.cpu, &dn, 1);
+                lms__fwd_cpu.norm_add(p.cpu, LMS__B_X, LMS__B_T, L->attn_norm);
+                lms__fwd_cpu.matmul(p.cpu, qkv, 3);
+                lms__fwd_cuda->matmul_norm_add(p.gpu, &wt, LMS__B_X, L->ffn_norm);
+                lms__fwd_cuda->matmul(p.gpu, gu, 2);
+                lms__fwd_cuda->matmul_norm_add(p.gpu, &dn, LMS__B_X, L->attn_norm);
+                lms__fwd_cuda->matmul(p.gpu, qkv, 3);
+                end2(&p);
+                compare_buf(&p, "post-norm chain (gate)", LMS__B_G, s, nb, pos0, mm_tol(s, nb));
+                compare_buf(&p, "post-norm chain (up)", LMS__B_U, s, nb, pos0, mm_tol(s, nb));
+                compare_buf(&p, "post-norm chain (T)", LMS__B_T, s, nb, pos0, mm_tol(s, nb));
+                compare_buf(&p, "post-norm chain (X)", LMS__B_X, s, nb, pos0, mm_tol(s, nb));
+                compare_buf(&p, "post-norm chain (q)", LMS__B_Q, s, nb, pos0, mm_tol(s, nb));
+                compare_buf(&p, "post-norm chain (v)", LMS__B_V, s, nb, pos0, mm_tol(s, nb));
+                free(a2);
+            }
+
             /* the head: last row, every row, soft-capped; argmax */
             write2(&p, LMS__B_X, nb, x);
             lms__mm head = {&m.w.lm_head, LMS__B_X, m.w.final_norm, LMS__ACT_NONE, 0, 0, NULL, false};
