@@ -302,7 +302,10 @@ __device__ __forceinline__ bool last_block_ticket(int *counter, int n)
  * NB + b of warp 0, 0 elsewhere) to nadd_ws[b] and takes a ticket; the block
  * that finishes last (last_block_ticket) reads them, adds the normalized
  * rows and resets nadd_ws for the next launch (stream order: no launch
- * overlaps it). A post-norm (Gemma 3) costs no launch of its own.
+ * overlaps it). A post-norm (Gemma 3) costs no launch of its own. The backend
+ * uses it where every launch is a programmatic dependent (MLX models); for the
+ * others a separate norm_add that overlaps the next product's first loads is
+ * faster (fwd_cuda.c: cuda_matmul_norm_add).
  */
 template <int NB>
 __device__ __forceinline__ void gemv_norm_add(const lms_cu_gemv &a, int nb, float sq)
