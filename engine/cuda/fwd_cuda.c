@@ -543,6 +543,7 @@ static int cuda_end(lms__bk *b)
     cudaError_t e = cudaSuccess;
     int rc = 0;
     flush_rope(b);
+    lms_cu_pdl_next(0); /* a step's last post-norm may have marked a launch that never came */
     if (b->capturing) {
         cudaGraph_t g = NULL;
         b->capturing = false;
