@@ -16,11 +16,17 @@
  * CUDA graph per kind of output and replayed afterwards: kernels read the
  * token, the position and the block table from device memory that begin()
  * refreshes, so one recording serves every position. LMSTORE_CUDA_GRAPH=0
- * turns graphs off; programmatic dependent launch is on for models with MLX
- * matrices (their small launches gain from the next one's loads issued
- * early: bench/RESULTS.md) and off for the others, LMSTORE_CUDA_PDL=1|0
- * forces it on or off; LMSTORE_CUDA_MLX_EXACT=1 turns the int8 activations
- * of one-row MLX products off; for tuning, LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
+ * turns graphs off; programmatic dependent launch is on for every kernel of
+ * models with MLX matrices (their small launches gain from the next one's
+ * loads issued early: bench/RESULTS.md), LMSTORE_CUDA_PDL=1|0 forces it on or
+ * off. Without it (16-bit models), the launch after each GEMV is the GEMV's
+ * programmatic dependent, placed once every block of the GEMV has issued its
+ * last loads (lms_cu_gemv.late_release: the dependent's first loads overlap
+ * the GEMV's drain and take no multiprocessor from its earlier blocks;
+ * LMSTORE_CUDA_LATE_PDL=0 turns that off), and so is the launch after a
+ * post-norm (cuda_matmul_norm_add). LMSTORE_CUDA_MLX_EXACT=1 turns the int8
+ * activations of one-row MLX products off; for tuning,
+ * LMSTORE_CUDA_GEMV_BLOCKS=3|4 sets the one-row GEMV's
  * persistent grid to that many blocks a multiprocessor (0: a block per group
  * of rows, no loop), LMSTORE_CUDA_GEMV_GRID=n caps it at n blocks (tests),
  * LMSTORE_CUDA_ATT_CHUNK=n sets the fewest positions of an attention split,
@@ -103,6 +109,8 @@ struct lms__bk {
     } rope;
     bool no_fuse;       /* LMSTORE_CUDA_FUSE_ROPE=0 */
     bool post_last;     /* LMSTORE_CUDA_POST_PDL=0: a GEMV's post-norm in its last block */
+    bool late_pdl;      /* the launch after a 16-bit GEMV is its programmatic dependent, released by
+                         * the GEMV's blocks once their loads are in (LMSTORE_CUDA_LATE_PDL=0: not) */
     bool mlx_exact;     /* LMSTORE_CUDA_MLX_EXACT=1: one-row MLX products on f32 activations */
     bool pdl;           /* programmatic dependent launch for this backend's kernels (set per step:
                          * the kernels' switch is per host thread) */
@@ -302,6 +310,7 @@ static int cuda_create(const lms__fwd_cfg *cfg, lms__bk **out)
     b->use_graphs = !env_off("LMSTORE_CUDA_GRAPH");
     b->no_fuse = env_off("LMSTORE_CUDA_FUSE_ROPE");
     b->post_last = env_off("LMSTORE_CUDA_POST_PDL");
+    b->late_pdl = !env_off("LMSTORE_CUDA_LATE_PDL");
     b->mlx_exact = getenv("LMSTORE_CUDA_MLX_EXACT") && !env_off("LMSTORE_CUDA_MLX_EXACT");
     b->pdl = getenv("LMSTORE_CUDA_PDL") ? !env_off("LMSTORE_CUDA_PDL")
                                         : lms__weights_find(b->w, hp, is_mlx, NULL, 0) != NULL;
@@ -688,7 +697,10 @@ static bool mm_run(lms__bk *b, const lms__mm *jobs, int n_jobs, uint32_t row0, u
             a.exact = b->mlx_exact;
             CU_TRY(b, lms_cu_gemv_mlx_launch(&a, (int)q0->bits, cu_type(q0->sdt), b->stream), "matrix-vector product");
         } else {
+            a.late_release = b->late_pdl && !b->pdl;
             CU_TRY(b, lms_cu_gemv_launch(&a, b->sms, b->stream), "matrix-vector product");
+            if (a.late_release)
+                lms_cu_pdl_next(1);
         }
         b->h_valid = pair;
         b->h_act = a.pair_act;

@@ -963,7 +963,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, MINB) gemv_vec_kernel(const lms_
     constexpr int per = E::per16;
     constexpr int NV = GEMV_R * NB + NB; /* reduced values: sums, then sums of squares */
     __shared__ float red[LOOP ? 2 : 1][GEMV_WARPS][NV];
-    griddep_launch();
+    if (!a.late_release)
+        griddep_launch();
     const int K = a.K, tid = threadIdx.x, nch = K / per;
     const gemv_rows gr(a);
     const size_t row_bytes = (size_t)K * sizeof(typename E::t);
@@ -1050,6 +1051,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, MINB) gemv_vec_kernel(const lms_
             else if (LOOP && g + (int)gridDim.x < gr.groups)
                 load(g + gridDim.x, tid);
         }
+        if (a.late_release && (!LOOP || g + (int)gridDim.x >= gr.groups))
+            griddep_launch(); /* this block's last loads are in */
         t2 += gemv_finish<NB>(a, gr, g, nb, acc, ss, red[LOOP ? par : 0]);
     }
     if (a.nadd_y)

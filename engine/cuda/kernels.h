@@ -88,6 +88,11 @@ typedef struct lms_cu_gemv {
     float *nadd_y;
     const float *nadd_w;
     float *nadd_ws;
+    /* 1: each block releases the launch's programmatic dependents (griddepcontrol.
+     * launch_dependents) once it has issued its last weight loads, not at its start, so
+     * that a dependent's blocks are placed only while this launch drains (the 16-bit
+     * GEMV) */
+    int late_release;
 } lms_cu_gemv;
 int lms_cu_gemv_launch(const lms_cu_gemv *a, int sms, void *stream);
 /* The same over MLX affine weights (w: bits-bit codes packed in little-endian 32-bit words,
