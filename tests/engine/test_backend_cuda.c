@@ -1167,6 +1167,20 @@ static void segments_match_cpu(void **state)
     each_shape("segments", test_segments_shape, S, LMS_ARRAY_LEN(S));
 }
 
+/* Every operation at gemma-3-27b's width (5376): norm_add's rows of more than 1024 float4,
+ * more than 256 threads a block (kernels.cu: norm_add_threads). Last, so that the random
+ * data of the tests before it stays as it was; f32 K/V, whose writes cannot round apart
+ * between the backends. */
+static void wide_rows_match_cpu(void **state)
+{
+    static const shape W = {5376, 4, 2, 128, 512, 1000, LMS_DTYPE_BF16, LMS_DTYPE_F32, false, true, 0, 0};
+    int before = g_fail;
+    setenv("LMSTORE_CUDA_GRAPH", "0", 1);
+    test_ops_shape(&W);
+    printf("wide rows: %d mismatches\n", g_fail - before);
+    assert_int_equal(g_fail - before, 0);
+}
+
 int main(void)
 {
     /* the CPU backend is the reference: f32 activations into every product (on CPUs with
@@ -1188,6 +1202,7 @@ int main(void)
         cmocka_unit_test(forward_matches_cpu),
         cmocka_unit_test(window_group_forward_matches_cpu),
         cmocka_unit_test(segments_match_cpu),
+        cmocka_unit_test(wide_rows_match_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     lms_device_close(g_dev);
