@@ -1386,8 +1386,8 @@ int gemv_norm_add_launch(const lms_cu_gemv *a, void *stream)
 {
     if (!a->nadd_y)
         return 0;
-    return launch(norm_add_kernel, dim3(a->nb_max), dim3(norm_add_threads(a->rows[0])), 0, stream, a->nadd_y,
-                  (const float *)a->y[0] + (size_t)a->y_row0 * a->ldy[0], a->nadd_w, a->rows[0], a->eps, a->step);
+    return lms_cu_norm_add_launch(a->nadd_y, (const float *)a->y[0] + (size_t)a->y_row0 * a->ldy[0], a->nadd_w,
+                                  a->rows[0], a->eps, a->step, a->nb_max, stream);
 }
 
 __global__ void bias_kernel(float *y, int ldy, const float *bias, int rows, const int32_t *step)
